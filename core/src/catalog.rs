@@ -1,0 +1,98 @@
+//! What is stored under a root: committed checkpoints, incomplete ones, their status.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::error::{CheckpointId, Error, Result};
+use crate::manifest::Manifest;
+use crate::paths::{self, DATA, MANIFESTS};
+
+/// Ids of every committed checkpoint (a manifest exists), oldest first.
+///
+/// Ordered by step, then attempt; a listing never shows a checkpoint before its
+/// manifest is durable, so nothing here can be torn (it can still be corrupt).
+pub async fn committed(store: &dyn ObjectStore) -> Result<Vec<CheckpointId>> {
+    let prefix = Path::from(MANIFESTS);
+    let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    let set: BTreeSet<CheckpointId> = metas.iter().filter_map(|m| paths::parse_manifest_key(&m.location)).collect();
+    Ok(set.into_iter().collect())
+}
+
+/// Ids that have data objects but no manifest: saves that crashed or are in progress,
+/// with the total size of their objects.
+pub async fn incomplete(store: &dyn ObjectStore) -> Result<BTreeMap<CheckpointId, u64>> {
+    let done: BTreeSet<CheckpointId> = committed(store).await?.into_iter().collect();
+    let prefix = Path::from(DATA);
+    let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    let mut out = BTreeMap::new();
+    for m in metas {
+        if let Some(id) = paths::parse_data_key(&m.location) {
+            if !done.contains(&id) {
+                *out.entry(id).or_insert(0) += m.size;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Read and validate the manifest of a checkpoint.
+pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result<Manifest> {
+    let key = paths::manifest_key(id);
+    let bytes = match store.get(&key).await {
+        Ok(r) => r.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(Error::NotFound { what: format!("checkpoint {id}") });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let m = Manifest::decode(&bytes, key.as_ref())?;
+    if m.id() != *id {
+        return Err(Error::corrupt(key.as_ref(), None, format!("manifest is for {}, not {id}", m.id())));
+    }
+    Ok(m)
+}
+
+/// Publish a manifest: the commit point of a checkpoint.
+///
+/// The key is unique to this save attempt, so even a store that ignores
+/// create-only puts (Garage did) cannot overwrite another save's manifest; where
+/// the store does honour [`PutMode::Create`] it is used as a second guard.
+pub async fn publish_manifest(store: &dyn ObjectStore, manifest: &Manifest) -> Result<()> {
+    manifest.validate()?;
+    let key = paths::manifest_key(&manifest.id());
+    let bytes = manifest.encode()?;
+    let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+    match store.put_opts(&key, PutPayload::from(bytes.clone()), opts).await {
+        Ok(_) => Ok(()),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            Err(Error::Conflict(format!("manifest `{key}` already exists; it is left as it was")))
+        }
+        Err(object_store::Error::NotImplemented { .. }) => {
+            store.put(&key, PutPayload::from(bytes)).await?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Committed checkpoints of one step.
+pub async fn committed_at(store: &dyn ObjectStore, step: u64) -> Result<Vec<CheckpointId>> {
+    Ok(committed(store).await?.into_iter().filter(|id| id.step == step).collect())
+}
+
+/// Delete every object under a checkpoint's `data/` prefix.
+pub async fn delete_data(store: &dyn ObjectStore, id: &CheckpointId) -> Result<u64> {
+    let prefix = paths::data_prefix(id);
+    let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+    let mut n = 0;
+    for m in metas {
+        match store.delete(&m.location).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => n += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,251 @@
+//! The [`Checkpointer`]: options, construction, and the state shared by saves and loads.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use object_store::ObjectStore;
+
+use crate::chunks::ChunkIndex;
+use crate::error::{CheckpointId, Error, Result};
+use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
+use crate::retention::Retention;
+use crate::staging::{BusyPolicy, StagingPool};
+use crate::store;
+
+/// When the snapshot copy happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SnapshotMode {
+    /// `save` returns once every tensor is copied into staging memory.
+    #[default]
+    Eager,
+    /// `save` returns at once; the copy runs in the background, and the caller must
+    /// call `wait_snapshot()` on the handle before it mutates the state.
+    Lazy,
+}
+
+/// Options of a [`Checkpointer`].
+#[derive(Debug, Clone)]
+pub struct CheckpointerOptions {
+    /// How formats write (chunk size, compression, concurrency).
+    pub write: WriteOptions,
+    /// Which checkpoints to keep; applied after every commit.
+    pub retention: Retention,
+    /// Staging memory budget in bytes; `None`: twice the first save's copied bytes
+    /// (room for one save persisting while the next one snapshots).
+    pub staging_budget: Option<u64>,
+    /// What to do when the budget is spent.
+    pub busy: BusyPolicy,
+    /// Eager or lazy snapshot.
+    pub snapshot: SnapshotMode,
+    /// Threads used by the snapshot copy.
+    pub snapshot_threads: usize,
+    /// Tensors read at once by a load.
+    pub load_concurrency: usize,
+}
+
+impl Default for CheckpointerOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        CheckpointerOptions {
+            write: WriteOptions::default(),
+            retention: Retention::keep_all(),
+            staging_budget: None,
+            busy: BusyPolicy::Wait,
+            snapshot: SnapshotMode::Eager,
+            snapshot_threads: cores.min(8),
+            load_concurrency: 16,
+        }
+    }
+}
+
+/// Saves and loads checkpoints under one root (a URL).
+///
+/// Cheap to clone; clones share the store, the staging pool and the in-flight saves.
+#[derive(Debug, Clone)]
+pub struct Checkpointer {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub url: String,
+    pub store: Arc<dyn ObjectStore>,
+    pub format: Arc<dyn Format>,
+    pub registry: FormatRegistry,
+    pub opts: CheckpointerOptions,
+    pub chunks: Arc<ChunkIndex>,
+    pub pool: Mutex<Option<StagingPool>>,
+    /// Saves hold it shared while they write; GC takes it exclusively.
+    pub write_gate: Arc<tokio::sync::RwLock<()>>,
+    pub inflight: Mutex<HashSet<CheckpointId>>,
+    pub inflight_done: tokio::sync::Notify,
+    /// Background failures nobody has seen yet; the next `save` reports them.
+    pub unobserved: Mutex<Vec<(u64, String)>>,
+}
+
+/// Builds a [`Checkpointer`].
+#[derive(Debug)]
+pub struct CheckpointerBuilder {
+    url: String,
+    store: Option<Arc<dyn ObjectStore>>,
+    format: Option<Arc<dyn Format>>,
+    registry: FormatRegistry,
+    opts: CheckpointerOptions,
+}
+
+impl Checkpointer {
+    /// Start building a checkpointer for a URL (`file:///dir`, `memory://name`, a path).
+    pub fn builder(url: impl Into<String>) -> CheckpointerBuilder {
+        CheckpointerBuilder {
+            url: url.into(),
+            store: None,
+            format: None,
+            registry: FormatRegistry::new(),
+            opts: CheckpointerOptions::default(),
+        }
+    }
+
+    /// The URL this checkpointer was opened on.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.store
+    }
+
+    /// The options.
+    pub fn options(&self) -> &CheckpointerOptions {
+        &self.inner.opts
+    }
+
+    /// The format new checkpoints are written in.
+    pub fn format(&self) -> &Arc<dyn Format> {
+        &self.inner.format
+    }
+
+    /// The staging pool, once the first save sized it.
+    pub fn staging(&self) -> Option<StagingPool> {
+        self.inner.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Number of chunks known to be stored.
+    pub fn known_chunks(&self) -> usize {
+        self.inner.chunks.len()
+    }
+
+    /// Wait until every save started so far is committed or failed.
+    pub async fn flush(&self) {
+        loop {
+            let notified = self.inner.inflight_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl CheckpointerBuilder {
+    /// Format for new checkpoints (required). It is also registered for loading.
+    pub fn format(mut self, format: Arc<dyn Format>) -> Self {
+        self.registry.register(format.clone());
+        self.format = Some(format);
+        self
+    }
+
+    /// Formats that loads can read (in addition to the write format).
+    pub fn readers(mut self, registry: FormatRegistry) -> Self {
+        let write = self.format.clone();
+        self.registry = registry;
+        if let Some(f) = write {
+            self.registry.register(f);
+        }
+        self
+    }
+
+    /// Use this store instead of opening the URL (wrappers, tests, custom backends).
+    pub fn store(mut self, store: Arc<dyn ObjectStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Replace all options.
+    pub fn options(mut self, opts: CheckpointerOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Set the retention policy.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.opts.retention = retention;
+        self
+    }
+
+    /// Set compression.
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.opts.write.compression = compression;
+        self
+    }
+
+    /// Set the snapshot mode.
+    pub fn snapshot(mut self, mode: SnapshotMode) -> Self {
+        self.opts.snapshot = mode;
+        self
+    }
+
+    /// Set the staging budget in bytes.
+    pub fn staging_budget(mut self, bytes: u64) -> Self {
+        self.opts.staging_budget = Some(bytes);
+        self
+    }
+
+    /// Set the busy policy.
+    pub fn busy(mut self, policy: BusyPolicy) -> Self {
+        self.opts.busy = policy;
+        self
+    }
+
+    /// Open the store and scan it for existing chunks.
+    pub async fn build(self) -> Result<Checkpointer> {
+        let format = self
+            .format
+            .ok_or_else(|| Error::InvalidInput("no format chosen (use ckpt_formats::native())".into()))?;
+        if self.opts.write.chunk_size == 0 || self.opts.write.chunk_size > crate::MAX_CHUNK_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "chunk size must be between 1 and {} bytes",
+                crate::MAX_CHUNK_BYTES
+            )));
+        }
+        if let Compression::Zstd(level) = self.opts.write.compression {
+            if !(1..=22).contains(&level) {
+                return Err(Error::InvalidInput(format!("zstd level {level} is not in 1..=22")));
+            }
+        }
+        let store = match self.store {
+            Some(s) => s,
+            None => store::open_url(&self.url)?,
+        };
+        let chunks = Arc::new(ChunkIndex::scan(store.as_ref()).await?);
+        let pool = self.opts.staging_budget.map(StagingPool::new);
+        Ok(Checkpointer {
+            inner: Arc::new(Inner {
+                url: self.url,
+                store,
+                format,
+                registry: self.registry,
+                opts: self.opts,
+                chunks,
+                pool: Mutex::new(pool),
+                write_gate: Arc::new(tokio::sync::RwLock::new(())),
+                inflight: Mutex::new(HashSet::new()),
+                inflight_done: tokio::sync::Notify::new(),
+                unobserved: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! The set of content-addressed chunks known to be durably stored.
+//!
+//! A save consults it to skip chunks that are already there (incremental
+//! checkpoints). Only chunks whose write completed, or that a listing found, are
+//! in it; a chunk is forgotten when a load finds it corrupt or GC deletes it, so the
+//! next save writes it again.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+use crate::error::Result;
+use crate::manifest::is_hash;
+use crate::paths::CHUNKS;
+
+/// Known chunk hashes (hex), with their stored sizes.
+#[derive(Debug, Default)]
+pub struct ChunkIndex {
+    present: Mutex<HashMap<String, u64>>,
+}
+
+impl ChunkIndex {
+    /// An empty index (nothing is reused until chunks are written).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Build the index from one listing of `chunks/`.
+    pub async fn scan(store: &dyn ObjectStore) -> Result<Self> {
+        let prefix = Path::from(CHUNKS);
+        let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+        let set = metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename().filter(|f| is_hash(f))?;
+                Some((name.to_owned(), m.size))
+            })
+            .collect();
+        Ok(ChunkIndex { present: Mutex::new(set) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.present.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored size of this chunk, if it is known to be stored.
+    pub fn get(&self, hash: &str) -> Option<u64> {
+        self.lock().get(hash).copied()
+    }
+
+    /// Record a chunk as durably stored, with its stored size.
+    pub fn insert(&self, hash: String, stored: u64) {
+        self.lock().insert(hash, stored);
+    }
+
+    /// Forget a chunk (deleted, or found corrupt).
+    pub fn remove(&self, hash: &str) {
+        self.lock().remove(hash);
+    }
+
+    /// Number of known chunks.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no chunk is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

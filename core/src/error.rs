@@ -1,0 +1,119 @@
+//! The one error type of `ckpt-core`.
+
+use std::fmt;
+
+/// Result alias used throughout ckpt.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Identifies one checkpoint: the training step and the attempt that wrote it.
+///
+/// Two saves of the same step never share objects: each gets its own attempt id,
+/// so a second writer can never overwrite what a first one committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckpointId {
+    /// The training step the checkpoint was taken at.
+    pub step: u64,
+    /// A short random id of the save attempt (hex).
+    pub attempt: String,
+}
+
+impl fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "step {} (attempt {})", self.step, self.attempt)
+    }
+}
+
+/// Everything that can go wrong in ckpt.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No checkpoint (or no object) where one was asked for.
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked for.
+        what: String,
+    },
+
+    /// Stored data failed verification: a hash mismatch, a truncated or
+    /// unreadable object, or a manifest that does not parse.
+    #[error("corrupt checkpoint data in object `{object}`{}: {reason}", tensor.as_ref().map(|t| format!(" (tensor `{t}`)")).unwrap_or_default())]
+    Corrupt {
+        /// The stored object (key relative to the checkpoint root).
+        object: String,
+        /// The tensor it belongs to, when known.
+        tensor: Option<String>,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// A save would overwrite something that is already committed.
+    #[error("conflict: {0}")]
+    Conflict(String),
+
+    /// The caller passed something ckpt cannot use (bad shape, bad URL, bad option).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// A stored format that ckpt does not understand (unknown version, unknown format name).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// The storage backend failed.
+    #[error("storage error: {0}")]
+    Storage(#[from] object_store::Error),
+
+    /// A local I/O error outside the object store.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// An operation did not finish in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+
+    /// A save was refused because the staging budget was spent and the
+    /// busy policy says to skip.
+    #[error("checkpoint for step {step} skipped: {reason}")]
+    Skipped {
+        /// The step that was not saved.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
+
+    /// A background task failed in a way that left no more specific error.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Shorthand for a [`Error::Corrupt`] error.
+    pub fn corrupt(object: impl Into<String>, tensor: Option<&str>, reason: impl Into<String>) -> Self {
+        Error::Corrupt {
+            object: object.into(),
+            tensor: tensor.map(str::to_owned),
+            reason: reason.into(),
+        }
+    }
+
+    /// True when the error says that stored data is damaged or missing, as opposed to
+    /// a transient or caller error. `load_latest` falls back past such checkpoints.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Error::Corrupt { .. } | Error::NotFound { .. } | Error::Unsupported(_) => true,
+            Error::Storage(object_store::Error::NotFound { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// Attach a tensor name to a corruption error that lacks one.
+    pub fn with_tensor(self, name: &str) -> Self {
+        match self {
+            Error::Corrupt { object, tensor: None, reason } => Error::Corrupt {
+                object,
+                tensor: Some(name.to_owned()),
+                reason,
+            },
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Failpoints: named places in the save and commit path where a test can make
+//! the process fail, exactly there.
+//!
+//! Compiled in only with the `failpoints` feature; without it [`hit`] is an empty
+//! inline function. Armed either from code ([`set`]) or, for crash tests of a child
+//! process, from the environment: `CKPT_FAILPOINTS="save.before_manifest=abort;..."`.
+//!
+//! Actions: `error` (the operation returns an error), `abort` (the process dies at
+//! once, like a SIGKILL: no destructors, no flush), `panic`, `sleep(MS)`,
+//! and `N*ACTION` to act only on the N-th hit (1-based).
+//!
+//! The places, in the order a save passes them:
+//! `save.start`, `save.before_data`, `save.mid_data` (after the first object of the
+//! save is durable), `save.after_data`, `save.before_manifest`, `save.after_manifest`,
+//! `gc.before_delete`.
+
+use crate::error::Result;
+
+/// Every failpoint name, in save order.
+pub const NAMES: &[&str] = &[
+    "save.start",
+    "save.before_data",
+    "save.mid_data",
+    "save.after_data",
+    "save.before_manifest",
+    "save.after_manifest",
+    "gc.before_delete",
+];
+
+#[cfg(feature = "failpoints")]
+mod imp {
+    use super::*;
+    use crate::error::Error;
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    #[derive(Debug, Clone)]
+    struct Armed {
+        action: String,
+        nth: Option<u64>,
+        hits: u64,
+    }
+
+    fn table() -> &'static Mutex<HashMap<String, Armed>> {
+        static T: OnceLock<Mutex<HashMap<String, Armed>>> = OnceLock::new();
+        T.get_or_init(|| {
+            let mut map = HashMap::new();
+            if let Ok(spec) = std::env::var("CKPT_FAILPOINTS") {
+                for item in spec.split(';').filter(|s| !s.is_empty()) {
+                    if let Some((name, action)) = item.split_once('=') {
+                        map.insert(name.to_owned(), parse(action));
+                    }
+                }
+            }
+            Mutex::new(map)
+        })
+    }
+
+    fn parse(action: &str) -> Armed {
+        match action.split_once('*') {
+            Some((n, a)) if n.parse::<u64>().is_ok() => Armed {
+                action: a.to_owned(),
+                nth: n.parse().ok(),
+                hits: 0,
+            },
+            _ => Armed { action: action.to_owned(), nth: None, hits: 0 },
+        }
+    }
+
+    pub fn set(name: &str, action: &str) {
+        table().lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), parse(action));
+    }
+
+    pub fn clear_all() {
+        table().lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    pub fn hit(name: &str) -> Result<()> {
+        let action = {
+            let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+            let Some(armed) = t.get_mut(name) else { return Ok(()) };
+            armed.hits += 1;
+            match armed.nth {
+                Some(n) if n != armed.hits => return Ok(()),
+                _ => armed.action.clone(),
+            }
+        };
+        match action.as_str() {
+            "error" => Err(Error::Internal(format!("failpoint `{name}` triggered"))),
+            "abort" => std::process::abort(),
+            "panic" => panic!("failpoint `{name}` triggered"),
+            a if a.starts_with("sleep(") => {
+                let ms: u64 = a.trim_start_matches("sleep(").trim_end_matches(')').parse().unwrap_or(0);
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Pass a failpoint: does nothing unless a test armed it.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) -> Result<()> {
+    imp::hit(name)
+}
+
+/// Pass a failpoint: does nothing unless a test armed it.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) -> Result<()> {
+    Ok(())
+}
+
+/// Arm a failpoint with an action (see the module docs).
+#[cfg(feature = "failpoints")]
+pub fn set(name: &str, action: &str) {
+    imp::set(name, action)
+}
+
+/// Disarm every failpoint.
+#[cfg(feature = "failpoints")]
+pub fn clear_all() {
+    imp::clear_all()
+}

@@ -1,0 +1,239 @@
+//! The small trait where formats and the engine meet.
+//!
+//! The engine owns the commit protocol, hashing policy and retention; a [`Format`]
+//! only decides how tensor bytes are laid out in objects. Formats live in the
+//! `ckpt-formats` crate; the engine reaches them through `Arc<dyn Format>` and a
+//! [`FormatRegistry`] (so a checkpoint written in any format can be loaded).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::chunks::ChunkIndex;
+use crate::error::{Error, Result};
+use crate::manifest::{Layout, TensorRecord};
+use crate::tensor::Tensor;
+
+/// Compression of stored bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Compression {
+    /// Store raw bytes.
+    #[default]
+    None,
+    /// zstd at the given level (1..=22; 1 to 3 are fast).
+    Zstd(i32),
+}
+
+/// How a format writes: options shared by every format.
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    /// Chunk size in bytes for chunked formats.
+    pub chunk_size: usize,
+    /// Compression for formats that support it.
+    pub compression: Compression,
+    /// Maximum number of objects written (or chunks encoded) at once.
+    pub concurrency: usize,
+    /// Objects larger than this are uploaded in parts.
+    pub multipart_threshold: usize,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            chunk_size: 8 << 20,
+            compression: Compression::None,
+            concurrency: 8,
+            multipart_threshold: 64 << 20,
+        }
+    }
+}
+
+/// Counters a format fills in while it writes; the engine turns them into a report.
+#[derive(Debug, Default)]
+pub struct WriteStats {
+    /// Raw tensor bytes handled.
+    pub raw_bytes: AtomicU64,
+    /// Bytes of objects written to storage.
+    pub stored_bytes: AtomicU64,
+    /// Raw bytes not written because an identical chunk was already stored.
+    pub reused_bytes: AtomicU64,
+    /// Objects written.
+    pub objects: AtomicU64,
+    /// Nanoseconds spent hashing (summed over tasks).
+    pub hash_ns: AtomicU64,
+    /// Nanoseconds spent compressing/encoding (summed over tasks).
+    pub encode_ns: AtomicU64,
+    /// Nanoseconds spent in storage writes (summed over tasks).
+    pub write_ns: AtomicU64,
+}
+
+impl WriteStats {
+    /// Add to a counter.
+    pub fn add(counter: &AtomicU64, v: u64) {
+        counter.fetch_add(v, Ordering::Relaxed);
+    }
+}
+
+/// Everything a format needs to write one checkpoint's tensors.
+#[derive(Debug, Clone)]
+pub struct WriteContext {
+    /// The store, rooted at the checkpoint root.
+    pub store: Arc<dyn ObjectStore>,
+    /// Prefix for this checkpoint's own objects (`data/<name>`).
+    pub data_prefix: Path,
+    /// Rank writing (0 in a single process).
+    pub rank: usize,
+    /// Options.
+    pub options: WriteOptions,
+    /// Chunks known to be durably stored (for content-addressed reuse).
+    pub chunks: Arc<ChunkIndex>,
+    /// Counters.
+    pub stats: Arc<WriteStats>,
+}
+
+/// What a format wrote.
+#[derive(Debug, Default)]
+pub struct WriteOutput {
+    /// One record per tensor, in input order.
+    pub records: Vec<TensorRecord>,
+    /// Per-checkpoint objects written (keys relative to the root).
+    pub objects: Vec<String>,
+}
+
+/// Everything a format needs to read.
+#[derive(Debug, Clone)]
+pub struct ReadContext {
+    /// The store, rooted at the checkpoint root.
+    pub store: Arc<dyn ObjectStore>,
+    /// Chunks index, so a chunk found corrupt is forgotten and rewritten by the next save.
+    pub chunks: Arc<ChunkIndex>,
+}
+
+/// An on-storage layout of tensors.
+#[async_trait]
+pub trait Format: Send + Sync + fmt::Debug {
+    /// Name recorded in manifests (`native`, `safetensors`, `hdf5`, `torch`).
+    fn name(&self) -> &'static str;
+
+    /// Write `tensors` and describe where each one went.
+    async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput>;
+
+    /// Read one tensor's bytes, verified against the manifest's hashes.
+    ///
+    /// The default handles [`Layout::Range`], which suits every single-file format.
+    async fn read(&self, ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
+        read_range(ctx, record).await
+    }
+}
+
+/// Read a [`Layout::Range`] tensor and verify its blake3.
+pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
+    let Layout::Range { object, offset, len, blake3: want } = &record.layout else {
+        return Err(Error::Unsupported(format!(
+            "tensor `{}`: this format cannot read a chunked layout",
+            record.name
+        )));
+    };
+    let end = offset
+        .checked_add(*len)
+        .ok_or_else(|| Error::corrupt(object.as_str(), Some(&record.name), "range overflows"))?;
+    let data = if *len == 0 {
+        ctx.store.head(&Path::from(object.as_str())).await.map_err(|e| storage_err(e, object, &record.name))?;
+        Bytes::new()
+    } else {
+        ctx.store
+            .get_range(&Path::from(object.as_str()), *offset..end)
+            .await
+            .map_err(|e| storage_err(e, object, &record.name))?
+    };
+    if data.len() as u64 != *len {
+        return Err(Error::corrupt(
+            object.as_str(),
+            Some(&record.name),
+            format!("object is truncated: got {} of {len} bytes", data.len()),
+        ));
+    }
+    let data2 = data.clone();
+    let got = tokio::task::spawn_blocking(move || blake3::hash(&data2))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    if got.to_hex().as_str() != want {
+        return Err(Error::corrupt(object.as_str(), Some(&record.name), "blake3 mismatch"));
+    }
+    Ok(data)
+}
+
+/// Map a storage error on a known object to a typed ckpt error: missing or short
+/// objects are corruption of the checkpoint, anything else a storage failure.
+pub fn storage_err(e: object_store::Error, object: &str, tensor: &str) -> Error {
+    match e {
+        object_store::Error::NotFound { .. } => Error::corrupt(object, Some(tensor), "object is missing"),
+        // A range past the end of the object means the object was truncated.
+        object_store::Error::Generic { ref source, .. } if source.to_string().contains("range") => {
+            Error::corrupt(object, Some(tensor), format!("object is truncated: {e}"))
+        }
+        other => Error::Storage(other),
+    }
+}
+
+/// Write one object, in parts when it is large. The parts are sent as they are (no copy).
+pub async fn put_object(ctx: &WriteContext, key: &Path, parts: Vec<Bytes>) -> Result<u64> {
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let start = std::time::Instant::now();
+    if total as usize > ctx.options.multipart_threshold {
+        let upload = ctx.store.put_multipart(key).await?;
+        let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+        for p in parts {
+            w.wait_for_capacity(ctx.options.concurrency.max(1)).await?;
+            w.put(p);
+        }
+        w.finish().await?;
+    } else {
+        ctx.store.put(key, PutPayload::from_iter(parts)).await?;
+    }
+    WriteStats::add(&ctx.stats.write_ns, start.elapsed().as_nanos() as u64);
+    WriteStats::add(&ctx.stats.stored_bytes, total);
+    WriteStats::add(&ctx.stats.objects, 1);
+    Ok(total)
+}
+
+/// Formats by name, for loading checkpoints written in any of them.
+#[derive(Debug, Clone, Default)]
+pub struct FormatRegistry {
+    formats: HashMap<String, Arc<dyn Format>>,
+}
+
+impl FormatRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register a format under its name (replacing one of the same name).
+    pub fn register(&mut self, format: Arc<dyn Format>) -> &mut Self {
+        self.formats.insert(format.name().to_owned(), format);
+        self
+    }
+
+    /// Look a format up by name.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn Format>> {
+        self.formats
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Unsupported(format!("no reader registered for format `{name}`")))
+    }
+
+    /// Names of the registered formats.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.formats.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+}

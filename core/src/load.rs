@@ -1,0 +1,209 @@
+//! Loading: one checkpoint, the newest good one, or single tensors; and listing and verifying.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+
+use crate::catalog;
+use crate::checkpointer::Checkpointer;
+use crate::error::{CheckpointId, Error, Result};
+use crate::format::ReadContext;
+use crate::manifest::{Manifest, TensorRecord};
+use crate::state::State;
+use crate::tensor::Tensor;
+
+/// A loaded checkpoint.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Which checkpoint.
+    pub id: CheckpointId,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// The state, every tensor verified.
+    pub state: State,
+    /// Newer checkpoints that `load_latest` skipped, and why.
+    pub skipped: Vec<(CheckpointId, Error)>,
+    /// Wall time of the load.
+    pub elapsed: Duration,
+}
+
+/// Status of a stored checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    /// The manifest exists and parses. (Use `verify` to check the data.)
+    Committed,
+    /// Data without a manifest: a save that crashed or is in progress.
+    Incomplete,
+    /// The manifest or data is damaged.
+    Corrupt(String),
+}
+
+/// One row of a listing.
+#[derive(Debug, Clone)]
+pub struct CheckpointInfo {
+    /// Which checkpoint.
+    pub id: CheckpointId,
+    /// Its status.
+    pub status: Status,
+    /// Raw tensor bytes (committed) or bytes of data objects (incomplete).
+    pub bytes: u64,
+    /// Number of tensors (0 when unknown).
+    pub tensors: usize,
+    /// Format name, when known.
+    pub format: Option<String>,
+}
+
+impl Checkpointer {
+    fn read_ctx(&self) -> ReadContext {
+        ReadContext { store: self.inner.store.clone(), chunks: self.inner.chunks.clone() }
+    }
+
+    /// Ids of the committed checkpoints, oldest first.
+    pub async fn committed(&self) -> Result<Vec<CheckpointId>> {
+        catalog::committed(self.inner.store.as_ref()).await
+    }
+
+    /// The manifest of a checkpoint.
+    pub async fn manifest(&self, id: &CheckpointId) -> Result<Manifest> {
+        catalog::read_manifest(self.inner.store.as_ref(), id).await
+    }
+
+    /// Load one checkpoint, verifying every tensor.
+    pub async fn load(&self, id: &CheckpointId) -> Result<Loaded> {
+        let start = Instant::now();
+        let manifest = self.manifest(id).await?;
+        let tensors = self.read_records(&manifest, manifest.tensors.iter().collect()).await?;
+        Ok(Loaded {
+            id: id.clone(),
+            state: State { tensors, meta: manifest.meta.clone() },
+            manifest,
+            skipped: Vec::new(),
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Load the committed checkpoint of a step.
+    pub async fn load_step(&self, step: u64) -> Result<Loaded> {
+        let ids = catalog::committed_at(self.inner.store.as_ref(), step).await?;
+        let id = ids.first().ok_or_else(|| Error::NotFound { what: format!("checkpoint of step {step}") })?;
+        self.load(id).await
+    }
+
+    /// Load the newest checkpoint that is committed and intact.
+    ///
+    /// Newer checkpoints that are damaged (corrupt or missing data, unreadable
+    /// manifest) are skipped and listed in [`Loaded::skipped`]. Returns `None` when
+    /// no checkpoint can be loaded. Storage failures are returned as errors, not
+    /// skipped: a flaky store must not make an old checkpoint look like the newest.
+    pub async fn load_latest(&self) -> Result<Option<Loaded>> {
+        let mut skipped = Vec::new();
+        for id in self.committed().await?.into_iter().rev() {
+            match self.load(&id).await {
+                Ok(mut loaded) => {
+                    loaded.skipped = skipped;
+                    return Ok(Some(loaded));
+                }
+                Err(e) if e.is_damage() => {
+                    tracing::warn!("skipping damaged checkpoint {id}: {e}");
+                    skipped.push((id, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((_, first)) = skipped.first() {
+            tracing::warn!("no intact checkpoint; newest failure: {first}");
+        }
+        Ok(None)
+    }
+
+    /// Load only the named tensors of a checkpoint (reads only their objects).
+    pub async fn load_tensors(&self, id: &CheckpointId, names: &[&str]) -> Result<Vec<Tensor>> {
+        let manifest = self.manifest(id).await?;
+        let by_name: HashMap<&str, &TensorRecord> = manifest.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let records = names
+            .iter()
+            .map(|n| {
+                by_name.get(n).copied().ok_or_else(|| Error::NotFound { what: format!("tensor `{n}` in {id}") })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.read_records(&manifest, records).await
+    }
+
+    /// Read and verify every tensor of a checkpoint without keeping the data.
+    pub async fn verify(&self, id: &CheckpointId) -> Result<Manifest> {
+        let manifest = self.manifest(id).await?;
+        let format = self.inner.registry.get(&manifest.format)?;
+        let ctx = self.read_ctx();
+        futures::stream::iter(manifest.tensors.iter())
+            .map(|r| {
+                let (format, ctx) = (format.clone(), ctx.clone());
+                async move { format.read(&ctx, r).await.map(|_| ()) }
+            })
+            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(manifest)
+    }
+
+    /// Every checkpoint under the root, committed and incomplete, with status.
+    ///
+    /// A committed checkpoint's status comes from its manifest alone; pass
+    /// `verify = true` to read and check all data too.
+    pub async fn list(&self, verify: bool) -> Result<Vec<CheckpointInfo>> {
+        let mut out = Vec::new();
+        for id in self.committed().await? {
+            let (status, m) = match self.manifest(&id).await {
+                Ok(m) => (Status::Committed, Some(m)),
+                Err(e) => (Status::Corrupt(e.to_string()), None),
+            };
+            let status = match (&status, verify) {
+                (Status::Committed, true) => match self.verify(&id).await {
+                    Ok(_) => Status::Committed,
+                    Err(e) => Status::Corrupt(e.to_string()),
+                },
+                _ => status,
+            };
+            out.push(CheckpointInfo {
+                bytes: m.as_ref().map_or(0, Manifest::raw_bytes),
+                tensors: m.as_ref().map_or(0, |m| m.tensors.len()),
+                format: m.map(|m| m.format),
+                id,
+                status,
+            });
+        }
+        for (id, bytes) in catalog::incomplete(self.inner.store.as_ref()).await? {
+            out.push(CheckpointInfo { id, status: Status::Incomplete, bytes, tensors: 0, format: None });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn read_records(&self, manifest: &Manifest, records: Vec<&TensorRecord>) -> Result<Vec<Tensor>> {
+        let format = self.inner.registry.get(&manifest.format)?;
+        let ctx = self.read_ctx();
+        let datas: Vec<Bytes> = futures::stream::iter(records.iter().copied())
+            .map(|r| {
+                let (format, ctx) = (format.clone(), ctx.clone());
+                async move { format.read(&ctx, r).await.map_err(|e| e.with_tensor(&r.name)) }
+            })
+            .buffered(self.inner.opts.load_concurrency.max(1))
+            .try_collect()
+            .await?;
+        records
+            .into_iter()
+            .zip(datas)
+            .map(|(r, data)| {
+                let t = Tensor { name: r.name.clone(), dtype: r.dtype, shape: r.shape.clone(), data, shard: r.shard.clone() };
+                t.validate().map_err(|e| Error::corrupt(manifest_key(manifest), Some(&r.name), e.to_string()))?;
+                Ok(t)
+            })
+            .collect()
+    }
+}
+
+fn manifest_key(m: &Manifest) -> String {
+    crate::paths::manifest_key(&m.id()).to_string()
+}

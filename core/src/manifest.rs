@@ -1,0 +1,317 @@
+//! The manifest: the commit record of a checkpoint.
+//!
+//! Stored as one header line and a JSON body:
+//!
+//! ```text
+//! ckpt-manifest 1 <blake3 of body, hex> <body length>\n
+//! { ...json... }
+//! ```
+//!
+//! The decoder is pure, refuses anything over [`MAX_MANIFEST_BYTES`], verifies the
+//! body hash before parsing, and then checks that every record is consistent
+//! (sizes agree with dtype and shape, keys are relative, names are unique), all
+//! with checked arithmetic.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::DType;
+use crate::error::{CheckpointId, Error, Result};
+use crate::tensor::{numel, ShardSpec};
+use crate::value::Value;
+
+/// Schema version written by this library.
+pub const MANIFEST_VERSION: u32 = 1;
+/// Largest manifest the decoder accepts.
+pub const MAX_MANIFEST_BYTES: usize = 256 << 20;
+const MAGIC: &str = "ckpt-manifest";
+
+/// One stored piece of a chunked tensor, named by the blake3 hash of its raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// blake3 of the raw (uncompressed) bytes, hex; also the chunk's key.
+    pub hash: String,
+    /// Raw length in bytes.
+    pub len: u64,
+    /// Length of the stored object (after compression and framing).
+    pub stored: u64,
+}
+
+/// Where a tensor's bytes are stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Layout {
+    /// Split into content-addressed chunks, concatenated in order (native format).
+    Chunks {
+        /// The chunks, in tensor order.
+        chunks: Vec<ChunkRef>,
+    },
+    /// A byte range of one object (safetensors, HDF5, `.pt` files).
+    Range {
+        /// Key of the object, relative to the checkpoint root.
+        object: String,
+        /// Offset of the tensor's first byte in the object.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// blake3 of the tensor's bytes, hex.
+        blake3: String,
+    },
+}
+
+impl Layout {
+    /// Raw length of the tensor this layout describes.
+    pub fn raw_len(&self) -> Result<u64> {
+        match self {
+            Layout::Chunks { chunks } => chunks.iter().try_fold(0u64, |acc, c| {
+                acc.checked_add(c.len)
+                    .ok_or_else(|| Error::corrupt("manifest", None, "chunk lengths overflow"))
+            }),
+            Layout::Range { len, .. } => Ok(*len),
+        }
+    }
+}
+
+/// One tensor of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    /// Name, unique in the checkpoint.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Local shape.
+    pub shape: Vec<u64>,
+    /// Placement in a global tensor, if sharded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSpec>,
+    /// Where the bytes are.
+    pub layout: Layout,
+}
+
+impl TensorRecord {
+    /// Raw byte length implied by dtype and shape.
+    pub fn nbytes(&self) -> Result<u64> {
+        self.dtype.byte_len(numel(&self.shape)?)
+    }
+}
+
+/// The commit record of one checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Schema version ([`MANIFEST_VERSION`]).
+    pub version: u32,
+    /// The library that wrote it, e.g. `ckpt 0.1.0`.
+    pub library: String,
+    /// Name of the format that laid out the tensors (`native`, `safetensors`, ...).
+    pub format: String,
+    /// Training step.
+    pub step: u64,
+    /// Save attempt id.
+    pub attempt: String,
+    /// Number of ranks that wrote the checkpoint.
+    pub world_size: u32,
+    /// Wall-clock time of the commit, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The tensors.
+    pub tensors: Vec<TensorRecord>,
+    /// Non-tensor state.
+    #[serde(default)]
+    pub meta: Value,
+    /// Per-checkpoint objects (under `data/`) that belong to this checkpoint,
+    /// relative to the root. Content-addressed chunks are not listed here.
+    #[serde(default)]
+    pub objects: Vec<String>,
+}
+
+impl Manifest {
+    /// The checkpoint this manifest commits.
+    pub fn id(&self) -> CheckpointId {
+        CheckpointId { step: self.step, attempt: self.attempt.clone() }
+    }
+
+    /// Total raw tensor bytes.
+    pub fn raw_bytes(&self) -> u64 {
+        self.tensors.iter().filter_map(|t| t.layout.raw_len().ok()).sum()
+    }
+
+    /// Distinct chunk hashes this checkpoint references.
+    pub fn chunk_hashes(&self) -> impl Iterator<Item = &str> {
+        self.tensors.iter().flat_map(|t| match &t.layout {
+            Layout::Chunks { chunks } => chunks.iter().map(|c| c.hash.as_str()).collect::<Vec<_>>(),
+            Layout::Range { .. } => Vec::new(),
+        })
+    }
+
+    /// Encode to the stored form.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let body = serde_json::to_vec(self).map_err(|e| Error::Internal(format!("encode manifest: {e}")))?;
+        let hash = blake3::hash(&body);
+        let mut out = format!("{MAGIC} {MANIFEST_VERSION} {} {}\n", hash.to_hex(), body.len()).into_bytes();
+        out.extend_from_slice(&body);
+        Ok(out)
+    }
+
+    /// Decode and validate the stored form. `object` names the key in errors.
+    pub fn decode(bytes: &[u8], object: &str) -> Result<Manifest> {
+        let bad = |reason: String| Error::corrupt(object, None, reason);
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(bad(format!("manifest of {} bytes exceeds the cap", bytes.len())));
+        }
+        let nl = bytes
+            .iter()
+            .take(256)
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| bad("no manifest header".into()))?;
+        let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
+        let mut fields = header.split(' ');
+        if fields.next() != Some(MAGIC) {
+            return Err(bad("not a ckpt manifest".into()));
+        }
+        let version: u32 = fields
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("bad version field".into()))?;
+        if version != MANIFEST_VERSION {
+            return Err(Error::Unsupported(format!(
+                "manifest `{object}` has schema version {version}; this library reads {MANIFEST_VERSION}"
+            )));
+        }
+        let hash = fields.next().ok_or_else(|| bad("no hash field".into()))?;
+        let len: usize = fields
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("bad length field".into()))?;
+        let body = &bytes[nl + 1..];
+        if body.len() != len {
+            return Err(bad(format!("body is {} bytes, header says {len} (truncated?)", body.len())));
+        }
+        if blake3::hash(body).to_hex().as_str() != hash {
+            return Err(bad("manifest hash mismatch".into()));
+        }
+        let m: Manifest = serde_json::from_slice(body).map_err(|e| bad(format!("manifest does not parse: {e}")))?;
+        m.validate().map_err(|e| match e {
+            Error::InvalidInput(reason) => bad(reason),
+            other => other,
+        })?;
+        Ok(m)
+    }
+
+    /// Check internal consistency (used on decode, and before commit).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |s: String| Error::InvalidInput(s);
+        if !self.attempt.bytes().all(|b| b.is_ascii_alphanumeric()) || self.attempt.is_empty() {
+            return Err(bad(format!("bad attempt id `{}`", self.attempt)));
+        }
+        let mut names = HashSet::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return Err(bad(format!("empty or duplicate tensor name `{}`", t.name)));
+            }
+            let want = t.nbytes().map_err(|e| bad(format!("tensor `{}`: {e}", t.name)))?;
+            let have = t.layout.raw_len()?;
+            if want != have {
+                return Err(bad(format!("tensor `{}` needs {want} bytes, layout has {have}", t.name)));
+            }
+            match &t.layout {
+                Layout::Chunks { chunks } => {
+                    for c in chunks {
+                        if !is_hash(&c.hash) {
+                            return Err(bad(format!("tensor `{}`: bad chunk hash", t.name)));
+                        }
+                    }
+                }
+                Layout::Range { object, offset, len, blake3 } => {
+                    check_key(object).map_err(bad)?;
+                    offset
+                        .checked_add(*len)
+                        .ok_or_else(|| bad(format!("tensor `{}`: range overflows", t.name)))?;
+                    if !is_hash(blake3) {
+                        return Err(bad(format!("tensor `{}`: bad hash", t.name)));
+                    }
+                }
+            }
+        }
+        for o in &self.objects {
+            check_key(o).map_err(bad)?;
+        }
+        Ok(())
+    }
+}
+
+/// True for 64 lowercase hex digits.
+pub fn is_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A stored key must be relative and stay under the root.
+fn check_key(key: &str) -> std::result::Result<(), String> {
+    if key.is_empty() || key.starts_with('/') || key.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+        return Err(format!("object key `{key}` is not a plain relative path"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest {
+            version: MANIFEST_VERSION,
+            library: "ckpt test".into(),
+            format: "native".into(),
+            step: 7,
+            attempt: "abc".into(),
+            world_size: 1,
+            created_unix_ms: 1,
+            tensors: vec![TensorRecord {
+                name: "w".into(),
+                dtype: DType::F32,
+                shape: vec![2],
+                shard: None,
+                layout: Layout::Chunks {
+                    chunks: vec![ChunkRef { hash: "a".repeat(64), len: 8, stored: 24 }],
+                },
+            }],
+            meta: Value::Int(3),
+            objects: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        let bytes = m.encode().unwrap();
+        assert_eq!(Manifest::decode(&bytes, "m").unwrap(), m);
+    }
+
+    #[test]
+    fn every_flipped_byte_is_detected() {
+        let bytes = sample().encode().unwrap();
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x01;
+            assert!(Manifest::decode(&b, "m").is_err(), "flip at {i} not detected");
+        }
+        for cut in 0..bytes.len() {
+            assert!(Manifest::decode(&bytes[..cut], "m").is_err(), "truncation at {cut} not detected");
+        }
+    }
+
+    #[test]
+    fn rejects_inconsistent_sizes_and_keys() {
+        let mut m = sample();
+        m.shape_mut_for_test();
+        assert!(matches!(Manifest::decode(&m.encode().unwrap(), "m"), Err(Error::Corrupt { .. })));
+        let mut m = sample();
+        m.objects.push("../escape".into());
+        assert!(Manifest::decode(&m.encode().unwrap(), "m").is_err());
+    }
+
+    impl Manifest {
+        fn shape_mut_for_test(&mut self) {
+            self.tensors[0].shape = vec![3];
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The two phases of a save: snapshot (the stall), then persist and commit in the background.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::catalog;
+use crate::checkpointer::{Checkpointer, Inner, SnapshotMode};
+use crate::error::{CheckpointId, Error, Result};
+use crate::failpoint;
+use crate::format::{WriteContext, WriteStats};
+use crate::manifest::{Manifest, MANIFEST_VERSION};
+use crate::paths;
+use crate::retention::{self, GcReport};
+use crate::snapshot::{self, Capture, TensorData};
+use crate::staging::StagingPool;
+use crate::tensor::Tensor;
+use crate::value::Value;
+
+/// Where the time and bytes of one save went.
+#[derive(Debug, Clone, Default)]
+pub struct SaveReport {
+    /// The committed checkpoint.
+    pub id: CheckpointId,
+    /// Time `save` kept the caller waiting.
+    pub stall: Duration,
+    /// Time of the snapshot copy (in lazy mode, mostly after `save` returned).
+    pub snapshot: Duration,
+    /// Wall time from the end of the snapshot to the commit.
+    pub persist: Duration,
+    /// Time to publish the manifest.
+    pub commit: Duration,
+    /// Wall time from the call of `save` to the commit.
+    pub total: Duration,
+    /// CPU time spent hashing, summed over tasks.
+    pub hash_cpu: Duration,
+    /// CPU time spent encoding and compressing, summed over tasks.
+    pub encode_cpu: Duration,
+    /// Time spent in storage writes, summed over tasks.
+    pub write_io: Duration,
+    /// Raw tensor bytes in the checkpoint.
+    pub raw_bytes: u64,
+    /// Bytes copied by the snapshot.
+    pub copied_bytes: u64,
+    /// Bytes written to storage.
+    pub stored_bytes: u64,
+    /// Raw bytes not written because identical chunks were already stored.
+    pub reused_bytes: u64,
+    /// Objects written (manifest included).
+    pub objects: u64,
+    /// What GC did after this commit, if it ran.
+    pub gc: Option<GcReport>,
+}
+
+#[derive(Debug, Clone)]
+enum SnapState {
+    Pending,
+    Done(Duration),
+    Failed(String),
+}
+
+/// A save in progress. Dropping it does not cancel the save.
+#[derive(Debug)]
+pub struct SaveHandle {
+    id: CheckpointId,
+    stall: Duration,
+    snapshot: watch::Receiver<SnapState>,
+    task: JoinHandle<Result<SaveReport>>,
+    inner: Arc<Inner>,
+}
+
+impl SaveHandle {
+    /// The checkpoint this save will commit.
+    pub fn id(&self) -> &CheckpointId {
+        &self.id
+    }
+
+    /// Time `save` kept the caller waiting.
+    pub fn stall(&self) -> Duration {
+        self.stall
+    }
+
+    /// True once the snapshot is complete and the state may be mutated again.
+    pub fn snapshot_done(&self) -> bool {
+        !matches!(*self.snapshot.borrow(), SnapState::Pending)
+    }
+
+    /// Wait until the snapshot copy is complete; after this the caller may mutate
+    /// the captured state. Returns the snapshot's error if it failed.
+    pub async fn wait_snapshot(&self) -> Result<()> {
+        let mut rx = self.snapshot.clone();
+        let state = rx
+            .wait_for(|s| !matches!(s, SnapState::Pending))
+            .await
+            .map_err(|_| Error::Internal("snapshot task vanished".into()))?
+            .clone();
+        match state {
+            SnapState::Failed(reason) => Err(Error::Internal(format!("snapshot failed: {reason}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// True once the save is committed or failed.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Wait until the checkpoint is durable and committed, or the save failed.
+    pub async fn wait(self) -> Result<SaveReport> {
+        let step = self.id.step;
+        let out = match self.task.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Internal(format!("persist task failed: {e}"))),
+        };
+        if out.is_err() {
+            // Seen here: the next save need not report it again.
+            self.inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).retain(|(s, _)| *s != step);
+        }
+        out
+    }
+}
+
+impl Checkpointer {
+    /// Save `state` as the checkpoint of `step`.
+    ///
+    /// Returns once the snapshot is taken (eager mode) or started (lazy mode);
+    /// encoding, hashing, writing and the commit continue in the background.
+    /// Await [`SaveHandle::wait`] for durability.
+    ///
+    /// Fails at once with [`Error::Conflict`] if `step` is already committed, with
+    /// [`Error::Skipped`] if the staging budget is spent and the policy says skip,
+    /// and with the error of an earlier background save that nobody observed.
+    pub async fn save(&self, step: u64, state: impl Into<Capture>) -> Result<SaveHandle> {
+        let start = Instant::now();
+        let capture = state.into();
+        let inner = &self.inner;
+        if let Some((s, reason)) = inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Err(Error::Internal(format!("the save of step {s} failed in the background: {reason}")));
+        }
+        validate(&capture)?;
+        if !catalog::committed_at(inner.store.as_ref(), step).await?.is_empty() {
+            return Err(Error::Conflict(format!("step {step} is already committed")));
+        }
+        let id = CheckpointId { step, attempt: paths::new_attempt_id() };
+        failpoint::hit("save.start")?;
+
+        // Staging memory for the tensors that must be copied.
+        let lens: Vec<usize> = capture
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.data, TensorData::Copy(_)))
+            .map(|t| t.data.len())
+            .collect();
+        let copied_bytes = capture.copy_bytes();
+        let pool = self.pool_for(copied_bytes);
+        let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;
+
+        inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
+        let (snap_tx, snap_rx) = watch::channel(SnapState::Pending);
+        let threads = inner.opts.snapshot_threads;
+        let Capture { tensors, meta } = capture;
+
+        let snapshot: JoinHandle<Result<Vec<Tensor>>> = match inner.opts.snapshot {
+            SnapshotMode::Eager => {
+                let t = Instant::now();
+                let r = snapshot::copy_all(tensors, bufs, threads);
+                let _ = snap_tx.send(match &r {
+                    Ok(_) => SnapState::Done(t.elapsed()),
+                    Err(e) => SnapState::Failed(e.to_string()),
+                });
+                if let Err(e) = r {
+                    self.finish_inflight(&id);
+                    return Err(e);
+                }
+                tokio::spawn(async move { r })
+            }
+            SnapshotMode::Lazy => tokio::task::spawn_blocking(move || {
+                let t = Instant::now();
+                let r = snapshot::copy_all(tensors, bufs, threads);
+                let _ = snap_tx.send(match &r {
+                    Ok(_) => SnapState::Done(t.elapsed()),
+                    Err(e) => SnapState::Failed(e.to_string()),
+                });
+                r
+            }),
+        };
+        let stall = start.elapsed();
+
+        let task = {
+            let this = self.clone();
+            let id = id.clone();
+            let snap_rx = snap_rx.clone();
+            tokio::spawn(async move {
+                let r = this.persist(id.clone(), snapshot, snap_rx, meta, start, stall, copied_bytes).await;
+                if let Err(e) = &r {
+                    tracing::warn!("save of {id} failed: {e}");
+                    this.inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).push((id.step, e.to_string()));
+                }
+                this.finish_inflight(&id);
+                r
+            })
+        };
+        Ok(SaveHandle { id, stall, snapshot: snap_rx, task, inner: self.inner.clone() })
+    }
+
+    fn finish_inflight(&self, id: &CheckpointId) {
+        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.inner.inflight_done.notify_waiters();
+    }
+
+    fn pool_for(&self, copied_bytes: u64) -> StagingPool {
+        let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.get_or_insert_with(|| StagingPool::new(copied_bytes.saturating_mul(2).max(64 << 20)))
+            .clone()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn persist(
+        &self,
+        id: CheckpointId,
+        snapshot: JoinHandle<Result<Vec<Tensor>>>,
+        snap_rx: watch::Receiver<SnapState>,
+        meta: Value,
+        start: Instant,
+        stall: Duration,
+        copied_bytes: u64,
+    ) -> Result<SaveReport> {
+        let inner = &self.inner;
+        let tensors = snapshot.await.map_err(|e| Error::Internal(format!("snapshot task: {e}")))??;
+        let snap_time = match *snap_rx.borrow() {
+            SnapState::Done(d) => d,
+            _ => Duration::ZERO,
+        };
+        let persist_start = Instant::now();
+        let gate = inner.write_gate.clone().read_owned().await;
+        failpoint::hit("save.before_data")?;
+        let stats = Arc::new(WriteStats::default());
+        let ctx = WriteContext {
+            store: inner.store.clone(),
+            data_prefix: paths::data_prefix(&id),
+            rank: 0,
+            options: inner.opts.write.clone(),
+            chunks: inner.chunks.clone(),
+            stats: stats.clone(),
+        };
+        let out = inner.format.write(&ctx, &tensors).await?;
+        failpoint::hit("save.after_data")?;
+        let raw_bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
+        drop(tensors); // staging buffers go back to the pool
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
+            format: inner.format.name().to_owned(),
+            step: id.step,
+            attempt: id.attempt.clone(),
+            world_size: 1,
+            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+            tensors: out.records,
+            meta,
+            objects: out.objects,
+        };
+        failpoint::hit("save.before_manifest")?;
+        let commit_start = Instant::now();
+        catalog::publish_manifest(inner.store.as_ref(), &manifest).await?;
+        let commit = commit_start.elapsed();
+        failpoint::hit("save.after_manifest")?;
+        let total = start.elapsed();
+        let persist = persist_start.elapsed();
+        drop(gate);
+
+        let gc = self.maybe_gc(&id).await;
+        let ns = |c: &std::sync::atomic::AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        Ok(SaveReport {
+            id,
+            stall,
+            snapshot: snap_time,
+            persist,
+            commit,
+            total,
+            hash_cpu: ns(&stats.hash_ns),
+            encode_cpu: ns(&stats.encode_ns),
+            write_io: ns(&stats.write_ns),
+            raw_bytes,
+            copied_bytes,
+            stored_bytes: stats.stored_bytes.load(Ordering::Relaxed),
+            reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
+            objects: stats.objects.load(Ordering::Relaxed) + 1,
+            gc,
+        })
+    }
+
+    /// Run retention and GC now unless a save is writing (then the next commit does it).
+    async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
+        if self.inner.opts.retention.keep_last.is_none() {
+            return None;
+        }
+        let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
+        let mut protected: HashSet<CheckpointId> =
+            self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        protected.insert(just_committed.clone());
+        match retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected)
+            .await
+        {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("garbage collection failed (will retry after the next commit): {e}");
+                None
+            }
+        }
+    }
+
+    /// Apply retention and delete garbage now, waiting for saves in flight to finish writing.
+    pub async fn gc(&self) -> Result<GcReport> {
+        let _gate = self.inner.write_gate.clone().write_owned().await;
+        let protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected).await
+    }
+}
+
+fn validate(capture: &Capture) -> Result<()> {
+    let mut names = HashSet::with_capacity(capture.tensors.len());
+    for t in &capture.tensors {
+        let probe = Tensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            data: bytes::Bytes::new(),
+            shard: t.shard.clone(),
+        };
+        let want = t.dtype.byte_len(probe.numel()?)?;
+        if want != t.data.len() as u64 {
+            return Err(Error::InvalidInput(format!(
+                "tensor `{}`: {} {:?} needs {want} bytes, got {}",
+                t.name,
+                t.dtype,
+                t.shape,
+                t.data.len()
+            )));
+        }
+        if t.name.is_empty() || !names.insert(t.name.as_str()) {
+            return Err(Error::InvalidInput(format!("empty or duplicate tensor name `{}`", t.name)));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! Capture: what `save` is given, and the snapshot that copies it into staging.
+//!
+//! A tensor is captured either as [`TensorData::Shared`] (immutable [`Bytes`]:
+//! nothing to copy) or as [`TensorData::Copy`] (memory the training loop will
+//! mutate later, e.g. a model parameter): those are copied into staging buffers,
+//! which is the only part of a save the training loop has to wait for.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::state::State;
+use crate::staging::StagingBuf;
+use crate::tensor::{ShardSpec, Tensor};
+use crate::value::Value;
+
+/// Memory that a snapshot copies from.
+///
+/// # Lazy snapshots
+/// In lazy mode `copy_into` runs on a background thread after `save` returned.
+/// The implementor must keep the memory alive and the caller must not mutate it
+/// until the save handle's `wait_snapshot()` returned.
+pub trait CopySource: Send + Sync + 'static {
+    /// Number of bytes.
+    fn len(&self) -> usize;
+
+    /// True when there is nothing to copy.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copy the current contents into `dst` (`dst.len() == self.len()`).
+    fn copy_into(&self, dst: &mut [u8]) -> Result<()>;
+}
+
+/// Where a captured tensor's bytes come from.
+#[derive(Clone)]
+pub enum TensorData {
+    /// Immutable bytes, captured without a copy.
+    Shared(Bytes),
+    /// Mutable memory, copied into staging by the snapshot.
+    Copy(Arc<dyn CopySource>),
+}
+
+impl std::fmt::Debug for TensorData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Shared(b) => write!(f, "Shared({} bytes)", b.len()),
+            TensorData::Copy(c) => write!(f, "Copy({} bytes)", c.len()),
+        }
+    }
+}
+
+impl TensorData {
+    /// Number of bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::Shared(b) => b.len(),
+            TensorData::Copy(c) => c.len(),
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One tensor handed to `save`.
+#[derive(Debug, Clone)]
+pub struct SourceTensor {
+    /// Unique name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Placement in a global tensor, if sharded.
+    pub shard: Option<ShardSpec>,
+    /// The bytes.
+    pub data: TensorData,
+}
+
+/// Everything handed to one `save`.
+#[derive(Debug, Clone, Default)]
+pub struct Capture {
+    /// The tensors.
+    pub tensors: Vec<SourceTensor>,
+    /// Non-tensor state.
+    pub meta: Value,
+}
+
+impl Capture {
+    /// Add a tensor copied from mutable memory at snapshot time.
+    pub fn with_copy(
+        mut self,
+        name: impl Into<String>,
+        dtype: DType,
+        shape: Vec<u64>,
+        source: Arc<dyn CopySource>,
+    ) -> Self {
+        self.tensors.push(SourceTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            shard: None,
+            data: TensorData::Copy(source),
+        });
+        self
+    }
+
+    /// Bytes that the snapshot must copy.
+    pub fn copy_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| matches!(t.data, TensorData::Copy(_)))
+            .map(|t| t.data.len() as u64)
+            .sum()
+    }
+
+    /// Total tensor bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.data.len() as u64).sum()
+    }
+}
+
+impl From<State> for Capture {
+    fn from(state: State) -> Self {
+        Capture {
+            tensors: state
+                .tensors
+                .into_iter()
+                .map(|t| SourceTensor {
+                    name: t.name,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    shard: t.shard,
+                    data: TensorData::Shared(t.data),
+                })
+                .collect(),
+            meta: state.meta,
+        }
+    }
+}
+
+impl From<&State> for Capture {
+    fn from(state: &State) -> Self {
+        Capture::from(state.clone())
+    }
+}
+
+/// A [`CopySource`] over owned memory behind a lock, handy for tests and for
+/// training loops that keep parameters in `Vec<u8>`.
+#[derive(Debug, Default)]
+pub struct SharedVec(pub std::sync::RwLock<Vec<u8>>);
+
+impl SharedVec {
+    /// Wrap a vector.
+    pub fn new(v: Vec<u8>) -> Arc<Self> {
+        Arc::new(SharedVec(std::sync::RwLock::new(v)))
+    }
+}
+
+impl CopySource for SharedVec {
+    fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn copy_into(&self, dst: &mut [u8]) -> Result<()> {
+        let src = self.0.read().unwrap_or_else(|p| p.into_inner());
+        if src.len() != dst.len() {
+            return Err(Error::InvalidInput("source changed size during the snapshot".into()));
+        }
+        dst.copy_from_slice(&src);
+        Ok(())
+    }
+}
+
+/// Copy every `Copy` tensor into its staging buffer, spread over `threads` threads
+/// (balanced by bytes), and return the tensors with frozen bytes in input order.
+///
+/// In debug builds each source is read a second time after its copy and compared,
+/// so a mutation during a (lazy) snapshot is reported instead of saved silently.
+pub fn copy_all(tensors: Vec<SourceTensor>, mut bufs: Vec<StagingBuf>, threads: usize) -> Result<Vec<Tensor>> {
+    // Pair each Copy tensor with its buffer.
+    let mut jobs: Vec<(usize, Arc<dyn CopySource>, StagingBuf)> = Vec::new();
+    let mut out: Vec<Option<Tensor>> = Vec::with_capacity(tensors.len());
+    bufs.reverse();
+    for (i, t) in tensors.into_iter().enumerate() {
+        match t.data {
+            TensorData::Shared(data) => out.push(Some(make(t.name, t.dtype, t.shape, t.shard, data)?)),
+            TensorData::Copy(src) => {
+                let buf = bufs.pop().ok_or_else(|| Error::Internal("staging buffer count".into()))?;
+                jobs.push((i, src, buf));
+                out.push(Some(Tensor {
+                    name: t.name,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    shard: t.shard,
+                    data: Bytes::new(),
+                }));
+            }
+        }
+    }
+    // Balance bytes over threads: largest first, each to the least loaded thread.
+    let threads = threads.clamp(1, jobs.len().max(1));
+    jobs.sort_by_key(|(_, s, _)| std::cmp::Reverse(s.len()));
+    let mut groups: Vec<(usize, Vec<(usize, Arc<dyn CopySource>, StagingBuf)>)> =
+        (0..threads).map(|_| (0, Vec::new())).collect();
+    for job in jobs {
+        let g = groups.iter_mut().min_by_key(|(load, _)| *load).expect("at least one group");
+        g.0 += job.1.len();
+        g.1.push(job);
+    }
+    let results: Vec<Result<Vec<(usize, Bytes)>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|(_, group)| scope.spawn(move || copy_group(group)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into()))))
+            .collect()
+    });
+    for r in results {
+        for (i, data) in r? {
+            if let Some(t) = out[i].as_mut() {
+                t.data = data;
+            }
+        }
+    }
+    out.into_iter()
+        .map(|t| {
+            let t = t.ok_or_else(|| Error::Internal("snapshot slot".into()))?;
+            t.validate()?;
+            Ok(t)
+        })
+        .collect()
+}
+
+fn copy_group(group: Vec<(usize, Arc<dyn CopySource>, StagingBuf)>) -> Result<Vec<(usize, Bytes)>> {
+    let mut done = Vec::with_capacity(group.len());
+    for (i, src, mut buf) in group {
+        src.copy_into(buf.as_mut_slice())?;
+        #[cfg(debug_assertions)]
+        {
+            let mut again = vec![0u8; buf.as_ref().len()];
+            src.copy_into(&mut again)?;
+            if again != buf.as_ref() {
+                return Err(Error::InvalidInput(format!(
+                    "tensor #{i} was modified while its snapshot was being taken; \
+                     call wait_snapshot() before mutating state (e.g. before optimizer.step())"
+                )));
+            }
+        }
+        done.push((i, buf.freeze()));
+    }
+    Ok(done)
+}
+
+fn make(name: String, dtype: DType, shape: Vec<u64>, shard: Option<ShardSpec>, data: Bytes) -> Result<Tensor> {
+    let t = Tensor { name, dtype, shape, data, shard };
+    t.validate()?;
+    Ok(t)
+}

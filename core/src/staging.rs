@@ -1,0 +1,222 @@
+//! Staging memory for snapshots: a pool of reusable buffers under a byte budget.
+//!
+//! A snapshot copies tensors into staging buffers; the buffers become [`Bytes`]
+//! that the persist phase reads, and when the last reference drops they return to
+//! the pool, so a training loop that saves the same shapes again allocates nothing
+//! once warm. Idle buffers count against the budget too; when a save needs room,
+//! idle buffers of other sizes are freed first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+
+const PAGE: u64 = 4096;
+
+/// What a save does when the staging budget is spent by saves still persisting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BusyPolicy {
+    /// Wait until earlier saves release enough staging memory.
+    #[default]
+    Wait,
+    /// Skip this checkpoint and say so ([`Error::Skipped`]).
+    Skip,
+}
+
+#[derive(Debug)]
+struct Inner {
+    budget: u64,
+    sem: Arc<Semaphore>,
+    returned: Notify,
+    idle: Mutex<HashMap<usize, Vec<(Vec<u8>, OwnedSemaphorePermit)>>>,
+}
+
+/// A pool of staging buffers with a byte budget.
+#[derive(Debug, Clone)]
+pub struct StagingPool {
+    inner: Arc<Inner>,
+}
+
+/// A staging buffer on loan from the pool; freeze it into [`Bytes`] after filling it.
+#[derive(Debug)]
+pub struct StagingBuf {
+    data: Vec<u8>,
+    permit: Option<OwnedSemaphorePermit>,
+    pool: Weak<Inner>,
+}
+
+fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(PAGE)
+}
+
+impl StagingPool {
+    /// A pool that holds at most `budget` bytes of staging memory, in use or idle.
+    pub fn new(budget: u64) -> Self {
+        let permits = pages(budget).min(Semaphore::MAX_PERMITS as u64) as usize;
+        StagingPool {
+            inner: Arc::new(Inner {
+                budget,
+                sem: Arc::new(Semaphore::new(permits)),
+                returned: Notify::new(),
+                idle: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.inner.budget
+    }
+
+    /// Bytes held by idle buffers.
+    pub fn idle_bytes(&self) -> u64 {
+        let idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.iter().map(|(len, v)| *len as u64 * v.len() as u64).sum()
+    }
+
+    /// Borrow buffers of the given lengths, all or none.
+    ///
+    /// Buffers of the exact length are reused; new ones are allocated when the
+    /// budget allows. When it does not, `policy` decides: wait, or fail with
+    /// [`Error::Skipped`] (for `step`).
+    pub async fn acquire(&self, lens: &[usize], policy: BusyPolicy, step: u64) -> Result<Vec<StagingBuf>> {
+        let total: u64 = lens.iter().map(|&l| pages(l as u64)).sum();
+        if total > pages(self.inner.budget) {
+            return Err(Error::InvalidInput(format!(
+                "the state needs {} bytes of staging memory, more than the budget of {} bytes",
+                total * PAGE,
+                self.inner.budget
+            )));
+        }
+        let mut out: Vec<Option<StagingBuf>> = lens.iter().map(|&l| self.take_idle(l)).collect();
+        let missing: u64 = lens
+            .iter()
+            .zip(&out)
+            .filter(|(_, b)| b.is_none())
+            .map(|(&l, _)| pages(l as u64))
+            .sum();
+        let permit = if missing == 0 {
+            None
+        } else {
+            Some(self.permits(missing as u32, policy, step).await?)
+        };
+        let mut permit = permit;
+        for (slot, &len) in out.iter_mut().zip(lens) {
+            if slot.is_none() {
+                let p = permit.as_mut().and_then(|p| p.split(pages(len as u64) as usize));
+                *slot = Some(StagingBuf { data: vec![0u8; len], permit: p, pool: Arc::downgrade(&self.inner) });
+            }
+        }
+        Ok(out.into_iter().map(|b| b.expect("every slot filled")).collect())
+    }
+
+    fn take_idle(&self, len: usize) -> Option<StagingBuf> {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let (data, permit) = idle.get_mut(&len)?.pop()?;
+        Some(StagingBuf { data, permit: Some(permit), pool: Arc::downgrade(&self.inner) })
+    }
+
+    async fn permits(&self, n: u32, policy: BusyPolicy, step: u64) -> Result<OwnedSemaphorePermit> {
+        loop {
+            // Register for "a buffer came back" before looking, so no wake-up is lost.
+            let returned = self.inner.returned.notified();
+            tokio::pin!(returned);
+            returned.as_mut().enable();
+            if let Ok(p) = self.inner.sem.clone().try_acquire_many_owned(n) {
+                return Ok(p);
+            }
+            // Idle buffers hold budget: free them (their permits go back) and retry.
+            let freed = {
+                let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let had = !idle.is_empty();
+                idle.clear();
+                had
+            };
+            if freed {
+                continue;
+            }
+            match policy {
+                BusyPolicy::Wait => returned.await,
+                BusyPolicy::Skip => {
+                    return Err(Error::Skipped {
+                        step,
+                        reason: "staging budget is in use by saves still persisting".into(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl StagingBuf {
+    /// The buffer to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+
+    /// Freeze into [`Bytes`] (no copy); the buffer returns to the pool when the
+    /// last clone of the `Bytes` drops.
+    pub fn freeze(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for StagingBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for StagingBuf {
+    fn drop(&mut self) {
+        let (Some(pool), Some(permit)) = (self.pool.upgrade(), self.permit.take()) else { return };
+        let data = std::mem::take(&mut self.data);
+        pool.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(data.len())
+            .or_default()
+            .push((data, permit));
+        pool.returned.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reuses_buffers_and_respects_budget() {
+        let pool = StagingPool::new(1 << 20);
+        let bufs = pool.acquire(&[4096, 8192], BusyPolicy::Skip, 1).await.unwrap();
+        let ptr = bufs[0].data.as_ptr();
+        let frozen: Vec<Bytes> = bufs.into_iter().map(StagingBuf::freeze).collect();
+        drop(frozen);
+        assert_eq!(pool.idle_bytes(), 4096 + 8192);
+        let again = pool.acquire(&[4096], BusyPolicy::Skip, 2).await.unwrap();
+        assert_eq!(again[0].data.as_ptr(), ptr, "the idle buffer is reused");
+
+        // While 1 MiB is held, a second MiB does not fit: Skip says so.
+        drop(again);
+        let held = pool.acquire(&[1 << 20], BusyPolicy::Skip, 3).await.unwrap();
+        let err = pool.acquire(&[4096], BusyPolicy::Skip, 4).await.unwrap_err();
+        assert!(matches!(err, Error::Skipped { step: 4, .. }));
+        // Wait gets it once the holder is done.
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire(&[4096], BusyPolicy::Wait, 5).await.map(|b| b.len()) })
+        };
+        tokio::task::yield_now().await;
+        // Returning the buffer wakes the waiter, which frees the idle 1 MiB to fit.
+        drop(held);
+        assert_eq!(waiter.await.unwrap().unwrap(), 1);
+        assert!(matches!(
+            pool.acquire(&[2 << 20], BusyPolicy::Wait, 7).await,
+            Err(Error::InvalidInput(_))
+        ));
+    }
+}

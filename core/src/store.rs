@@ -1,0 +1,70 @@
+//! Opening a store from a URL.
+//!
+//! | URL | backend |
+//! | --- | --- |
+//! | `file:///abs/dir` or a plain path | local disk, files and directories fsynced |
+//! | `memory://name` | in-process memory; the same name in one process is the same store |
+//!
+//! Every store is rooted at the URL's path, so keys inside it are always
+//! `chunks/...`, `data/...`, `manifests/...`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::ObjectStore;
+
+use crate::error::{Error, Result};
+
+/// Open the store a URL names.
+pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
+    match url.split_once("://") {
+        None => open_dir(std::path::Path::new(url)),
+        Some(("file", _)) => {
+            let parsed = url::Url::parse(url).map_err(|e| Error::InvalidInput(format!("bad URL `{url}`: {e}")))?;
+            let path = parsed
+                .to_file_path()
+                .map_err(|_| Error::InvalidInput(format!("`{url}` is not an absolute file URL")))?;
+            open_dir(&path)
+        }
+        Some(("memory", name)) => Ok(memory_store(name)),
+        Some((scheme, _)) => Err(Error::Unsupported(format!(
+            "storage scheme `{scheme}://` is not supported by this build (file://, memory://)"
+        ))),
+    }
+}
+
+/// Local directory store with fsync of files and directories.
+pub fn open_dir(path: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
+    std::fs::create_dir_all(path)?;
+    let fs = LocalFileSystem::new_with_prefix(path)?.with_fsync(true);
+    Ok(Arc::new(fs))
+}
+
+/// The process-wide in-memory store of a name.
+pub fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<InMemory>>>> = OnceLock::new();
+    let mut map = STORES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(name.to_owned()).or_insert_with(|| Arc::new(InMemory::new())).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes() {
+        assert!(open_url("memory://a").is_ok());
+        assert!(Arc::ptr_eq(
+            &(memory_store("same") as Arc<dyn ObjectStore>),
+            &(memory_store("same") as Arc<dyn ObjectStore>)
+        ));
+        assert!(matches!(open_url("gopher://x"), Err(Error::Unsupported(_))));
+        assert!(matches!(open_url("file://relative/path"), Err(Error::InvalidInput(_))));
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}/sub", dir.path().display());
+        assert!(open_url(&url).is_ok());
+        assert!(dir.path().join("sub").is_dir());
+    }
+}

@@ -1,0 +1,52 @@
+//! # ckpt-formats
+//!
+//! On-storage formats for ckpt, each behind the [`ckpt_core::Format`] trait:
+//!
+//! - [`native::Native`]: chunked, optionally zstd-compressed, blake3-verified,
+//!   content-addressed (incremental checkpoints for free).
+//!
+//! [`builder`] opens a checkpointer with the native format and every reader
+//! registered:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> ckpt_core::Result<()> {
+//! use ckpt_core::{State, Tensor};
+//! let cp = ckpt_formats::builder("memory://formats-doc").build().await?;
+//! let state = State::new().with_tensor(Tensor::from_f32("w", vec![3], &[1.0, 2.0, 3.0])?);
+//! cp.save(1, &state).await?.wait().await?;
+//! assert_eq!(cp.load_latest().await?.unwrap().state, state);
+//! # Ok(()) }
+//! ```
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod native;
+
+use std::sync::Arc;
+
+use ckpt_core::{CheckpointerBuilder, Format, FormatRegistry};
+
+pub use error::CodecError;
+
+/// The native format, ready to hand to a checkpointer.
+pub fn native() -> Arc<dyn Format> {
+    Arc::new(native::Native)
+}
+
+/// Every format this crate provides, for loading checkpoints written in any of them.
+pub fn registry() -> FormatRegistry {
+    let mut r = FormatRegistry::new();
+    r.register(native());
+    r
+}
+
+/// Look a format up by name (`native`).
+pub fn by_name(name: &str) -> ckpt_core::Result<Arc<dyn Format>> {
+    registry().get(name)
+}
+
+/// A checkpointer builder for `url` that writes the native format and reads every format.
+pub fn builder(url: impl Into<String>) -> CheckpointerBuilder {
+    ckpt_core::Checkpointer::builder(url).readers(registry()).format(native())
+}

@@ -1,0 +1,161 @@
+//! The stored form of one chunk: a 16-byte header and the payload.
+//!
+//! ```text
+//! b"CKC1" | codec: u8 (0 raw, 1 zstd) | 3 reserved zero bytes | raw length: u64 LE | payload
+//! ```
+//!
+//! Pure functions over bytes, size-capped, checked arithmetic. The chunk's name is
+//! the blake3 hash of its raw bytes, and [`decode`] verifies it.
+
+use bytes::Bytes;
+use ckpt_core::Compression;
+
+use crate::error::CodecError;
+
+/// Header length in bytes.
+pub const HEADER_LEN: usize = 16;
+const MAGIC: &[u8; 4] = b"CKC1";
+const RAW: u8 = 0;
+const ZSTD: u8 = 1;
+
+/// An encoded chunk: header plus payload, kept apart so raw payloads are never copied.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The 16-byte header.
+    pub header: [u8; HEADER_LEN],
+    /// The payload (the raw bytes themselves when not compressed).
+    pub payload: Bytes,
+}
+
+impl Encoded {
+    /// Stored length.
+    pub fn len(&self) -> u64 {
+        (HEADER_LEN + self.payload.len()) as u64
+    }
+
+    /// Never empty (the header is always there).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The parts to upload, in order.
+    pub fn parts(self) -> Vec<Bytes> {
+        vec![Bytes::copy_from_slice(&self.header), self.payload]
+    }
+}
+
+fn header(codec: u8, raw_len: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..4].copy_from_slice(MAGIC);
+    h[4] = codec;
+    h[8..].copy_from_slice(&raw_len.to_le_bytes());
+    h
+}
+
+/// Encode raw bytes. Compression is kept only when it makes the chunk smaller.
+pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecError> {
+    let raw_len = raw.len() as u64;
+    if let Compression::Zstd(level) = compression {
+        let packed = zstd::bulk::compress(raw, level).map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
+        if packed.len() < raw.len() {
+            return Ok(Encoded { header: header(ZSTD, raw_len), payload: Bytes::from(packed) });
+        }
+    }
+    Ok(Encoded { header: header(RAW, raw_len), payload: raw.clone() })
+}
+
+/// Decode a stored chunk and verify that blake3 of the raw bytes is `hash` (hex).
+///
+/// `max_raw` caps the raw length a header may claim. Raw payloads come back as a
+/// slice of `stored` (no copy).
+pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecError> {
+    if stored.len() < HEADER_LEN {
+        return Err(CodecError::Truncated(format!("{} bytes, shorter than the header", stored.len())));
+    }
+    if &stored[..4] != MAGIC {
+        return Err(CodecError::Malformed("bad chunk magic".into()));
+    }
+    if stored[5..8] != [0, 0, 0] {
+        return Err(CodecError::Malformed("reserved header bytes are not zero".into()));
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&stored[8..16]);
+    let raw_len = u64::from_le_bytes(len8);
+    let raw_len = usize::try_from(raw_len)
+        .ok()
+        .filter(|&l| l <= max_raw)
+        .ok_or_else(|| CodecError::TooLarge(format!("chunk claims {raw_len} raw bytes")))?;
+    let payload = stored.slice(HEADER_LEN..);
+    let raw = match stored[4] {
+        RAW => {
+            if payload.len() != raw_len {
+                return Err(CodecError::Truncated(format!("payload is {} of {raw_len} bytes", payload.len())));
+            }
+            payload
+        }
+        ZSTD => {
+            let out = zstd::bulk::decompress(&payload, raw_len)
+                .map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
+            if out.len() != raw_len {
+                return Err(CodecError::Truncated(format!("decompressed {} of {raw_len} bytes", out.len())));
+            }
+            Bytes::from(out)
+        }
+        c => return Err(CodecError::Malformed(format!("unknown codec {c}"))),
+    };
+    if blake3::hash(&raw).to_hex().as_str() != hash {
+        return Err(CodecError::HashMismatch);
+    }
+    Ok(raw)
+}
+
+/// Concatenate an encoded chunk into one buffer (tests, fuzzing).
+pub fn to_vec(e: &Encoded) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_LEN + e.payload.len());
+    v.extend_from_slice(&e.header);
+    v.extend_from_slice(&e.payload);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..4096), level in prop_oneof![Just(0), 1..4i32]) {
+            let raw = Bytes::from(data);
+            let c = if level == 0 { Compression::None } else { Compression::Zstd(level) };
+            let enc = encode(&raw, c).unwrap();
+            let hash = blake3::hash(&raw).to_hex().to_string();
+            prop_assert_eq!(decode(Bytes::from(to_vec(&enc)), &hash, 1 << 20).unwrap(), raw);
+        }
+
+        #[test]
+        fn any_damage_is_detected(data in proptest::collection::vec(any::<u8>(), 1..2048), pos in any::<prop::sample::Index>(), bit in 0..8u8, z in any::<bool>()) {
+            let raw = Bytes::from(data);
+            let enc = encode(&raw, if z { Compression::Zstd(3) } else { Compression::None }).unwrap();
+            let hash = blake3::hash(&raw).to_hex().to_string();
+            let mut v = to_vec(&enc);
+            let i = pos.index(v.len());
+            v[i] ^= 1 << bit;
+            prop_assert!(decode(Bytes::from(v.clone()), &hash, 1 << 20).is_err());
+            let cut = pos.index(v.len());
+            let good = to_vec(&enc);
+            prop_assert!(decode(Bytes::copy_from_slice(&good[..cut]), &hash, 1 << 20).is_err());
+        }
+    }
+
+    #[test]
+    fn compression_shrinks_repetitive_data_and_caps_hold() {
+        let raw = Bytes::from(vec![7u8; 1 << 16]);
+        let enc = encode(&raw, Compression::Zstd(3)).unwrap();
+        assert!(enc.len() < 1000);
+        let hash = blake3::hash(&raw).to_hex().to_string();
+        assert!(matches!(
+            decode(Bytes::from(to_vec(&enc)), &hash, 1000),
+            Err(CodecError::TooLarge(_))
+        ));
+    }
+}

@@ -1,0 +1,183 @@
+//! The native format: tensors split into content-addressed chunks, each
+//! optionally zstd-compressed and named by the blake3 hash of its raw bytes.
+//!
+//! Chunks live under `chunks/<hash>` and are shared by every checkpoint under the
+//! root, so a chunk that did not change since an earlier checkpoint is not written
+//! again. Loading one tensor reads only its chunks.
+//!
+//! Writing is a pipeline: each chunk is hashed on a blocking thread, compared with
+//! the chunks already stored, compressed if asked, and uploaded, with at most
+//! `concurrency` chunks in flight, so hashing overlaps writing.
+
+pub mod chunk;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use ckpt_core::format::{put_object, storage_err, WriteStats};
+use ckpt_core::paths::chunk_key;
+use ckpt_core::{
+    ChunkRef, Compression, Error, Format, Layout, ReadContext, Result, Tensor, TensorRecord, WriteContext,
+    WriteOutput, MAX_CHUNK_BYTES,
+};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+
+/// The native chunked format.
+#[derive(Debug, Clone, Default)]
+pub struct Native;
+
+type Pending = Shared<BoxFuture<'static, std::result::Result<u64, String>>>;
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("worker thread: {e}")))
+}
+
+/// Hash, dedupe, compress and upload one chunk; returns its reference.
+async fn write_chunk(
+    ctx: &WriteContext,
+    data: Bytes,
+    inflight: &Mutex<HashMap<String, Pending>>,
+) -> Result<ChunkRef> {
+    let len = data.len() as u64;
+    let t = Instant::now();
+    let d = data.clone();
+    let hash = blocking(move || blake3::hash(&d).to_hex().to_string()).await?;
+    WriteStats::add(&ctx.stats.hash_ns, t.elapsed().as_nanos() as u64);
+    WriteStats::add(&ctx.stats.raw_bytes, len);
+
+    if let Some(stored) = ctx.chunks.get(&hash) {
+        WriteStats::add(&ctx.stats.reused_bytes, len);
+        return Ok(ChunkRef { hash, len, stored });
+    }
+    // The same content twice in one save: the first writer uploads, the rest wait for it.
+    let (fut, first) = {
+        let mut map = inflight.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&hash) {
+            Some(f) => (f.clone(), false),
+            None => {
+                let ctx2 = ctx.clone();
+                let h = hash.clone();
+                let f = async move { upload(&ctx2, &h, data).await.map_err(|e| e.to_string()) }
+                    .boxed()
+                    .shared();
+                map.insert(hash.clone(), f.clone());
+                (f, true)
+            }
+        }
+    };
+    let stored = fut.await.map_err(|e| Error::Internal(format!("chunk {hash}: {e}")))?;
+    if first {
+        ctx.chunks.insert(hash.clone(), stored);
+    } else {
+        WriteStats::add(&ctx.stats.reused_bytes, len);
+    }
+    Ok(ChunkRef { hash, len, stored })
+}
+
+async fn upload(ctx: &WriteContext, hash: &str, data: Bytes) -> Result<u64> {
+    let compression = ctx.options.compression;
+    let t = Instant::now();
+    let enc = if compression == Compression::None {
+        chunk::encode(&data, compression)
+    } else {
+        blocking(move || chunk::encode(&data, compression)).await?
+    }
+    .map_err(|e| Error::Internal(format!("encode chunk: {e}")))?;
+    WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
+    put_object(ctx, &chunk_key(hash), enc.parts()).await
+}
+
+#[async_trait]
+impl Format for Native {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput> {
+        let size = ctx.options.chunk_size.clamp(1, MAX_CHUNK_BYTES);
+        let jobs: Vec<(usize, Bytes)> = tensors
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| {
+                (0..t.data.len())
+                    .step_by(size)
+                    .map(move |off| (i, t.data.slice(off..(off + size).min(t.data.len()))))
+            })
+            .collect();
+        let inflight = Mutex::new(HashMap::new());
+        let refs: Vec<(usize, ChunkRef)> = futures::stream::iter(jobs)
+            .map(|(i, data)| {
+                let inflight = &inflight;
+                async move { write_chunk(ctx, data, inflight).await.map(|r| (i, r)) }
+            })
+            .buffered(ctx.options.concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut per_tensor: Vec<Vec<ChunkRef>> = vec![Vec::new(); tensors.len()];
+        for (i, r) in refs {
+            per_tensor[i].push(r);
+        }
+        let records = tensors
+            .iter()
+            .zip(per_tensor)
+            .map(|(t, chunks)| TensorRecord {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                shard: t.shard.clone(),
+                layout: Layout::Chunks { chunks },
+            })
+            .collect();
+        Ok(WriteOutput { records, objects: Vec::new() })
+    }
+
+    async fn read(&self, ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
+        let Layout::Chunks { chunks } = &record.layout else {
+            return ckpt_core::format::read_range(ctx, record).await;
+        };
+        let reads: Vec<_> = chunks.iter().map(|c| read_chunk(ctx, c, &record.name)).collect();
+        let parts: Vec<Bytes> = futures::stream::iter(reads)
+            .buffered(4)
+            .try_collect()
+            .await?;
+        Ok(match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.into_iter().next().expect("one part"),
+            _ => {
+                let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+                for p in parts {
+                    out.extend_from_slice(&p);
+                }
+                out.freeze()
+            }
+        })
+    }
+}
+
+async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
+    let key = chunk_key(&c.hash);
+    let stored = match ctx.store.get(&key).await {
+        Ok(r) => r.bytes().await.map_err(|e| storage_err(e, key.as_ref(), tensor))?,
+        Err(e) => return Err(storage_err(e, key.as_ref(), tensor)),
+    };
+    let hash = c.hash.clone();
+    let max = usize::try_from(c.len).unwrap_or(usize::MAX).min(MAX_CHUNK_BYTES);
+    let raw = blocking(move || chunk::decode(stored, &hash, max)).await?;
+    match raw {
+        Ok(raw) if raw.len() as u64 == c.len => Ok(raw),
+        Ok(raw) => {
+            ctx.chunks.remove(&c.hash);
+            Err(Error::corrupt(key.as_ref(), Some(tensor), format!("chunk has {} bytes, manifest says {}", raw.len(), c.len)))
+        }
+        Err(e) => {
+            // Forget it, so the next save writes a good copy instead of reusing this one.
+            ctx.chunks.remove(&c.hash);
+            Err(e.into_corrupt(key.as_ref(), Some(tensor)))
+        }
+    }
+}
