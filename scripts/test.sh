@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test of ckpt: Rust unit, integration, doc tests (all features),
+# S3 tests against a Garage node on loopback, and the Python suites.
+# Installs what it needs first (scripts/setup.sh is idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
+export CKPT_PYTHON="$PWD/.venv/bin/python"
+
+echo "== cargo test (workspace, all features)"
+cargo test --workspace --all-features --no-fail-fast
+
+echo "== all tests passed"
