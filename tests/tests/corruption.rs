@@ -1,0 +1,117 @@
+//! Damaged checkpoints give typed errors naming the object and tensor, and
+//! `load_latest` falls back to the newest intact one.
+
+use std::path::Path;
+
+use ckpt_core::{Checkpointer, Error, Layout};
+use ckpt_tests::*;
+
+async fn two_checkpoints() -> (tempfile::TempDir, Checkpointer, ckpt_core::State) {
+    let (dir, url) = temp_root();
+    let cp = open_small_chunks(&url).await;
+    let old = f32_state(3, 2000, 1);
+    cp.save(10, &old).await.unwrap().wait().await.unwrap();
+    cp.save(20, &f32_state(3, 2000, 1000)).await.unwrap().wait().await.unwrap();
+    (dir, cp, old)
+}
+
+/// Path of the first chunk of tensor `i` of the newest checkpoint.
+async fn newest_chunk(cp: &Checkpointer, dir: &Path, i: usize) -> (String, std::path::PathBuf, String) {
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let m = cp.manifest(&id).await.unwrap();
+    let Layout::Chunks { chunks } = &m.tensors[i].layout else { panic!("chunked") };
+    let key = format!("chunks/{}", chunks[0].hash);
+    (key.clone(), dir.join(&key), m.tensors[i].name.clone())
+}
+
+async fn expect_fallback(dir: &Path, old: &ckpt_core::State) -> Vec<(ckpt_core::CheckpointId, Error)> {
+    let url = format!("file://{}", dir.display());
+    let cp = open_small_chunks(&url).await;
+    let loaded = cp.load_latest().await.unwrap().expect("falls back");
+    assert_eq!(loaded.id.step, 10);
+    assert_same(old, &loaded.state);
+    assert_eq!(loaded.skipped.len(), 1);
+    assert_eq!(loaded.skipped[0].0.step, 20);
+    loaded.skipped
+}
+
+fn assert_corrupt(e: &Error, object: &str, tensor: Option<&str>) {
+    match e {
+        Error::Corrupt { object: o, tensor: t, .. } => {
+            assert_eq!(o, object);
+            assert_eq!(t.as_deref(), tensor);
+        }
+        other => panic!("expected Corrupt for {object}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn flipped_byte_in_chunk() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let (key, path, tensor) = newest_chunk(&cp, dir.path(), 1).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    assert_corrupt(&cp.load(&id).await.unwrap_err(), &key, Some(&tensor));
+    assert!(cp.verify(&id).await.is_err());
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, Some(&tensor));
+}
+
+#[tokio::test]
+async fn truncated_chunk() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let (key, path, tensor) = newest_chunk(&cp, dir.path(), 0).await;
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, Some(&tensor));
+}
+
+#[tokio::test]
+async fn deleted_chunk() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let (key, path, tensor) = newest_chunk(&cp, dir.path(), 2).await;
+    std::fs::remove_file(&path).unwrap();
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, Some(&tensor));
+}
+
+#[tokio::test]
+async fn corrupt_manifest() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let key = ckpt_core::paths::manifest_key(&id).to_string();
+    let path = dir.path().join(&key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    assert_corrupt(&cp.manifest(&id).await.unwrap_err(), &key, None);
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, None);
+    let listed = cp.list(false).await.unwrap();
+    assert!(matches!(listed.last().unwrap().status, ckpt_core::Status::Corrupt(_)));
+}
+
+#[tokio::test]
+async fn a_corrupt_chunk_is_rewritten_by_the_next_save() {
+    // Content addressing must not make a damaged chunk poison later checkpoints.
+    let (dir, url) = temp_root();
+    let cp = open_small_chunks(&url).await;
+    let s = f32_state(1, 1000, 5);
+    cp.save(1, &s).await.unwrap().wait().await.unwrap();
+    let (_, path, _) = newest_chunk(&cp, dir.path(), 0).await;
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[20] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    assert!(cp.load_latest().await.unwrap().is_none(), "the only checkpoint is damaged");
+    // The load forgot the bad chunk: the next save of the same content rewrites it.
+    let r = cp.save(2, &s).await.unwrap().wait().await.unwrap();
+    assert!(r.stored_bytes > 0);
+    let loaded = cp.load_latest().await.unwrap().unwrap();
+    assert_eq!(loaded.id.step, 2);
+    assert_same(&s, &loaded.state);
+}
