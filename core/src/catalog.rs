@@ -17,7 +17,10 @@ use crate::paths::{self, DATA, MANIFESTS};
 pub async fn committed(store: &dyn ObjectStore) -> Result<Vec<CheckpointId>> {
     let prefix = Path::from(MANIFESTS);
     let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
-    let set: BTreeSet<CheckpointId> = metas.iter().filter_map(|m| paths::parse_manifest_key(&m.location)).collect();
+    let set: BTreeSet<CheckpointId> = metas
+        .iter()
+        .filter_map(|m| paths::parse_manifest_key(&m.location))
+        .collect();
     Ok(set.into_iter().collect())
 }
 
@@ -44,13 +47,19 @@ pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result
     let bytes = match store.get(&key).await {
         Ok(r) => r.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(Error::NotFound { what: format!("checkpoint {id}") });
+            return Err(Error::NotFound {
+                what: format!("checkpoint {id}"),
+            });
         }
         Err(e) => return Err(e.into()),
     };
     let m = Manifest::decode(&bytes, key.as_ref())?;
     if m.id() != *id {
-        return Err(Error::corrupt(key.as_ref(), None, format!("manifest is for {}, not {id}", m.id())));
+        return Err(Error::corrupt(
+            key.as_ref(),
+            None,
+            format!("manifest is for {}, not {id}", m.id()),
+        ));
     }
     Ok(m)
 }
@@ -64,12 +73,18 @@ pub async fn publish_manifest(store: &dyn ObjectStore, manifest: &Manifest) -> R
     manifest.validate()?;
     let key = paths::manifest_key(&manifest.id());
     let bytes = manifest.encode()?;
-    let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-    match store.put_opts(&key, PutPayload::from(bytes.clone()), opts).await {
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store
+        .put_opts(&key, PutPayload::from(bytes.clone()), opts)
+        .await
+    {
         Ok(_) => Ok(()),
-        Err(object_store::Error::AlreadyExists { .. }) => {
-            Err(Error::Conflict(format!("manifest `{key}` already exists; it is left as it was")))
-        }
+        Err(object_store::Error::AlreadyExists { .. }) => Err(Error::Conflict(format!(
+            "manifest `{key}` already exists; it is left as it was"
+        ))),
         Err(object_store::Error::NotImplemented { .. }) => {
             store.put(&key, PutPayload::from(bytes)).await?;
             Ok(())
@@ -80,7 +95,11 @@ pub async fn publish_manifest(store: &dyn ObjectStore, manifest: &Manifest) -> R
 
 /// Committed checkpoints of one step.
 pub async fn committed_at(store: &dyn ObjectStore, step: u64) -> Result<Vec<CheckpointId>> {
-    Ok(committed(store).await?.into_iter().filter(|id| id.step == step).collect())
+    Ok(committed(store)
+        .await?
+        .into_iter()
+        .filter(|id| id.step == step)
+        .collect())
 }
 
 /// Delete every object under a checkpoint's `data/` prefix.

@@ -46,7 +46,9 @@ pub struct CheckpointerOptions {
 
 impl Default for CheckpointerOptions {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
         CheckpointerOptions {
             write: WriteOptions::default(),
             retention: Retention::keep_all(),
@@ -128,7 +130,11 @@ impl Checkpointer {
 
     /// The staging pool, once the first save sized it.
     pub fn staging(&self) -> Option<StagingPool> {
-        self.inner.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Number of chunks known to be stored.
@@ -142,7 +148,13 @@ impl Checkpointer {
             let notified = self.inner.inflight_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            if self
+                .inner
+                .inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
                 return;
             }
             notified.await;
@@ -212,9 +224,9 @@ impl CheckpointerBuilder {
 
     /// Open the store and scan it for existing chunks.
     pub async fn build(self) -> Result<Checkpointer> {
-        let format = self
-            .format
-            .ok_or_else(|| Error::InvalidInput("no format chosen (use ckpt_formats::native())".into()))?;
+        let format = self.format.ok_or_else(|| {
+            Error::InvalidInput("no format chosen (use ckpt_formats::native())".into())
+        })?;
         if self.opts.write.chunk_size == 0 || self.opts.write.chunk_size > crate::MAX_CHUNK_BYTES {
             return Err(Error::InvalidInput(format!(
                 "chunk size must be between 1 and {} bytes",
@@ -223,7 +235,9 @@ impl CheckpointerBuilder {
         }
         if let Compression::Zstd(level) = self.opts.write.compression {
             if !(1..=22).contains(&level) {
-                return Err(Error::InvalidInput(format!("zstd level {level} is not in 1..=22")));
+                return Err(Error::InvalidInput(format!(
+                    "zstd level {level} is not in 1..=22"
+                )));
             }
         }
         let store = match self.store {

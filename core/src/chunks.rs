@@ -39,7 +39,9 @@ impl ChunkIndex {
                 Some((name.to_owned(), m.size))
             })
             .collect();
-        Ok(ChunkIndex { present: Mutex::new(set) })
+        Ok(ChunkIndex {
+            present: Mutex::new(set),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {

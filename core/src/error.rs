@@ -87,7 +87,11 @@ pub enum Error {
 
 impl Error {
     /// Shorthand for a [`Error::Corrupt`] error.
-    pub fn corrupt(object: impl Into<String>, tensor: Option<&str>, reason: impl Into<String>) -> Self {
+    pub fn corrupt(
+        object: impl Into<String>,
+        tensor: Option<&str>,
+        reason: impl Into<String>,
+    ) -> Self {
         Error::Corrupt {
             object: object.into(),
             tensor: tensor.map(str::to_owned),
@@ -108,7 +112,11 @@ impl Error {
     /// Attach a tensor name to a corruption error that lacks one.
     pub fn with_tensor(self, name: &str) -> Self {
         match self {
-            Error::Corrupt { object, tensor: None, reason } => Error::Corrupt {
+            Error::Corrupt {
+                object,
+                tensor: None,
+                reason,
+            } => Error::Corrupt {
                 object,
                 tensor: Some(name.to_owned()),
                 reason,

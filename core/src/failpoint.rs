@@ -63,12 +63,19 @@ mod imp {
                 nth: n.parse().ok(),
                 hits: 0,
             },
-            _ => Armed { action: action.to_owned(), nth: None, hits: 0 },
+            _ => Armed {
+                action: action.to_owned(),
+                nth: None,
+                hits: 0,
+            },
         }
     }
 
     pub fn set(name: &str, action: &str) {
-        table().lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), parse(action));
+        table()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned(), parse(action));
     }
 
     pub fn clear_all() {
@@ -78,7 +85,9 @@ mod imp {
     pub fn hit(name: &str) -> Result<()> {
         let action = {
             let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
-            let Some(armed) = t.get_mut(name) else { return Ok(()) };
+            let Some(armed) = t.get_mut(name) else {
+                return Ok(());
+            };
             armed.hits += 1;
             match armed.nth {
                 Some(n) if n != armed.hits => return Ok(()),
@@ -90,7 +99,11 @@ mod imp {
             "abort" => std::process::abort(),
             "panic" => panic!("failpoint `{name}` triggered"),
             a if a.starts_with("sleep(") => {
-                let ms: u64 = a.trim_start_matches("sleep(").trim_end_matches(')').parse().unwrap_or(0);
+                let ms: u64 = a
+                    .trim_start_matches("sleep(")
+                    .trim_end_matches(')')
+                    .parse()
+                    .unwrap_or(0);
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(())
             }

@@ -131,11 +131,39 @@ pub trait Format: Send + Sync + fmt::Debug {
     async fn read(&self, ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
         read_range(ctx, record).await
     }
+
+    /// Read one tensor's bytes into `dst` (exactly the tensor's length), verified.
+    ///
+    /// The default reads and copies; formats override it to decode in place.
+    async fn read_into(
+        &self,
+        ctx: &ReadContext,
+        record: &TensorRecord,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let data = self.read(ctx, record).await?;
+        if data.len() != dst.len() {
+            return Err(Error::InvalidInput(format!(
+                "tensor `{}` has {} bytes, the buffer {}",
+                record.name,
+                data.len(),
+                dst.len()
+            )));
+        }
+        dst.copy_from_slice(&data);
+        Ok(())
+    }
 }
 
 /// Read a [`Layout::Range`] tensor and verify its blake3.
 pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
-    let Layout::Range { object, offset, len, blake3: want } = &record.layout else {
+    let Layout::Range {
+        object,
+        offset,
+        len,
+        blake3: want,
+    } = &record.layout
+    else {
         return Err(Error::Unsupported(format!(
             "tensor `{}`: this format cannot read a chunked layout",
             record.name
@@ -145,7 +173,10 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
         .checked_add(*len)
         .ok_or_else(|| Error::corrupt(object.as_str(), Some(&record.name), "range overflows"))?;
     let data = if *len == 0 {
-        ctx.store.head(&Path::from(object.as_str())).await.map_err(|e| storage_err(e, object, &record.name))?;
+        ctx.store
+            .head(&Path::from(object.as_str()))
+            .await
+            .map_err(|e| storage_err(e, object, &record.name))?;
         Bytes::new()
     } else {
         ctx.store
@@ -165,7 +196,11 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
         .await
         .map_err(|e| Error::Internal(e.to_string()))?;
     if got.to_hex().as_str() != want {
-        return Err(Error::corrupt(object.as_str(), Some(&record.name), "blake3 mismatch"));
+        return Err(Error::corrupt(
+            object.as_str(),
+            Some(&record.name),
+            "blake3 mismatch",
+        ));
     }
     Ok(data)
 }
@@ -174,7 +209,9 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
 /// objects are corruption of the checkpoint, anything else a storage failure.
 pub fn storage_err(e: object_store::Error, object: &str, tensor: &str) -> Error {
     match e {
-        object_store::Error::NotFound { .. } => Error::corrupt(object, Some(tensor), "object is missing"),
+        object_store::Error::NotFound { .. } => {
+            Error::corrupt(object, Some(tensor), "object is missing")
+        }
         // A range past the end of the object means the object was truncated.
         object_store::Error::Generic { ref source, .. } if source.to_string().contains("range") => {
             Error::corrupt(object, Some(tensor), format!("object is truncated: {e}"))

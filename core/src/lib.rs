@@ -48,7 +48,9 @@ pub mod value;
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
 pub use dtype::DType;
 pub use error::{CheckpointId, Error, Result};
-pub use format::{Compression, Format, FormatRegistry, ReadContext, WriteContext, WriteOptions, WriteOutput};
+pub use format::{
+    Compression, Format, FormatRegistry, ReadContext, WriteContext, WriteOptions, WriteOutput,
+};
 pub use load::{CheckpointInfo, Loaded, Status};
 pub use manifest::{ChunkRef, Layout, Manifest, TensorRecord};
 pub use retention::{GcReport, Retention};

@@ -58,7 +58,10 @@ pub struct CheckpointInfo {
 
 impl Checkpointer {
     fn read_ctx(&self) -> ReadContext {
-        ReadContext { store: self.inner.store.clone(), chunks: self.inner.chunks.clone() }
+        ReadContext {
+            store: self.inner.store.clone(),
+            chunks: self.inner.chunks.clone(),
+        }
     }
 
     /// Ids of the committed checkpoints, oldest first.
@@ -75,10 +78,15 @@ impl Checkpointer {
     pub async fn load(&self, id: &CheckpointId) -> Result<Loaded> {
         let start = Instant::now();
         let manifest = self.manifest(id).await?;
-        let tensors = self.read_records(&manifest, manifest.tensors.iter().collect()).await?;
+        let tensors = self
+            .read_records(&manifest, manifest.tensors.iter().collect())
+            .await?;
         Ok(Loaded {
             id: id.clone(),
-            state: State { tensors, meta: manifest.meta.clone() },
+            state: State {
+                tensors,
+                meta: manifest.meta.clone(),
+            },
             manifest,
             skipped: Vec::new(),
             elapsed: start.elapsed(),
@@ -88,7 +96,9 @@ impl Checkpointer {
     /// Load the committed checkpoint of a step.
     pub async fn load_step(&self, step: u64) -> Result<Loaded> {
         let ids = catalog::committed_at(self.inner.store.as_ref(), step).await?;
-        let id = ids.first().ok_or_else(|| Error::NotFound { what: format!("checkpoint of step {step}") })?;
+        let id = ids.first().ok_or_else(|| Error::NotFound {
+            what: format!("checkpoint of step {step}"),
+        })?;
         self.load(id).await
     }
 
@@ -122,14 +132,71 @@ impl Checkpointer {
     /// Load only the named tensors of a checkpoint (reads only their objects).
     pub async fn load_tensors(&self, id: &CheckpointId, names: &[&str]) -> Result<Vec<Tensor>> {
         let manifest = self.manifest(id).await?;
-        let by_name: HashMap<&str, &TensorRecord> = manifest.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let by_name: HashMap<&str, &TensorRecord> = manifest
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
         let records = names
             .iter()
             .map(|n| {
-                by_name.get(n).copied().ok_or_else(|| Error::NotFound { what: format!("tensor `{n}` in {id}") })
+                by_name.get(n).copied().ok_or_else(|| Error::NotFound {
+                    what: format!("tensor `{n}` in {id}"),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         self.read_records(&manifest, records).await
+    }
+
+    /// Load tensors straight into caller-provided buffers (e.g. the model's own
+    /// parameters), with no intermediate copy where the format allows.
+    ///
+    /// Each target names a tensor and gives a buffer of exactly its byte length;
+    /// tensors not named are not read. Returns the manifest (for the metadata).
+    pub async fn load_into(
+        &self,
+        id: &CheckpointId,
+        targets: Vec<(&str, &mut [u8])>,
+    ) -> Result<Manifest> {
+        let manifest = self.manifest(id).await?;
+        let format = self.inner.registry.get(&manifest.format)?;
+        let by_name: HashMap<&str, &TensorRecord> = manifest
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        let mut jobs = Vec::with_capacity(targets.len());
+        for (name, dst) in targets {
+            let record = *by_name.get(name).ok_or_else(|| Error::NotFound {
+                what: format!("tensor `{name}` in {id}"),
+            })?;
+            let want = record.nbytes()?;
+            if want != dst.len() as u64 {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{name}` needs a buffer of {want} bytes, got {}",
+                    dst.len()
+                )));
+            }
+            jobs.push((record, dst));
+        }
+        let ctx = self.read_ctx();
+        let reads: Vec<_> = jobs
+            .into_iter()
+            .map(|(r, dst)| {
+                let (format, ctx) = (format.clone(), ctx.clone());
+                async move {
+                    format
+                        .read_into(&ctx, r, dst)
+                        .await
+                        .map_err(|e| e.with_tensor(&r.name))
+                }
+            })
+            .collect();
+        futures::stream::iter(reads)
+            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(manifest)
     }
 
     /// Read and verify every tensor of a checkpoint without keeping the data.
@@ -175,19 +242,34 @@ impl Checkpointer {
             });
         }
         for (id, bytes) in catalog::incomplete(self.inner.store.as_ref()).await? {
-            out.push(CheckpointInfo { id, status: Status::Incomplete, bytes, tensors: 0, format: None });
+            out.push(CheckpointInfo {
+                id,
+                status: Status::Incomplete,
+                bytes,
+                tensors: 0,
+                format: None,
+            });
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
     }
 
-    async fn read_records(&self, manifest: &Manifest, records: Vec<&TensorRecord>) -> Result<Vec<Tensor>> {
+    async fn read_records(
+        &self,
+        manifest: &Manifest,
+        records: Vec<&TensorRecord>,
+    ) -> Result<Vec<Tensor>> {
         let format = self.inner.registry.get(&manifest.format)?;
         let ctx = self.read_ctx();
         let datas: Vec<Bytes> = futures::stream::iter(records.iter().copied())
             .map(|r| {
                 let (format, ctx) = (format.clone(), ctx.clone());
-                async move { format.read(&ctx, r).await.map_err(|e| e.with_tensor(&r.name)) }
+                async move {
+                    format
+                        .read(&ctx, r)
+                        .await
+                        .map_err(|e| e.with_tensor(&r.name))
+                }
             })
             .buffered(self.inner.opts.load_concurrency.max(1))
             .try_collect()
@@ -196,8 +278,16 @@ impl Checkpointer {
             .into_iter()
             .zip(datas)
             .map(|(r, data)| {
-                let t = Tensor { name: r.name.clone(), dtype: r.dtype, shape: r.shape.clone(), data, shard: r.shard.clone() };
-                t.validate().map_err(|e| Error::corrupt(manifest_key(manifest), Some(&r.name), e.to_string()))?;
+                let t = Tensor {
+                    name: r.name.clone(),
+                    dtype: r.dtype,
+                    shape: r.shape.clone(),
+                    data,
+                    shard: r.shard.clone(),
+                };
+                t.validate().map_err(|e| {
+                    Error::corrupt(manifest_key(manifest), Some(&r.name), e.to_string())
+                })?;
                 Ok(t)
             })
             .collect()

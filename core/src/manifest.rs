@@ -127,12 +127,18 @@ pub struct Manifest {
 impl Manifest {
     /// The checkpoint this manifest commits.
     pub fn id(&self) -> CheckpointId {
-        CheckpointId { step: self.step, attempt: self.attempt.clone() }
+        CheckpointId {
+            step: self.step,
+            attempt: self.attempt.clone(),
+        }
     }
 
     /// Total raw tensor bytes.
     pub fn raw_bytes(&self) -> u64 {
-        self.tensors.iter().filter_map(|t| t.layout.raw_len().ok()).sum()
+        self.tensors
+            .iter()
+            .filter_map(|t| t.layout.raw_len().ok())
+            .sum()
     }
 
     /// Distinct chunk hashes this checkpoint references.
@@ -145,9 +151,15 @@ impl Manifest {
 
     /// Encode to the stored form.
     pub fn encode(&self) -> Result<Vec<u8>> {
-        let body = serde_json::to_vec(self).map_err(|e| Error::Internal(format!("encode manifest: {e}")))?;
+        let body = serde_json::to_vec(self)
+            .map_err(|e| Error::Internal(format!("encode manifest: {e}")))?;
         let hash = blake3::hash(&body);
-        let mut out = format!("{MAGIC} {MANIFEST_VERSION} {} {}\n", hash.to_hex(), body.len()).into_bytes();
+        let mut out = format!(
+            "{MAGIC} {MANIFEST_VERSION} {} {}\n",
+            hash.to_hex(),
+            body.len()
+        )
+        .into_bytes();
         out.extend_from_slice(&body);
         Ok(out)
     }
@@ -156,14 +168,18 @@ impl Manifest {
     pub fn decode(bytes: &[u8], object: &str) -> Result<Manifest> {
         let bad = |reason: String| Error::corrupt(object, None, reason);
         if bytes.len() > MAX_MANIFEST_BYTES {
-            return Err(bad(format!("manifest of {} bytes exceeds the cap", bytes.len())));
+            return Err(bad(format!(
+                "manifest of {} bytes exceeds the cap",
+                bytes.len()
+            )));
         }
         let nl = bytes
             .iter()
             .take(256)
             .position(|&b| b == b'\n')
             .ok_or_else(|| bad("no manifest header".into()))?;
-        let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
+        let header =
+            std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
         let mut fields = header.split(' ');
         if fields.next() != Some(MAGIC) {
             return Err(bad("not a ckpt manifest".into()));
@@ -184,12 +200,16 @@ impl Manifest {
             .ok_or_else(|| bad("bad length field".into()))?;
         let body = &bytes[nl + 1..];
         if body.len() != len {
-            return Err(bad(format!("body is {} bytes, header says {len} (truncated?)", body.len())));
+            return Err(bad(format!(
+                "body is {} bytes, header says {len} (truncated?)",
+                body.len()
+            )));
         }
         if blake3::hash(body).to_hex().as_str() != hash {
             return Err(bad("manifest hash mismatch".into()));
         }
-        let m: Manifest = serde_json::from_slice(body).map_err(|e| bad(format!("manifest does not parse: {e}")))?;
+        let m: Manifest = serde_json::from_slice(body)
+            .map_err(|e| bad(format!("manifest does not parse: {e}")))?;
         m.validate().map_err(|e| match e {
             Error::InvalidInput(reason) => bad(reason),
             other => other,
@@ -208,10 +228,15 @@ impl Manifest {
             if t.name.is_empty() || !names.insert(t.name.as_str()) {
                 return Err(bad(format!("empty or duplicate tensor name `{}`", t.name)));
             }
-            let want = t.nbytes().map_err(|e| bad(format!("tensor `{}`: {e}", t.name)))?;
+            let want = t
+                .nbytes()
+                .map_err(|e| bad(format!("tensor `{}`: {e}", t.name)))?;
             let have = t.layout.raw_len()?;
             if want != have {
-                return Err(bad(format!("tensor `{}` needs {want} bytes, layout has {have}", t.name)));
+                return Err(bad(format!(
+                    "tensor `{}` needs {want} bytes, layout has {have}",
+                    t.name
+                )));
             }
             match &t.layout {
                 Layout::Chunks { chunks } => {
@@ -221,7 +246,12 @@ impl Manifest {
                         }
                     }
                 }
-                Layout::Range { object, offset, len, blake3 } => {
+                Layout::Range {
+                    object,
+                    offset,
+                    len,
+                    blake3,
+                } => {
                     check_key(object).map_err(bad)?;
                     offset
                         .checked_add(*len)
@@ -246,7 +276,12 @@ pub fn is_hash(s: &str) -> bool {
 
 /// A stored key must be relative and stay under the root.
 fn check_key(key: &str) -> std::result::Result<(), String> {
-    if key.is_empty() || key.starts_with('/') || key.split('/').any(|p| p.is_empty() || p == "." || p == "..") {
+    if key.is_empty()
+        || key.starts_with('/')
+        || key
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+    {
         return Err(format!("object key `{key}` is not a plain relative path"));
     }
     Ok(())
@@ -271,7 +306,11 @@ mod tests {
                 shape: vec![2],
                 shard: None,
                 layout: Layout::Chunks {
-                    chunks: vec![ChunkRef { hash: "a".repeat(64), len: 8, stored: 24 }],
+                    chunks: vec![ChunkRef {
+                        hash: "a".repeat(64),
+                        len: 8,
+                        stored: 24,
+                    }],
                 },
             }],
             meta: Value::Int(3),
@@ -292,10 +331,16 @@ mod tests {
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x01;
-            assert!(Manifest::decode(&b, "m").is_err(), "flip at {i} not detected");
+            assert!(
+                Manifest::decode(&b, "m").is_err(),
+                "flip at {i} not detected"
+            );
         }
         for cut in 0..bytes.len() {
-            assert!(Manifest::decode(&bytes[..cut], "m").is_err(), "truncation at {cut} not detected");
+            assert!(
+                Manifest::decode(&bytes[..cut], "m").is_err(),
+                "truncation at {cut} not detected"
+            );
         }
     }
 
@@ -303,7 +348,10 @@ mod tests {
     fn rejects_inconsistent_sizes_and_keys() {
         let mut m = sample();
         m.shape_mut_for_test();
-        assert!(matches!(Manifest::decode(&m.encode().unwrap(), "m"), Err(Error::Corrupt { .. })));
+        assert!(matches!(
+            Manifest::decode(&m.encode().unwrap(), "m"),
+            Err(Error::Corrupt { .. })
+        ));
         let mut m = sample();
         m.objects.push("../escape".into());
         assert!(Manifest::decode(&m.encode().unwrap(), "m").is_err());

@@ -41,7 +41,8 @@ pub fn manifest_key(id: &CheckpointId) -> Path {
 /// Parse `<step>-<attempt>` back into an id.
 pub fn parse_checkpoint_name(name: &str) -> Option<CheckpointId> {
     let (step, attempt) = name.split_once('-')?;
-    if step.len() != 20 || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_alphanumeric()) {
+    if step.len() != 20 || attempt.is_empty() || !attempt.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
         return None;
     }
     Some(CheckpointId {
@@ -73,7 +74,9 @@ pub fn new_attempt_id() -> String {
     let mut h = blake3::Hasher::new();
     h.update(&std::process::id().to_le_bytes());
     h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     h.update(&now.as_nanos().to_le_bytes());
     let addr = &h as *const _ as usize;
     h.update(&addr.to_le_bytes());
@@ -86,10 +89,19 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_sort() {
-        let a = CheckpointId { step: 9, attempt: "ab12".into() };
-        let b = CheckpointId { step: 10, attempt: "00".into() };
+        let a = CheckpointId {
+            step: 9,
+            attempt: "ab12".into(),
+        };
+        let b = CheckpointId {
+            step: 10,
+            attempt: "00".into(),
+        };
         assert_eq!(parse_manifest_key(&manifest_key(&a)), Some(a.clone()));
-        assert_eq!(parse_data_key(&data_prefix(&b).child("rank0")), Some(b.clone()));
+        assert_eq!(
+            parse_data_key(&data_prefix(&b).clone().join("rank0")),
+            Some(b.clone())
+        );
         assert!(checkpoint_name(&a) < checkpoint_name(&b));
         assert_eq!(parse_checkpoint_name("12-ab"), None);
         assert_eq!(parse_checkpoint_name("00000000000000000012-a/b"), None);

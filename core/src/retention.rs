@@ -34,7 +34,10 @@ impl Retention {
 
     /// Keep the newest `n`.
     pub fn keep_last(n: usize) -> Self {
-        Retention { keep_last: Some(n), keep_every: None }
+        Retention {
+            keep_last: Some(n),
+            keep_every: None,
+        }
     }
 
     /// Split ids (oldest first) into kept and retired.
@@ -43,15 +46,17 @@ impl Retention {
             return (ids.to_vec(), Vec::new());
         };
         let cut = ids.len().saturating_sub(n.max(1));
-        ids.iter().enumerate().fold((Vec::new(), Vec::new()), |(mut keep, mut drop), (i, id)| {
-            let every = self.keep_every.is_some_and(|k| k > 0 && id.step % k == 0);
-            if i >= cut || every {
-                keep.push(id.clone());
-            } else {
-                drop.push(id.clone());
-            }
-            (keep, drop)
-        })
+        ids.iter()
+            .enumerate()
+            .fold((Vec::new(), Vec::new()), |(mut keep, mut drop), (i, id)| {
+                let every = self.keep_every.is_some_and(|k| k > 0 && id.step % k == 0);
+                if i >= cut || every {
+                    keep.push(id.clone());
+                } else {
+                    drop.push(id.clone());
+                }
+                (keep, drop)
+            })
     }
 }
 
@@ -116,7 +121,9 @@ pub async fn collect(
     let prefix = Path::from(CHUNKS);
     let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
     for m in metas {
-        let Some(hash) = m.location.filename() else { continue };
+        let Some(hash) = m.location.filename() else {
+            continue;
+        };
         if !live.contains(hash) {
             chunks.remove(hash);
             match store.delete(&m.location).await {
@@ -133,7 +140,13 @@ mod tests {
     use super::*;
 
     fn ids(steps: &[u64]) -> Vec<CheckpointId> {
-        steps.iter().map(|&s| CheckpointId { step: s, attempt: "a".into() }).collect()
+        steps
+            .iter()
+            .map(|&s| CheckpointId {
+                step: s,
+                attempt: "a".into(),
+            })
+            .collect()
     }
 
     #[test]
@@ -142,7 +155,10 @@ mod tests {
         let (keep, drop) = Retention::keep_last(2).partition(&all);
         assert_eq!(keep, ids(&[50, 60]));
         assert_eq!(drop, ids(&[10, 20, 30, 40]));
-        let r = Retention { keep_last: Some(1), keep_every: Some(20) };
+        let r = Retention {
+            keep_last: Some(1),
+            keep_every: Some(20),
+        };
         let (keep, drop) = r.partition(&all);
         assert_eq!(keep, ids(&[20, 40, 60]));
         assert_eq!(drop, ids(&[10, 30, 50]));

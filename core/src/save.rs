@@ -118,7 +118,11 @@ impl SaveHandle {
         };
         if out.is_err() {
             // Seen here: the next save need not report it again.
-            self.inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).retain(|(s, _)| *s != step);
+            self.inner
+                .unobserved
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(s, _)| *s != step);
         }
         out
     }
@@ -138,14 +142,27 @@ impl Checkpointer {
         let start = Instant::now();
         let capture = state.into();
         let inner = &self.inner;
-        if let Some((s, reason)) = inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Err(Error::Internal(format!("the save of step {s} failed in the background: {reason}")));
+        if let Some((s, reason)) = inner
+            .unobserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+        {
+            return Err(Error::Internal(format!(
+                "the save of step {s} failed in the background: {reason}"
+            )));
         }
         validate(&capture)?;
-        if !catalog::committed_at(inner.store.as_ref(), step).await?.is_empty() {
+        if !catalog::committed_at(inner.store.as_ref(), step)
+            .await?
+            .is_empty()
+        {
             return Err(Error::Conflict(format!("step {step} is already committed")));
         }
-        let id = CheckpointId { step, attempt: paths::new_attempt_id() };
+        let id = CheckpointId {
+            step,
+            attempt: paths::new_attempt_id(),
+        };
         failpoint::hit("save.start")?;
 
         // Staging memory for the tensors that must be copied.
@@ -159,7 +176,11 @@ impl Checkpointer {
         let pool = self.pool_for(copied_bytes);
         let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;
 
-        inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
+        inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
         let (snap_tx, snap_rx) = watch::channel(SnapState::Pending);
         let threads = inner.opts.snapshot_threads;
         let Capture { tensors, meta } = capture;
@@ -195,20 +216,44 @@ impl Checkpointer {
             let id = id.clone();
             let snap_rx = snap_rx.clone();
             tokio::spawn(async move {
-                let r = this.persist(id.clone(), snapshot, snap_rx, meta, start, stall, copied_bytes).await;
+                let r = this
+                    .persist(
+                        id.clone(),
+                        snapshot,
+                        snap_rx,
+                        meta,
+                        start,
+                        stall,
+                        copied_bytes,
+                    )
+                    .await;
                 if let Err(e) = &r {
                     tracing::warn!("save of {id} failed: {e}");
-                    this.inner.unobserved.lock().unwrap_or_else(|p| p.into_inner()).push((id.step, e.to_string()));
+                    this.inner
+                        .unobserved
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((id.step, e.to_string()));
                 }
                 this.finish_inflight(&id);
                 r
             })
         };
-        Ok(SaveHandle { id, stall, snapshot: snap_rx, task, inner: self.inner.clone() })
+        Ok(SaveHandle {
+            id,
+            stall,
+            snapshot: snap_rx,
+            task,
+            inner: self.inner.clone(),
+        })
     }
 
     fn finish_inflight(&self, id: &CheckpointId) {
-        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
         self.inner.inflight_done.notify_waiters();
     }
 
@@ -230,7 +275,9 @@ impl Checkpointer {
         copied_bytes: u64,
     ) -> Result<SaveReport> {
         let inner = &self.inner;
-        let tensors = snapshot.await.map_err(|e| Error::Internal(format!("snapshot task: {e}")))??;
+        let tensors = snapshot
+            .await
+            .map_err(|e| Error::Internal(format!("snapshot task: {e}")))??;
         let snap_time = match *snap_rx.borrow() {
             SnapState::Done(d) => d,
             _ => Duration::ZERO,
@@ -258,7 +305,10 @@ impl Checkpointer {
             step: id.step,
             attempt: id.attempt.clone(),
             world_size: 1,
-            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
             tensors: out.records,
             meta,
             objects: out.objects,
@@ -299,11 +349,20 @@ impl Checkpointer {
             return None;
         }
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected: HashSet<CheckpointId> =
-            self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut protected: HashSet<CheckpointId> = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         protected.insert(just_committed.clone());
-        match retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected)
-            .await
+        match retention::collect(
+            self.inner.store.as_ref(),
+            &self.inner.opts.retention,
+            &self.inner.chunks,
+            &protected,
+        )
+        .await
         {
             Ok(r) => Some(r),
             Err(e) => {
@@ -316,8 +375,19 @@ impl Checkpointer {
     /// Apply retention and delete garbage now, waiting for saves in flight to finish writing.
     pub async fn gc(&self) -> Result<GcReport> {
         let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected).await
+        let protected = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        retention::collect(
+            self.inner.store.as_ref(),
+            &self.inner.opts.retention,
+            &self.inner.chunks,
+            &protected,
+        )
+        .await
     }
 }
 
@@ -342,7 +412,10 @@ fn validate(capture: &Capture) -> Result<()> {
             )));
         }
         if t.name.is_empty() || !names.insert(t.name.as_str()) {
-            return Err(Error::InvalidInput(format!("empty or duplicate tensor name `{}`", t.name)));
+            return Err(Error::InvalidInput(format!(
+                "empty or duplicate tensor name `{}`",
+                t.name
+            )));
         }
     }
     Ok(())

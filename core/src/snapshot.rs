@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::state::State;
 use crate::staging::StagingBuf;
+use crate::state::State;
 use crate::tensor::{ShardSpec, Tensor};
 use crate::value::Value;
 
@@ -171,7 +171,9 @@ impl CopySource for SharedVec {
     fn copy_into(&self, dst: &mut [u8]) -> Result<()> {
         let src = self.0.read().unwrap_or_else(|p| p.into_inner());
         if src.len() != dst.len() {
-            return Err(Error::InvalidInput("source changed size during the snapshot".into()));
+            return Err(Error::InvalidInput(
+                "source changed size during the snapshot".into(),
+            ));
         }
         dst.copy_from_slice(&src);
         Ok(())
@@ -183,16 +185,24 @@ impl CopySource for SharedVec {
 ///
 /// In debug builds each source is read a second time after its copy and compared,
 /// so a mutation during a (lazy) snapshot is reported instead of saved silently.
-pub fn copy_all(tensors: Vec<SourceTensor>, mut bufs: Vec<StagingBuf>, threads: usize) -> Result<Vec<Tensor>> {
+pub fn copy_all(
+    tensors: Vec<SourceTensor>,
+    mut bufs: Vec<StagingBuf>,
+    threads: usize,
+) -> Result<Vec<Tensor>> {
     // Pair each Copy tensor with its buffer.
     let mut jobs: Vec<(usize, Arc<dyn CopySource>, StagingBuf)> = Vec::new();
     let mut out: Vec<Option<Tensor>> = Vec::with_capacity(tensors.len());
     bufs.reverse();
     for (i, t) in tensors.into_iter().enumerate() {
         match t.data {
-            TensorData::Shared(data) => out.push(Some(make(t.name, t.dtype, t.shape, t.shard, data)?)),
+            TensorData::Shared(data) => {
+                out.push(Some(make(t.name, t.dtype, t.shape, t.shard, data)?))
+            }
             TensorData::Copy(src) => {
-                let buf = bufs.pop().ok_or_else(|| Error::Internal("staging buffer count".into()))?;
+                let buf = bufs
+                    .pop()
+                    .ok_or_else(|| Error::Internal("staging buffer count".into()))?;
                 jobs.push((i, src, buf));
                 out.push(Some(Tensor {
                     name: t.name,
@@ -210,7 +220,10 @@ pub fn copy_all(tensors: Vec<SourceTensor>, mut bufs: Vec<StagingBuf>, threads: 
     let mut groups: Vec<(usize, Vec<(usize, Arc<dyn CopySource>, StagingBuf)>)> =
         (0..threads).map(|_| (0, Vec::new())).collect();
     for job in jobs {
-        let g = groups.iter_mut().min_by_key(|(load, _)| *load).expect("at least one group");
+        let g = groups
+            .iter_mut()
+            .min_by_key(|(load, _)| *load)
+            .expect("at least one group");
         g.0 += job.1.len();
         g.1.push(job);
     }
@@ -221,7 +234,10 @@ pub fn copy_all(tensors: Vec<SourceTensor>, mut bufs: Vec<StagingBuf>, threads: 
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into()))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into())))
+            })
             .collect()
     });
     for r in results {
@@ -260,8 +276,20 @@ fn copy_group(group: Vec<(usize, Arc<dyn CopySource>, StagingBuf)>) -> Result<Ve
     Ok(done)
 }
 
-fn make(name: String, dtype: DType, shape: Vec<u64>, shard: Option<ShardSpec>, data: Bytes) -> Result<Tensor> {
-    let t = Tensor { name, dtype, shape, data, shard };
+fn make(
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    shard: Option<ShardSpec>,
+    data: Bytes,
+) -> Result<Tensor> {
+    let t = Tensor {
+        name,
+        dtype,
+        shape,
+        data,
+        shard,
+    };
     t.validate()?;
     Ok(t)
 }

@@ -75,7 +75,9 @@ impl StagingPool {
     /// Bytes held by idle buffers.
     pub fn idle_bytes(&self) -> u64 {
         let idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.iter().map(|(len, v)| *len as u64 * v.len() as u64).sum()
+        idle.iter()
+            .map(|(len, v)| *len as u64 * v.len() as u64)
+            .sum()
     }
 
     /// Borrow buffers of the given lengths, all or none.
@@ -83,7 +85,12 @@ impl StagingPool {
     /// Buffers of the exact length are reused; new ones are allocated when the
     /// budget allows. When it does not, `policy` decides: wait, or fail with
     /// [`Error::Skipped`] (for `step`).
-    pub async fn acquire(&self, lens: &[usize], policy: BusyPolicy, step: u64) -> Result<Vec<StagingBuf>> {
+    pub async fn acquire(
+        &self,
+        lens: &[usize],
+        policy: BusyPolicy,
+        step: u64,
+    ) -> Result<Vec<StagingBuf>> {
         let total: u64 = lens.iter().map(|&l| pages(l as u64)).sum();
         if total > pages(self.inner.budget) {
             return Err(Error::InvalidInput(format!(
@@ -107,17 +114,30 @@ impl StagingPool {
         let mut permit = permit;
         for (slot, &len) in out.iter_mut().zip(lens) {
             if slot.is_none() {
-                let p = permit.as_mut().and_then(|p| p.split(pages(len as u64) as usize));
-                *slot = Some(StagingBuf { data: vec![0u8; len], permit: p, pool: Arc::downgrade(&self.inner) });
+                let p = permit
+                    .as_mut()
+                    .and_then(|p| p.split(pages(len as u64) as usize));
+                *slot = Some(StagingBuf {
+                    data: vec![0u8; len],
+                    permit: p,
+                    pool: Arc::downgrade(&self.inner),
+                });
             }
         }
-        Ok(out.into_iter().map(|b| b.expect("every slot filled")).collect())
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every slot filled"))
+            .collect())
     }
 
     fn take_idle(&self, len: usize) -> Option<StagingBuf> {
         let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
         let (data, permit) = idle.get_mut(&len)?.pop()?;
-        Some(StagingBuf { data, permit: Some(permit), pool: Arc::downgrade(&self.inner) })
+        Some(StagingBuf {
+            data,
+            permit: Some(permit),
+            pool: Arc::downgrade(&self.inner),
+        })
     }
 
     async fn permits(&self, n: u32, policy: BusyPolicy, step: u64) -> Result<OwnedSemaphorePermit> {
@@ -173,7 +193,9 @@ impl AsRef<[u8]> for StagingBuf {
 
 impl Drop for StagingBuf {
     fn drop(&mut self) {
-        let (Some(pool), Some(permit)) = (self.pool.upgrade(), self.permit.take()) else { return };
+        let (Some(pool), Some(permit)) = (self.pool.upgrade(), self.permit.take()) else {
+            return;
+        };
         let data = std::mem::take(&mut self.data);
         pool.idle
             .lock()
@@ -192,7 +214,10 @@ mod tests {
     #[tokio::test]
     async fn reuses_buffers_and_respects_budget() {
         let pool = StagingPool::new(1 << 20);
-        let bufs = pool.acquire(&[4096, 8192], BusyPolicy::Skip, 1).await.unwrap();
+        let bufs = pool
+            .acquire(&[4096, 8192], BusyPolicy::Skip, 1)
+            .await
+            .unwrap();
         let ptr = bufs[0].data.as_ptr();
         let frozen: Vec<Bytes> = bufs.into_iter().map(StagingBuf::freeze).collect();
         drop(frozen);
@@ -203,12 +228,19 @@ mod tests {
         // While 1 MiB is held, a second MiB does not fit: Skip says so.
         drop(again);
         let held = pool.acquire(&[1 << 20], BusyPolicy::Skip, 3).await.unwrap();
-        let err = pool.acquire(&[4096], BusyPolicy::Skip, 4).await.unwrap_err();
+        let err = pool
+            .acquire(&[4096], BusyPolicy::Skip, 4)
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Skipped { step: 4, .. }));
         // Wait gets it once the holder is done.
         let waiter = {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire(&[4096], BusyPolicy::Wait, 5).await.map(|b| b.len()) })
+            tokio::spawn(async move {
+                pool.acquire(&[4096], BusyPolicy::Wait, 5)
+                    .await
+                    .map(|b| b.len())
+            })
         };
         tokio::task::yield_now().await;
         // Returning the buffer wakes the waiter, which frees the idle 1 MiB to fit.

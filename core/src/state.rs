@@ -49,7 +49,10 @@ impl State {
         for t in &self.tensors {
             t.validate()?;
             if !seen.insert(t.name.as_str()) {
-                return Err(Error::InvalidInput(format!("duplicate tensor name `{}`", t.name)));
+                return Err(Error::InvalidInput(format!(
+                    "duplicate tensor name `{}`",
+                    t.name
+                )));
             }
         }
         Ok(())

@@ -22,7 +22,8 @@ pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
     match url.split_once("://") {
         None => open_dir(std::path::Path::new(url)),
         Some(("file", _)) => {
-            let parsed = url::Url::parse(url).map_err(|e| Error::InvalidInput(format!("bad URL `{url}`: {e}")))?;
+            let parsed = url::Url::parse(url)
+                .map_err(|e| Error::InvalidInput(format!("bad URL `{url}`: {e}")))?;
             let path = parsed
                 .to_file_path()
                 .map_err(|_| Error::InvalidInput(format!("`{url}` is not an absolute file URL")))?;
@@ -45,8 +46,13 @@ pub fn open_dir(path: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
 /// The process-wide in-memory store of a name.
 pub fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<InMemory>>>> = OnceLock::new();
-    let mut map = STORES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    map.entry(name.to_owned()).or_insert_with(|| Arc::new(InMemory::new())).clone()
+    let mut map = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    map.entry(name.to_owned())
+        .or_insert_with(|| Arc::new(InMemory::new()))
+        .clone()
 }
 
 #[cfg(test)]
@@ -61,7 +67,10 @@ mod tests {
             &(memory_store("same") as Arc<dyn ObjectStore>)
         ));
         assert!(matches!(open_url("gopher://x"), Err(Error::Unsupported(_))));
-        assert!(matches!(open_url("file://relative/path"), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            open_url("file://relative/path"),
+            Err(Error::InvalidInput(_))
+        ));
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}/sub", dir.path().display());
         assert!(open_url(&url).is_ok());

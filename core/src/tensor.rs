@@ -37,7 +37,12 @@ pub struct Tensor {
 
 impl Tensor {
     /// Make a tensor, checking that the byte length matches dtype and shape.
-    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<u64>, data: impl Into<Bytes>) -> Result<Self> {
+    pub fn new(
+        name: impl Into<String>,
+        dtype: DType,
+        shape: Vec<u64>,
+        data: impl Into<Bytes>,
+    ) -> Result<Self> {
         let t = Tensor {
             name: name.into(),
             dtype,
@@ -107,9 +112,9 @@ fn check_shard(name: &str, shape: &[u64], shard: &ShardSpec) -> Result<()> {
         )));
     }
     for ((&off, &len), &global) in shard.offsets.iter().zip(shape).zip(&shard.global_shape) {
-        let end = off
-            .checked_add(len)
-            .ok_or_else(|| Error::InvalidInput(format!("tensor `{name}`: shard offset overflows")))?;
+        let end = off.checked_add(len).ok_or_else(|| {
+            Error::InvalidInput(format!("tensor `{name}`: shard offset overflows"))
+        })?;
         if end > global {
             return Err(Error::InvalidInput(format!(
                 "tensor `{name}`: shard {:?}+{shape:?} exceeds global shape {:?}",
@@ -136,9 +141,15 @@ mod tests {
     #[test]
     fn validates_shard() {
         let t = Tensor::new("a", DType::U8, vec![2, 2], vec![0u8; 4]).unwrap();
-        let ok = ShardSpec { global_shape: vec![4, 2], offsets: vec![2, 0] };
+        let ok = ShardSpec {
+            global_shape: vec![4, 2],
+            offsets: vec![2, 0],
+        };
         assert!(t.clone().with_shard(ok).is_ok());
-        let bad = ShardSpec { global_shape: vec![4, 2], offsets: vec![3, 0] };
+        let bad = ShardSpec {
+            global_shape: vec![4, 2],
+            offsets: vec![3, 0],
+        };
         assert!(t.with_shard(bad).is_err());
     }
 }

@@ -83,7 +83,9 @@ impl Value {
     pub fn tensor_refs(&self, out: &mut Vec<String>) {
         match self {
             Value::Tensor(name) => out.push(name.clone()),
-            Value::List(items) | Value::Tuple(items) => items.iter().for_each(|v| v.tensor_refs(out)),
+            Value::List(items) | Value::Tuple(items) => {
+                items.iter().for_each(|v| v.tensor_refs(out))
+            }
             Value::Map(entries) => entries.iter().for_each(|(_, v)| v.tensor_refs(out)),
             _ => {}
         }
@@ -114,7 +116,9 @@ mod exact_f64 {
         match Repr::deserialize(d)? {
             Repr::Num(v) => Ok(v),
             Repr::Bits(s) => {
-                let hex = s.strip_prefix("f64:").ok_or_else(|| D::Error::custom("bad float"))?;
+                let hex = s
+                    .strip_prefix("f64:")
+                    .ok_or_else(|| D::Error::custom("bad float"))?;
                 u64::from_str_radix(hex, 16)
                     .map(f64::from_bits)
                     .map_err(|_| D::Error::custom("bad float bits"))
@@ -170,7 +174,10 @@ mod tests {
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::List),
                 proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Tuple),
                 proptest::collection::vec(
-                    (prop_oneof![any::<i64>().prop_map(Key::Int), ".*".prop_map(Key::Str)], inner),
+                    (
+                        prop_oneof![any::<i64>().prop_map(Key::Int), ".*".prop_map(Key::Str)],
+                        inner
+                    ),
                     0..6
                 )
                 .prop_map(Value::Map),
@@ -186,7 +193,10 @@ mod tests {
                 x.len() == y.len() && x.iter().zip(y).all(|(a, b)| bit_eq(a, b))
             }
             (Value::Map(x), Value::Map(y)) => {
-                x.len() == y.len() && x.iter().zip(y).all(|((ka, a), (kb, b))| ka == kb && bit_eq(a, b))
+                x.len() == y.len()
+                    && x.iter()
+                        .zip(y)
+                        .all(|((ka, a), (kb, b))| ka == kb && bit_eq(a, b))
             }
             _ => a == b,
         }
@@ -203,7 +213,10 @@ mod tests {
 
     #[test]
     fn keys_keep_their_type() {
-        let v = Value::map([(Key::Int(0), Value::Int(1)), (Key::from("0"), Value::Int(2))]);
+        let v = Value::map([
+            (Key::Int(0), Value::Int(1)),
+            (Key::from("0"), Value::Int(2)),
+        ]);
         let back: Value = serde_json::from_str(&serde_json::to_string(&v).unwrap()).unwrap();
         assert_eq!(v, back);
     }

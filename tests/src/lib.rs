@@ -20,7 +20,13 @@ pub fn bytes_for(seed: u64, len: usize) -> Vec<u8> {
 pub fn tensor(name: &str, dtype: DType, shape: &[u64], seed: u64) -> Tensor {
     let numel: u64 = shape.iter().product();
     let len = dtype.byte_len(numel).expect("whole bytes") as usize;
-    Tensor::new(name, dtype, shape.to_vec(), Bytes::from(bytes_for(seed, len))).expect("valid tensor")
+    Tensor::new(
+        name,
+        dtype,
+        shape.to_vec(),
+        Bytes::from(bytes_for(seed, len)),
+    )
+    .expect("valid tensor")
 }
 
 /// A state with one tensor of every dtype, an empty tensor, a 0-d tensor, nested
@@ -29,12 +35,22 @@ pub fn every_dtype_state(seed: u64) -> State {
     let mut state = State::new();
     for (i, d) in DType::ALL.iter().enumerate() {
         // Shapes whose element count fills whole bytes for 4- and 6-bit types.
-        state = state.with_tensor(tensor(&format!("dtypes.{}", d.name()), *d, &[4, 6], seed + i as u64));
+        state = state.with_tensor(tensor(
+            &format!("dtypes.{}", d.name()),
+            *d,
+            &[4, 6],
+            seed + i as u64,
+        ));
     }
     state
         .with_tensor(tensor("model.empty", DType::F32, &[0, 7], seed))
         .with_tensor(tensor("model.scalar", DType::F64, &[], seed + 100))
-        .with_tensor(tensor("optimizer.state.0.exp_avg", DType::BF16, &[3, 5, 2], seed + 101))
+        .with_tensor(tensor(
+            "optimizer.state.0.exp_avg",
+            DType::BF16,
+            &[3, 5, 2],
+            seed + 101,
+        ))
         .with_meta(sample_meta())
 }
 
@@ -43,24 +59,43 @@ pub fn sample_meta() -> Value {
     Value::map([
         (Key::from("step"), Value::Int(1234)),
         (Key::from("lr"), Value::Float(3e-4)),
-        (Key::from("nan"), Value::Float(f64::from_bits(0x7ff8_0000_dead_beef))),
+        (
+            Key::from("nan"),
+            Value::Float(f64::from_bits(0x7ff8_0000_dead_beef)),
+        ),
         (Key::from("inf"), Value::Float(f64::NEG_INFINITY)),
         (Key::from("name"), Value::Str("run-7 ✓".into())),
         (Key::from("none"), Value::Null),
         (Key::from("flag"), Value::Bool(true)),
         (Key::from("rng"), Value::Bytes(vec![0, 1, 2, 255])),
-        (Key::from("betas"), Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)])),
+        (
+            Key::from("betas"),
+            Value::Tuple(vec![Value::Float(0.9), Value::Float(0.999)]),
+        ),
         (
             Key::from("state"),
-            Value::map([(Key::Int(0), Value::map([("exp_avg", Value::Tensor("optimizer.state.0.exp_avg".into()))]))]),
+            Value::map([(
+                Key::Int(0),
+                Value::map([("exp_avg", Value::Tensor("optimizer.state.0.exp_avg".into()))]),
+            )]),
         ),
-        (Key::from("list"), Value::List(vec![Value::Int(-1), Value::Str("x".into())])),
+        (
+            Key::from("list"),
+            Value::List(vec![Value::Int(-1), Value::Str("x".into())]),
+        ),
     ])
 }
 
 /// A state of `n` F32 tensors of `elems` elements each.
 pub fn f32_state(n: usize, elems: u64, seed: u64) -> State {
-    (0..n).fold(State::new(), |s, i| s.with_tensor(tensor(&format!("layer{i}.weight"), DType::F32, &[elems], seed + i as u64)))
+    (0..n).fold(State::new(), |s, i| {
+        s.with_tensor(tensor(
+            &format!("layer{i}.weight"),
+            DType::F32,
+            &[elems],
+            seed + i as u64,
+        ))
+    })
 }
 
 /// Compare states bitwise, floats in meta by bits; panics with the first difference.
@@ -94,14 +129,22 @@ pub fn temp_root() -> (tempfile::TempDir, String) {
 pub fn memory_root(tag: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
-    format!("memory://{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "memory://{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Open a native-format checkpointer with small chunks (so tests span many chunks).
 pub async fn open_small_chunks(url: &str) -> Checkpointer {
     let mut opts = ckpt_core::CheckpointerOptions::default();
     opts.write.chunk_size = 4096;
-    ckpt_formats::builder(url).options(opts).build().await.expect("open checkpointer")
+    ckpt_formats::builder(url)
+        .options(opts)
+        .build()
+        .await
+        .expect("open checkpointer")
 }
 
 /// Path of a stored object under a `file://` root.

@@ -11,20 +11,34 @@ async fn two_checkpoints() -> (tempfile::TempDir, Checkpointer, ckpt_core::State
     let cp = open_small_chunks(&url).await;
     let old = f32_state(3, 2000, 1);
     cp.save(10, &old).await.unwrap().wait().await.unwrap();
-    cp.save(20, &f32_state(3, 2000, 1000)).await.unwrap().wait().await.unwrap();
+    cp.save(20, &f32_state(3, 2000, 1000))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
     (dir, cp, old)
 }
 
 /// Path of the first chunk of tensor `i` of the newest checkpoint.
-async fn newest_chunk(cp: &Checkpointer, dir: &Path, i: usize) -> (String, std::path::PathBuf, String) {
+async fn newest_chunk(
+    cp: &Checkpointer,
+    dir: &Path,
+    i: usize,
+) -> (String, std::path::PathBuf, String) {
     let id = cp.committed().await.unwrap().pop().unwrap();
     let m = cp.manifest(&id).await.unwrap();
-    let Layout::Chunks { chunks } = &m.tensors[i].layout else { panic!("chunked") };
+    let Layout::Chunks { chunks } = &m.tensors[i].layout else {
+        panic!("chunked")
+    };
     let key = format!("chunks/{}", chunks[0].hash);
     (key.clone(), dir.join(&key), m.tensors[i].name.clone())
 }
 
-async fn expect_fallback(dir: &Path, old: &ckpt_core::State) -> Vec<(ckpt_core::CheckpointId, Error)> {
+async fn expect_fallback(
+    dir: &Path,
+    old: &ckpt_core::State,
+) -> Vec<(ckpt_core::CheckpointId, Error)> {
     let url = format!("file://{}", dir.display());
     let cp = open_small_chunks(&url).await;
     let loaded = cp.load_latest().await.unwrap().expect("falls back");
@@ -37,7 +51,11 @@ async fn expect_fallback(dir: &Path, old: &ckpt_core::State) -> Vec<(ckpt_core::
 
 fn assert_corrupt(e: &Error, object: &str, tensor: Option<&str>) {
     match e {
-        Error::Corrupt { object: o, tensor: t, .. } => {
+        Error::Corrupt {
+            object: o,
+            tensor: t,
+            ..
+        } => {
             assert_eq!(o, object);
             assert_eq!(t.as_deref(), tensor);
         }
@@ -93,7 +111,10 @@ async fn corrupt_manifest() {
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, None);
     let listed = cp.list(false).await.unwrap();
-    assert!(matches!(listed.last().unwrap().status, ckpt_core::Status::Corrupt(_)));
+    assert!(matches!(
+        listed.last().unwrap().status,
+        ckpt_core::Status::Corrupt(_)
+    ));
 }
 
 #[tokio::test]
@@ -107,7 +128,10 @@ async fn a_corrupt_chunk_is_rewritten_by_the_next_save() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[20] ^= 0xff;
     std::fs::write(&path, bytes).unwrap();
-    assert!(cp.load_latest().await.unwrap().is_none(), "the only checkpoint is damaged");
+    assert!(
+        cp.load_latest().await.unwrap().is_none(),
+        "the only checkpoint is damaged"
+    );
     // The load forgot the bad chunk: the next save of the same content rewrites it.
     let r = cp.save(2, &s).await.unwrap().wait().await.unwrap();
     assert!(r.stored_bytes > 0);

@@ -9,7 +9,11 @@ async fn round_trip(url: &str, state: &State, compression: Compression) {
     let mut opts = CheckpointerOptions::default();
     opts.write.chunk_size = 1000; // many chunks, and chunk boundaries inside elements
     opts.write.compression = compression;
-    let cp = ckpt_formats::builder(url).options(opts).build().await.unwrap();
+    let cp = ckpt_formats::builder(url)
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
     let report = cp.save(5, state).await.unwrap().wait().await.unwrap();
     assert_eq!(report.raw_bytes, state.nbytes());
     // A fresh checkpointer (as after a restart) sees the same.
@@ -32,20 +36,36 @@ async fn every_dtype_file_and_memory() {
 #[tokio::test]
 async fn large_tensor_spans_many_chunks() {
     let big = tensor("big", DType::F32, &[3, 1000, 333], 9); // ~4 MB, not a multiple of the chunk size
-    let state = State::new().with_tensor(big).with_tensor(tensor("tail", DType::U8, &[1], 2));
+    let state = State::new()
+        .with_tensor(big)
+        .with_tensor(tensor("tail", DType::U8, &[1], 2));
     let (dir, url) = temp_root();
     let mut opts = CheckpointerOptions::default();
     opts.write.chunk_size = 64 << 10;
-    let cp = ckpt_formats::builder(&url).options(opts).build().await.unwrap();
+    let cp = ckpt_formats::builder(&url)
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
     let h = cp.save(1, &state).await.unwrap();
     h.wait().await.unwrap();
-    let m = cp.manifest(&cp.committed().await.unwrap()[0]).await.unwrap();
+    let m = cp
+        .manifest(&cp.committed().await.unwrap()[0])
+        .await
+        .unwrap();
     match &m.tensors[0].layout {
-        ckpt_core::Layout::Chunks { chunks } => assert_eq!(chunks.len(), (3 * 1000 * 333 * 4usize).div_ceil(64 << 10)),
+        ckpt_core::Layout::Chunks { chunks } => {
+            assert_eq!(chunks.len(), (3 * 1000 * 333 * 4usize).div_ceil(64 << 10))
+        }
         other => panic!("unexpected layout {other:?}"),
     }
-    let chunk_files = std::fs::read_dir(dir.path().join("chunks")).unwrap().count();
-    assert!(chunk_files > 60, "chunks are separate objects: {chunk_files}");
+    let chunk_files = std::fs::read_dir(dir.path().join("chunks"))
+        .unwrap()
+        .count();
+    assert!(
+        chunk_files > 60,
+        "chunks are separate objects: {chunk_files}"
+    );
     assert_same(&state, &cp.load_latest().await.unwrap().unwrap().state);
     // Random access: one tensor alone.
     let id = cp.committed().await.unwrap()[0].clone();
@@ -58,23 +78,46 @@ async fn compression_shrinks_compressible_state() {
     let zeros = ckpt_core::Tensor::new("z", DType::F32, vec![1 << 18], vec![0u8; 1 << 20]).unwrap();
     let state = State::new().with_tensor(zeros);
     let url = memory_root("zstd");
-    let cp = ckpt_formats::builder(&url).compression(Compression::Zstd(3)).build().await.unwrap();
+    let cp = ckpt_formats::builder(&url)
+        .compression(Compression::Zstd(3))
+        .build()
+        .await
+        .unwrap();
     let r = cp.save(1, &state).await.unwrap().wait().await.unwrap();
-    assert!(r.stored_bytes < r.raw_bytes / 50, "{} vs {}", r.stored_bytes, r.raw_bytes);
+    assert!(
+        r.stored_bytes < r.raw_bytes / 50,
+        "{} vs {}",
+        r.stored_bytes,
+        r.raw_bytes
+    );
     assert_same(&state, &cp.load_latest().await.unwrap().unwrap().state);
 }
 
 #[tokio::test]
 async fn empty_store_and_bad_input() {
-    let cp = ckpt_formats::builder(memory_root("empty")).build().await.unwrap();
+    let cp = ckpt_formats::builder(memory_root("empty"))
+        .build()
+        .await
+        .unwrap();
     assert!(cp.load_latest().await.unwrap().is_none());
-    assert!(matches!(cp.load_step(3).await, Err(ckpt_core::Error::NotFound { .. })));
-    let dup = State::new().with_tensor(tensor("a", DType::U8, &[1], 1)).with_tensor(tensor("a", DType::U8, &[1], 2));
-    assert!(matches!(cp.save(1, &dup).await, Err(ckpt_core::Error::InvalidInput(_))));
+    assert!(matches!(
+        cp.load_step(3).await,
+        Err(ckpt_core::Error::NotFound { .. })
+    ));
+    let dup = State::new()
+        .with_tensor(tensor("a", DType::U8, &[1], 1))
+        .with_tensor(tensor("a", DType::U8, &[1], 2));
+    assert!(matches!(
+        cp.save(1, &dup).await,
+        Err(ckpt_core::Error::InvalidInput(_))
+    ));
     // A step that is already committed is a conflict, and the stored one is untouched.
     let s = f32_state(1, 16, 3);
     cp.save(2, &s).await.unwrap().wait().await.unwrap();
-    assert!(matches!(cp.save(2, &f32_state(1, 16, 4)).await, Err(ckpt_core::Error::Conflict(_))));
+    assert!(matches!(
+        cp.save(2, &f32_state(1, 16, 4)).await,
+        Err(ckpt_core::Error::Conflict(_))
+    ));
     assert_same(&s, &cp.load_step(2).await.unwrap().state);
     assert!(ckpt_formats::builder("gopher://x").build().await.is_err());
 }

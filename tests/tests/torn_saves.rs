@@ -34,11 +34,21 @@ async fn save_stopped_at_every_step_leaves_previous_checkpoint() {
 
         // Restart: a fresh checkpointer over the same directory.
         let cp2 = open_small_chunks(&url).await;
-        let loaded = cp2.load_latest().await.unwrap().expect("previous checkpoint");
+        let loaded = cp2
+            .load_latest()
+            .await
+            .unwrap()
+            .expect("previous checkpoint");
         assert_eq!(loaded.id.step, 100, "{point}: torn save became latest");
         assert_same(&good, &loaded.state);
         let listed = cp2.list(false).await.unwrap();
-        assert_eq!(listed.iter().filter(|c| c.status == ckpt_core::Status::Committed).count(), 1);
+        assert_eq!(
+            listed
+                .iter()
+                .filter(|c| c.status == ckpt_core::Status::Committed)
+                .count(),
+            1
+        );
 
         // The job goes on: the same step saves cleanly now.
         cp2.save(200, &next).await.unwrap().wait().await.unwrap();
@@ -56,7 +66,12 @@ async fn save_stopped_at_every_step_leaves_previous_checkpoint() {
     let r = cp.save(7, &s).await.unwrap().wait().await;
     failpoint::clear_all();
     assert!(r.is_err());
-    let loaded = open_small_chunks(&url).await.load_latest().await.unwrap().unwrap();
+    let loaded = open_small_chunks(&url)
+        .await
+        .load_latest()
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(loaded.id.step, 7);
     assert_same(&s, &loaded.state);
 }

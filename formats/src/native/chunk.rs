@@ -56,12 +56,19 @@ fn header(codec: u8, raw_len: u64) -> [u8; HEADER_LEN] {
 pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecError> {
     let raw_len = raw.len() as u64;
     if let Compression::Zstd(level) = compression {
-        let packed = zstd::bulk::compress(raw, level).map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
+        let packed = zstd::bulk::compress(raw, level)
+            .map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
         if packed.len() < raw.len() {
-            return Ok(Encoded { header: header(ZSTD, raw_len), payload: Bytes::from(packed) });
+            return Ok(Encoded {
+                header: header(ZSTD, raw_len),
+                payload: Bytes::from(packed),
+            });
         }
     }
-    Ok(Encoded { header: header(RAW, raw_len), payload: raw.clone() })
+    Ok(Encoded {
+        header: header(RAW, raw_len),
+        payload: raw.clone(),
+    })
 }
 
 /// Decode a stored chunk and verify that blake3 of the raw bytes is `hash` (hex).
@@ -70,13 +77,18 @@ pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecErr
 /// slice of `stored` (no copy).
 pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecError> {
     if stored.len() < HEADER_LEN {
-        return Err(CodecError::Truncated(format!("{} bytes, shorter than the header", stored.len())));
+        return Err(CodecError::Truncated(format!(
+            "{} bytes, shorter than the header",
+            stored.len()
+        )));
     }
     if &stored[..4] != MAGIC {
         return Err(CodecError::Malformed("bad chunk magic".into()));
     }
     if stored[5..8] != [0, 0, 0] {
-        return Err(CodecError::Malformed("reserved header bytes are not zero".into()));
+        return Err(CodecError::Malformed(
+            "reserved header bytes are not zero".into(),
+        ));
     }
     let mut len8 = [0u8; 8];
     len8.copy_from_slice(&stored[8..16]);
@@ -89,7 +101,10 @@ pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecE
     let raw = match stored[4] {
         RAW => {
             if payload.len() != raw_len {
-                return Err(CodecError::Truncated(format!("payload is {} of {raw_len} bytes", payload.len())));
+                return Err(CodecError::Truncated(format!(
+                    "payload is {} of {raw_len} bytes",
+                    payload.len()
+                )));
             }
             payload
         }
@@ -97,7 +112,10 @@ pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecE
             let out = zstd::bulk::decompress(&payload, raw_len)
                 .map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
             if out.len() != raw_len {
-                return Err(CodecError::Truncated(format!("decompressed {} of {raw_len} bytes", out.len())));
+                return Err(CodecError::Truncated(format!(
+                    "decompressed {} of {raw_len} bytes",
+                    out.len()
+                )));
             }
             Bytes::from(out)
         }
@@ -107,6 +125,55 @@ pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecE
         return Err(CodecError::HashMismatch);
     }
     Ok(raw)
+}
+
+/// Decode a stored chunk straight into `dst` (which must be exactly the raw
+/// length) and verify its hash.
+pub fn decode_into(stored: &[u8], hash: &str, dst: &mut [u8]) -> Result<(), CodecError> {
+    if stored.len() < HEADER_LEN {
+        return Err(CodecError::Truncated(format!(
+            "{} bytes, shorter than the header",
+            stored.len()
+        )));
+    }
+    if &stored[..4] != MAGIC || stored[5..8] != [0, 0, 0] {
+        return Err(CodecError::Malformed("bad chunk header".into()));
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&stored[8..16]);
+    if u64::from_le_bytes(len8) != dst.len() as u64 {
+        return Err(CodecError::Malformed(format!(
+            "chunk holds {} raw bytes, expected {}",
+            u64::from_le_bytes(len8),
+            dst.len()
+        )));
+    }
+    let payload = &stored[HEADER_LEN..];
+    match stored[4] {
+        RAW if payload.len() == dst.len() => dst.copy_from_slice(payload),
+        RAW => {
+            return Err(CodecError::Truncated(format!(
+                "payload is {} of {} bytes",
+                payload.len(),
+                dst.len()
+            )))
+        }
+        ZSTD => {
+            let n = zstd::bulk::decompress_to_buffer(payload, dst)
+                .map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
+            if n != dst.len() {
+                return Err(CodecError::Truncated(format!(
+                    "decompressed {n} of {} bytes",
+                    dst.len()
+                )));
+            }
+        }
+        c => return Err(CodecError::Malformed(format!("unknown codec {c}"))),
+    }
+    if blake3::hash(dst).to_hex().as_str() != hash {
+        return Err(CodecError::HashMismatch);
+    }
+    Ok(())
 }
 
 /// Concatenate an encoded chunk into one buffer (tests, fuzzing).

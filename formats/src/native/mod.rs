@@ -20,8 +20,8 @@ use bytes::{Bytes, BytesMut};
 use ckpt_core::format::{put_object, storage_err, WriteStats};
 use ckpt_core::paths::chunk_key;
 use ckpt_core::{
-    ChunkRef, Compression, Error, Format, Layout, ReadContext, Result, Tensor, TensorRecord, WriteContext,
-    WriteOutput, MAX_CHUNK_BYTES,
+    ChunkRef, Compression, Error, Format, Layout, ReadContext, Result, Tensor, TensorRecord,
+    WriteContext, WriteOutput, MAX_CHUNK_BYTES,
 };
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
@@ -34,7 +34,9 @@ pub struct Native;
 type Pending = Shared<BoxFuture<'static, std::result::Result<u64, String>>>;
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Error::Internal(format!("worker thread: {e}")))
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("worker thread: {e}")))
 }
 
 /// Hash, dedupe, compress and upload one chunk; returns its reference.
@@ -70,7 +72,9 @@ async fn write_chunk(
             }
         }
     };
-    let stored = fut.await.map_err(|e| Error::Internal(format!("chunk {hash}: {e}")))?;
+    let stored = fut
+        .await
+        .map_err(|e| Error::Internal(format!("chunk {hash}: {e}")))?;
     if first {
         ctx.chunks.insert(hash.clone(), stored);
     } else {
@@ -133,14 +137,20 @@ impl Format for Native {
                 layout: Layout::Chunks { chunks },
             })
             .collect();
-        Ok(WriteOutput { records, objects: Vec::new() })
+        Ok(WriteOutput {
+            records,
+            objects: Vec::new(),
+        })
     }
 
     async fn read(&self, ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
         let Layout::Chunks { chunks } = &record.layout else {
             return ckpt_core::format::read_range(ctx, record).await;
         };
-        let reads: Vec<_> = chunks.iter().map(|c| read_chunk(ctx, c, &record.name)).collect();
+        let reads: Vec<_> = chunks
+            .iter()
+            .map(|c| read_chunk(ctx, c, &record.name))
+            .collect();
         let parts: Vec<Bytes> = futures::stream::iter(reads)
             .buffered(4)
             .try_collect()
@@ -157,22 +167,89 @@ impl Format for Native {
             }
         })
     }
+
+    async fn read_into(
+        &self,
+        ctx: &ReadContext,
+        record: &TensorRecord,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let Layout::Chunks { chunks } = &record.layout else {
+            let data = ckpt_core::format::read_range(ctx, record).await?;
+            dst.copy_from_slice(&data);
+            return Ok(());
+        };
+        // Split the destination into one disjoint slice per chunk.
+        let mut rest = dst;
+        let mut reads = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let len = usize::try_from(c.len)
+                .map_err(|_| Error::corrupt("manifest", Some(&record.name), "chunk too large"))?;
+            if len > rest.len() {
+                return Err(Error::corrupt(
+                    "manifest",
+                    Some(&record.name),
+                    "chunks exceed the tensor",
+                ));
+            }
+            let (head, tail) = rest.split_at_mut(len);
+            rest = tail;
+            reads.push(read_chunk_into(ctx, c, &record.name, head));
+        }
+        futures::stream::iter(reads)
+            .buffer_unordered(4)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+}
+
+/// Fetch a chunk, decode it into `dst` and verify it.
+async fn read_chunk_into(
+    ctx: &ReadContext,
+    c: &ChunkRef,
+    tensor: &str,
+    dst: &mut [u8],
+) -> Result<()> {
+    let key = chunk_key(&c.hash);
+    let stored = match ctx.store.get(&key).await {
+        Ok(r) => r
+            .bytes()
+            .await
+            .map_err(|e| storage_err(e, key.as_ref(), tensor))?,
+        Err(e) => return Err(storage_err(e, key.as_ref(), tensor)),
+    };
+    // Decoded on this task: the destination is borrowed, so it cannot move to a
+    // blocking thread without a copy (which is what `load_into` exists to avoid).
+    chunk::decode_into(&stored, &c.hash, dst).map_err(|e| {
+        ctx.chunks.remove(&c.hash);
+        e.into_corrupt(key.as_ref(), Some(tensor))
+    })
 }
 
 async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
     let key = chunk_key(&c.hash);
     let stored = match ctx.store.get(&key).await {
-        Ok(r) => r.bytes().await.map_err(|e| storage_err(e, key.as_ref(), tensor))?,
+        Ok(r) => r
+            .bytes()
+            .await
+            .map_err(|e| storage_err(e, key.as_ref(), tensor))?,
         Err(e) => return Err(storage_err(e, key.as_ref(), tensor)),
     };
     let hash = c.hash.clone();
-    let max = usize::try_from(c.len).unwrap_or(usize::MAX).min(MAX_CHUNK_BYTES);
+    let max = usize::try_from(c.len)
+        .unwrap_or(usize::MAX)
+        .min(MAX_CHUNK_BYTES);
     let raw = blocking(move || chunk::decode(stored, &hash, max)).await?;
     match raw {
         Ok(raw) if raw.len() as u64 == c.len => Ok(raw),
         Ok(raw) => {
             ctx.chunks.remove(&c.hash);
-            Err(Error::corrupt(key.as_ref(), Some(tensor), format!("chunk has {} bytes, manifest says {}", raw.len(), c.len)))
+            Err(Error::corrupt(
+                key.as_ref(),
+                Some(tensor),
+                format!("chunk has {} bytes, manifest says {}", raw.len(), c.len),
+            ))
         }
         Err(e) => {
             // Forget it, so the next save writes a good copy instead of reusing this one.

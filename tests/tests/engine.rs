@@ -1,0 +1,129 @@
+//! The two-phase engine: concurrent saves under the staging budget, the busy
+//! policy, lazy snapshots, incremental reuse with retention, load into buffers.
+
+use std::sync::Arc;
+
+use ckpt_core::{Capture, DType, SharedVec, SnapshotMode};
+use ckpt_tests::*;
+
+/// A capture of `n` mutable F32 buffers of `elems` elements (copied at snapshot time).
+fn mutable_state(n: usize, elems: usize, seed: u64) -> (Vec<Arc<SharedVec>>, Capture) {
+    let vecs: Vec<Arc<SharedVec>> = (0..n)
+        .map(|i| SharedVec::new(bytes_for(seed + i as u64, elems * 4)))
+        .collect();
+    let cap = vecs
+        .iter()
+        .enumerate()
+        .fold(Capture::default(), |c, (i, v)| {
+            c.with_copy(format!("p{i}"), DType::F32, vec![elems as u64], v.clone())
+        });
+    (vecs, cap)
+}
+
+fn contents(v: &SharedVec) -> Vec<u8> {
+    v.0.read().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eager_snapshot_copies_then_the_loop_may_mutate() {
+    let url = memory_root("eager");
+    let cp = ckpt_formats::builder(&url).build().await.unwrap();
+    let (vecs, cap) = mutable_state(3, 10_000, 1);
+    let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
+    let h = cp.save(1, cap).await.unwrap();
+    assert!(h.snapshot_done(), "eager save returns after the copy");
+    // The training loop mutates right away: the checkpoint must hold the old values.
+    for v in &vecs {
+        v.0.write()
+            .unwrap()
+            .iter_mut()
+            .for_each(|b| *b = b.wrapping_add(1));
+    }
+    let report = h.wait().await.unwrap();
+    assert_eq!(report.copied_bytes, 3 * 40_000);
+    let loaded = cp.load_latest().await.unwrap().unwrap();
+    for (t, b) in loaded.state.tensors.iter().zip(&before) {
+        assert_eq!(&t.data[..], &b[..]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_snapshot_returns_before_the_copy_and_records_pre_mutation_values() {
+    let url = memory_root("lazy");
+    let cp = ckpt_formats::builder(&url)
+        .snapshot(SnapshotMode::Lazy)
+        .build()
+        .await
+        .unwrap();
+    let (vecs, cap) = mutable_state(8, 200_000, 7);
+    let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
+    let h = cp.save(1, cap).await.unwrap();
+    // The contract: wait for the snapshot before mutating (the optimizer step).
+    h.wait_snapshot().await.unwrap();
+    assert!(h.snapshot_done());
+    for v in &vecs {
+        v.0.write().unwrap().fill(0);
+    }
+    h.wait().await.unwrap();
+    let loaded = cp.load_latest().await.unwrap().unwrap();
+    for (t, b) in loaded.state.tensors.iter().zip(&before) {
+        assert_eq!(&t.data[..], &b[..], "{}", t.name);
+    }
+}
+
+#[cfg(debug_assertions)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_builds_catch_a_mutation_during_a_lazy_snapshot() {
+    // A source that changes every time it is read stands for a tensor the optimizer
+    // updates while the snapshot is copying it.
+    struct Moving(std::sync::atomic::AtomicU8);
+    impl ckpt_core::CopySource for Moving {
+        fn len(&self) -> usize {
+            16
+        }
+        fn copy_into(&self, dst: &mut [u8]) -> ckpt_core::Result<()> {
+            dst.fill(self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+            Ok(())
+        }
+    }
+    let cp = ckpt_formats::builder(memory_root("moving"))
+        .snapshot(SnapshotMode::Lazy)
+        .build()
+        .await
+        .unwrap();
+    let cap = Capture::default().with_copy("w", DType::F32, vec![4], Arc::new(Moving(0.into())));
+    let h = cp.save(1, cap).await.unwrap();
+    assert!(h.wait_snapshot().await.is_err());
+    assert!(h.wait().await.is_err());
+    assert!(cp.load_latest().await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_saves_stay_within_the_budget_and_all_commit() {
+    let url = memory_root("concurrent");
+    let budget = 3 * 4 * 100_000 * 2; // two saves' worth of staging
+    let cp = ckpt_formats::builder(&url)
+        .staging_budget(budget as u64)
+        .build()
+        .await
+        .unwrap();
+    let mut handles = Vec::new();
+    let mut expected = Vec::new();
+    for step in 1..=6u64 {
+        let (vecs, cap) = mutable_state(3, 100_000, step * 10);
+        expected.push(vecs.iter().map(|v| contents(v)).collect::<Vec<_>>());
+        handles.push(cp.save(step, cap).await.unwrap());
+        let pool = cp.staging().unwrap();
+        assert!(pool.idle_bytes() <= budget as u64);
+    }
+    for h in handles {
+        h.wait().await.unwrap();
+    }
+    assert_eq!(cp.committed().await.unwrap().len(), 6);
+    for (i, want) in expected.iter().enumerate() {
+        let loaded = cp.load_step(i as u64 + 1).await.unwrap();
+        for (t, b) in loaded.state.tensors.iter().zip(want) {
+            assert_eq!(&t.data[..], &b[..]);
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Incremental checkpoints: unchanged chunks are not written again, and retention
+//! with GC never deletes a chunk that a kept checkpoint uses.
+
+use ckpt_core::{CheckpointerOptions, DType, Retention, State, Tensor};
+use ckpt_tests::*;
+
+fn change(state: &State, which: &[usize], seed: u64) -> State {
+    let mut s = state.clone();
+    for &i in which {
+        let t = &s.tensors[i];
+        s.tensors[i] = Tensor::new(
+            t.name.clone(),
+            t.dtype,
+            t.shape.clone(),
+            bytes_for(seed + i as u64, t.data.len()),
+        )
+        .unwrap();
+    }
+    s
+}
+
+#[tokio::test]
+async fn second_checkpoint_writes_only_changed_chunks() {
+    let url = memory_root("incr");
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 16 << 10;
+    let cp = ckpt_formats::builder(&url)
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
+    let s1 = f32_state(20, 16 << 10, 1); // 20 tensors of 64 KiB
+    let r1 = cp.save(1, &s1).await.unwrap().wait().await.unwrap();
+    assert_eq!(r1.reused_bytes, 0);
+    let s2 = change(&s1, &[3, 11], 99); // 10% of tensors change
+    let r2 = cp.save(2, &s2).await.unwrap().wait().await.unwrap();
+    assert_eq!(r2.reused_bytes, 18 * (64 << 10));
+    assert!(
+        r2.stored_bytes * 100 <= r1.stored_bytes * 12,
+        "{} vs {}",
+        r2.stored_bytes,
+        r1.stored_bytes
+    );
+    assert_same(&s2, &cp.load_step(2).await.unwrap().state);
+    assert_same(&s1, &cp.load_step(1).await.unwrap().state);
+
+    // A restarted job learns the stored chunks from the store and still reuses them.
+    let cp2 = ckpt_formats::builder(&url).build().await.unwrap();
+    assert!(cp2.known_chunks() > 0);
+    let r3 = cp2
+        .save(3, &change(&s2, &[0], 7))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert!(r3.reused_bytes > 0);
+}
+
+#[tokio::test]
+async fn retention_and_gc_keep_every_needed_chunk() {
+    let (dir, url) = temp_root();
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 8 << 10;
+    opts.retention = Retention {
+        keep_last: Some(2),
+        keep_every: Some(4),
+    };
+    let cp = ckpt_formats::builder(&url)
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
+    // A frozen tensor shared by every checkpoint, and one that changes each step.
+    let frozen = tensor("frozen", DType::F32, &[8 << 10], 5);
+    let mut states = Vec::new();
+    for step in 1..=9u64 {
+        let s = State::new().with_tensor(frozen.clone()).with_tensor(tensor(
+            "moving",
+            DType::F32,
+            &[4 << 10],
+            100 + step,
+        ));
+        cp.save(step, &s).await.unwrap().wait().await.unwrap();
+        states.push(s);
+    }
+    cp.flush().await;
+    let kept: Vec<u64> = cp
+        .committed()
+        .await
+        .unwrap()
+        .iter()
+        .map(|i| i.step)
+        .collect();
+    assert_eq!(kept, vec![4, 8, 9]);
+    for step in &kept {
+        let loaded = cp.load_step(*step).await.unwrap();
+        assert_same(&states[*step as usize - 1], &loaded.state);
+        cp.verify(&loaded.id).await.unwrap();
+    }
+    // The chunks of retired checkpoints are gone: 4 frozen + 2 moving chunks per kept step.
+    let chunk_files = std::fs::read_dir(dir.path().join("chunks"))
+        .unwrap()
+        .count();
+    assert_eq!(chunk_files, 4 + 2 * kept.len());
+    assert!(cp
+        .list(true)
+        .await
+        .unwrap()
+        .iter()
+        .all(|c| c.status == ckpt_core::Status::Committed));
+}
+
+#[tokio::test]
+async fn gc_removes_incomplete_saves() {
+    let url = memory_root("gc-incomplete");
+    let cp = ckpt_formats::builder(&url)
+        .retention(Retention::keep_last(3))
+        .build()
+        .await
+        .unwrap();
+    // An incomplete save: data written, no manifest (a format that writes data/ objects
+    // is needed for a data dir; emulate the crash leftovers directly).
+    let store = cp.store().clone();
+    let orphan = ckpt_core::CheckpointId {
+        step: 1,
+        attempt: "dead".into(),
+    };
+    use object_store::ObjectStoreExt;
+    store
+        .put(
+            &ckpt_core::paths::data_prefix(&orphan)
+                .clone()
+                .join("rank0.bin"),
+            vec![1u8; 10].into(),
+        )
+        .await
+        .unwrap();
+    let listed = cp.list(false).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, ckpt_core::Status::Incomplete);
+    cp.save(2, &f32_state(1, 10, 1))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let listed = cp.list(false).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].id.step, 2);
+}
+
+#[tokio::test]
+async fn load_into_given_buffers() {
+    let url = memory_root("into");
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 1000;
+    opts.write.compression = ckpt_core::Compression::Zstd(1);
+    let cp = ckpt_formats::builder(&url)
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
+    let s = f32_state(3, 5000, 4);
+    cp.save(1, &s).await.unwrap().wait().await.unwrap();
+    let id = cp.committed().await.unwrap()[0].clone();
+    let mut a = vec![0u8; 20_000];
+    let mut c = vec![0u8; 20_000];
+    cp.load_into(
+        &id,
+        vec![("layer0.weight", &mut a[..]), ("layer2.weight", &mut c[..])],
+    )
+    .await
+    .unwrap();
+    assert_eq!(&a[..], &s.tensors[0].data[..]);
+    assert_eq!(&c[..], &s.tensors[2].data[..]);
+    let mut short = vec![0u8; 10];
+    assert!(matches!(
+        cp.load_into(&id, vec![("layer1.weight", &mut short[..])])
+            .await,
+        Err(ckpt_core::Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        cp.load_into(&id, vec![("nope", &mut short[..])]).await,
+        Err(ckpt_core::Error::NotFound { .. })
+    ));
+}
