@@ -22,6 +22,8 @@
 
 pub mod error;
 pub mod native;
+pub mod safetensors;
+pub mod torch;
 
 use std::sync::Arc;
 
@@ -38,6 +40,8 @@ pub fn native() -> Arc<dyn Format> {
 pub fn registry() -> FormatRegistry {
     let mut r = FormatRegistry::new();
     r.register(native());
+    r.register(Arc::new(safetensors::Safetensors));
+    r.register(Arc::new(torch::Torch));
     r
 }
 
@@ -48,5 +52,7 @@ pub fn by_name(name: &str) -> ckpt_core::Result<Arc<dyn Format>> {
 
 /// A checkpointer builder for `url` that writes the native format and reads every format.
 pub fn builder(url: impl Into<String>) -> CheckpointerBuilder {
-    ckpt_core::Checkpointer::builder(url).readers(registry()).format(native())
+    ckpt_core::Checkpointer::builder(url)
+        .readers(registry())
+        .format(native())
 }

@@ -1,0 +1,82 @@
+//! The safetensors format: one `.safetensors` file per rank plus an index in the
+//! `model.safetensors.index.json` convention, so that `safetensors.torch.load_file`
+//! (and the Hugging Face sharded loaders) open a checkpoint without ckpt.
+//!
+//! ```text
+//! data/<step>-<attempt>/model-rank00000.safetensors
+//! data/<step>-<attempt>/model.safetensors.index.json   {"metadata": {"total_size": N}, "weight_map": {name: file}}
+//! ```
+//!
+//! Each tensor is a [`ckpt_core::Layout::Range`] of its rank's file with its blake3,
+//! so loading through the engine verifies every tensor. The tensor bytes are
+//! uploaded as they are (no copy); only the header is built.
+//!
+//! Non-tensor state lives in the ckpt manifest; [`codec::encode`] (used by
+//! `ckpt convert` for standalone files) also puts it in the header's `__metadata__`.
+
+pub mod codec;
+pub mod index;
+pub(crate) mod ranged;
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use ckpt_core::format::{put_object, WriteStats};
+use ckpt_core::{Format, Result, Tensor, Value, WriteContext, WriteOutput};
+
+pub use codec::read_file;
+
+/// Name of the index file written next to the rank files.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// The safetensors format.
+#[derive(Debug, Clone, Default)]
+pub struct Safetensors;
+
+#[async_trait]
+impl Format for Safetensors {
+    fn name(&self) -> &'static str {
+        "safetensors"
+    }
+
+    async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput> {
+        let start = Instant::now();
+        let entries: Vec<codec::Entry<'_>> = tensors.iter().map(codec::Entry::from).collect();
+        let header = codec::encode_header(
+            &entries,
+            Some(codec::file_metadata(&Value::Null).map_err(internal)?),
+        )
+        .map_err(|e| ckpt_core::Error::InvalidInput(format!("safetensors header: {e}")))?;
+        WriteStats::add(&ctx.stats.encode_ns, start.elapsed().as_nanos() as u64);
+        let hashes = ranged::hash_tensors(ctx, tensors).await?;
+
+        let file = ranged::rank_file(ctx.rank, "safetensors");
+        let key = ctx.data_prefix.clone().join(file.as_str());
+        let mut parts = Vec::with_capacity(tensors.len() + 1);
+        parts.push(Bytes::from(header.bytes));
+        parts.extend(
+            tensors
+                .iter()
+                .filter(|t| !t.data.is_empty())
+                .map(|t| t.data.clone()),
+        );
+        put_object(ctx, &key, parts).await?;
+        let records = ranged::range_records(tensors, key.as_ref(), &header.offsets, hashes);
+        let mut objects = vec![key.to_string()];
+
+        if ctx.rank == 0 {
+            let total: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+            let map = tensors.iter().map(|t| (t.name.clone(), file.clone()));
+            let json = index::Index::new(total, map).to_json().map_err(internal)?;
+            let index_key = ctx.data_prefix.clone().join(INDEX_FILE);
+            put_object(ctx, &index_key, vec![Bytes::from(json)]).await?;
+            objects.push(index_key.to_string());
+        }
+        Ok(WriteOutput { records, objects })
+    }
+}
+
+fn internal(e: crate::CodecError) -> ckpt_core::Error {
+    ckpt_core::Error::Internal(e.to_string())
+}

@@ -1,0 +1,65 @@
+//! Helpers shared by the single-file formats (safetensors, `.pt`, HDF5): each tensor
+//! is a byte range of one object, hashed with blake3 so that loading verifies it
+//! whatever the file format.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use ckpt_core::format::WriteStats;
+use ckpt_core::{Error, Layout, Result, Tensor, TensorRecord, WriteContext};
+use futures::{StreamExt, TryStreamExt};
+
+/// Run a closure on a blocking thread.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("worker thread: {e}")))
+}
+
+/// blake3 (hex) of every tensor, computed on blocking threads, `concurrency` at a time.
+pub(crate) async fn hash_tensors(ctx: &WriteContext, tensors: &[Tensor]) -> Result<Vec<String>> {
+    let start = Instant::now();
+    let datas: Vec<Bytes> = tensors.iter().map(|t| t.data.clone()).collect();
+    let hashes: Vec<String> = futures::stream::iter(datas)
+        .map(|d| blocking(move || blake3::hash(&d).to_hex().to_string()))
+        .buffered(ctx.options.concurrency.max(1))
+        .try_collect()
+        .await?;
+    WriteStats::add(&ctx.stats.hash_ns, start.elapsed().as_nanos() as u64);
+    let raw: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
+    WriteStats::add(&ctx.stats.raw_bytes, raw);
+    Ok(hashes)
+}
+
+/// One [`Layout::Range`] record per tensor, at `offsets[i]` in `object`.
+pub(crate) fn range_records(
+    tensors: &[Tensor],
+    object: &str,
+    offsets: &[u64],
+    hashes: Vec<String>,
+) -> Vec<TensorRecord> {
+    tensors
+        .iter()
+        .zip(offsets)
+        .zip(hashes)
+        .map(|((t, &offset), blake3)| TensorRecord {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            shard: t.shard.clone(),
+            layout: Layout::Range {
+                object: object.to_owned(),
+                offset,
+                len: t.data.len() as u64,
+                blake3,
+            },
+        })
+        .collect()
+}
+
+/// File name of one rank's file: `model-rank00003.<ext>`.
+pub(crate) fn rank_file(rank: usize, ext: &str) -> String {
+    format!("model-rank{rank:05}.{ext}")
+}
