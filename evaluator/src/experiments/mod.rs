@@ -1,0 +1,3 @@
+//! The experiments of `ckpt-eval`, one module each.
+
+pub mod engine;
