@@ -102,11 +102,13 @@ impl Error {
     /// True when the error says that stored data is damaged or missing, as opposed to
     /// a transient or caller error. `load_latest` falls back past such checkpoints.
     pub fn is_damage(&self) -> bool {
-        match self {
-            Error::Corrupt { .. } | Error::NotFound { .. } | Error::Unsupported(_) => true,
-            Error::Storage(object_store::Error::NotFound { .. }) => true,
-            _ => false,
-        }
+        matches!(
+            self,
+            Error::Corrupt { .. }
+                | Error::NotFound { .. }
+                | Error::Unsupported(_)
+                | Error::Storage(object_store::Error::NotFound { .. })
+        )
     }
 
     /// Attach a tensor name to a corruption error that lacks one.

@@ -345,9 +345,7 @@ impl Checkpointer {
 
     /// Run retention and GC now unless a save is writing (then the next commit does it).
     async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
-        if self.inner.opts.retention.keep_last.is_none() {
-            return None;
-        }
+        self.inner.opts.retention.keep_last?;
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
         let mut protected: HashSet<CheckpointId> = self
             .inner

@@ -191,7 +191,7 @@ pub fn copy_all(
     threads: usize,
 ) -> Result<Vec<Tensor>> {
     // Pair each Copy tensor with its buffer.
-    let mut jobs: Vec<(usize, Arc<dyn CopySource>, StagingBuf)> = Vec::new();
+    let mut jobs: Vec<CopyJob> = Vec::new();
     let mut out: Vec<Option<Tensor>> = Vec::with_capacity(tensors.len());
     bufs.reverse();
     for (i, t) in tensors.into_iter().enumerate() {
@@ -217,8 +217,7 @@ pub fn copy_all(
     // Balance bytes over threads: largest first, each to the least loaded thread.
     let threads = threads.clamp(1, jobs.len().max(1));
     jobs.sort_by_key(|(_, s, _)| std::cmp::Reverse(s.len()));
-    let mut groups: Vec<(usize, Vec<(usize, Arc<dyn CopySource>, StagingBuf)>)> =
-        (0..threads).map(|_| (0, Vec::new())).collect();
+    let mut groups: Vec<(usize, Vec<CopyJob>)> = (0..threads).map(|_| (0, Vec::new())).collect();
     for job in jobs {
         let g = groups
             .iter_mut()
@@ -256,7 +255,10 @@ pub fn copy_all(
         .collect()
 }
 
-fn copy_group(group: Vec<(usize, Arc<dyn CopySource>, StagingBuf)>) -> Result<Vec<(usize, Bytes)>> {
+/// One copy: the tensor's index, its source and its staging buffer.
+type CopyJob = (usize, Arc<dyn CopySource>, StagingBuf);
+
+fn copy_group(group: Vec<CopyJob>) -> Result<Vec<(usize, Bytes)>> {
     let mut done = Vec::with_capacity(group.len());
     for (i, src, mut buf) in group {
         src.copy_into(buf.as_mut_slice())?;

@@ -27,12 +27,15 @@ pub enum BusyPolicy {
     Skip,
 }
 
+/// Idle buffers by exact length, each with the budget it holds.
+type Idle = HashMap<usize, Vec<(Vec<u8>, OwnedSemaphorePermit)>>;
+
 #[derive(Debug)]
 struct Inner {
     budget: u64,
     sem: Arc<Semaphore>,
     returned: Notify,
-    idle: Mutex<HashMap<usize, Vec<(Vec<u8>, OwnedSemaphorePermit)>>>,
+    idle: Mutex<Idle>,
 }
 
 /// A pool of staging buffers with a byte budget.

@@ -57,7 +57,13 @@ pub struct Plan {
 /// Plan for a setup.
 pub fn plan(setup: &str, cost: f64, restart: f64, mtbf: f64) -> Plan {
     let d = daly(cost, mtbf);
-    Plan { setup: setup.to_owned(), cost_s: cost, young_s: young(cost, mtbf), daly_s: d, goodput: goodput(d, cost, restart, mtbf) }
+    Plan {
+        setup: setup.to_owned(),
+        cost_s: cost,
+        young_s: young(cost, mtbf),
+        daly_s: d,
+        goodput: goodput(d, cost, restart, mtbf),
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,11 @@ use ckpt_core::State;
 /// Seconds to copy every tensor of `state` into warm (already touched) buffers on
 /// one thread: the floor for a blocking snapshot.
 pub fn memcpy_secs(state: &State) -> f64 {
-    let mut dst: Vec<Vec<u8>> = state.tensors.iter().map(|t| vec![1u8; t.data.len()]).collect();
+    let mut dst: Vec<Vec<u8>> = state
+        .tensors
+        .iter()
+        .map(|t| vec![1u8; t.data.len()])
+        .collect();
     // Touch once so page faults are not counted, then time the copy.
     for (d, t) in dst.iter_mut().zip(&state.tensors) {
         d.copy_from_slice(&t.data);

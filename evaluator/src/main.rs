@@ -7,7 +7,11 @@ use ckpt_eval::experiments::engine::{EngineBench, EngineResults};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ckpt-eval", version, about = "Measure checkpointing cost, formats, scale and recovery")]
+#[command(
+    name = "ckpt-eval",
+    version,
+    about = "Measure checkpointing cost, formats, scale and recovery"
+)]
 struct Cli {
     /// Directory on the disk under test (checkpoints are written and deleted here).
     #[arg(long, global = true, default_value = "runs/scratch")]
@@ -39,9 +43,15 @@ enum Cmd {
 
 fn print_engine(r: &EngineResults) {
     let mib = r.state_bytes as f64 / (1 << 20) as f64;
-    println!("\nEngine: {mib:.0} MiB of F32 in {} tensors (median of {} runs, [min, max])", r.tensors, r.memcpy_s.n);
+    println!(
+        "\nEngine: {mib:.0} MiB of F32 in {} tensors (median of {} runs, [min, max])",
+        r.tensors, r.memcpy_s.n
+    );
     let row = |name: &str, s: &ckpt_eval::stats::Summary| {
-        println!("  {name:<38} {:>9.4} s  [{:.4}, {:.4}]", s.median, s.min, s.max);
+        println!(
+            "  {name:<38} {:>9.4} s  [{:.4}, {:.4}]",
+            s.median, s.min, s.max
+        );
     };
     row("memcpy of the state (1 thread)", &r.memcpy_s);
     row("raw write + fsync", &r.raw_write_fsync_s);
@@ -64,12 +74,21 @@ fn print_engine(r: &EngineResults) {
     );
     println!("\n  {:<40} {:>8} {:>8}  met", "target", "ratio", "bound");
     for t in &r.targets {
-        println!("  {:<40} {:>8.3} {:>8.2}  {}", t.what, t.ratio, t.bound, if t.met { "yes" } else { "NO" });
+        println!(
+            "  {:<40} {:>8.3} {:>8.2}  {}",
+            t.what,
+            t.ratio,
+            t.bound,
+            if t.met { "yes" } else { "NO" }
+        );
     }
 }
 
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
     let dir = out.join(format!("run-{stamp}"));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
@@ -83,7 +102,11 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Some(Cmd::Engine { mib, tensors }) => (mib, tensors),
         Some(Cmd::Suite) | None => (1024, 64),
     };
-    let bench = EngineBench { bytes: mib << 20, tensors, repeats: cli.repeats.max(1) };
+    let bench = EngineBench {
+        bytes: mib << 20,
+        tensors,
+        repeats: cli.repeats.max(1),
+    };
     let r = bench.run(&scratch).await?;
     print_engine(&r);
     let json = serde_json::json!({ "engine": r });
@@ -94,7 +117,10 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -9,7 +9,11 @@ pub fn rss_bytes() -> u64 {
     let page = 4096u64;
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
         .map_or(0, |pages| pages * page)
 }
 
@@ -32,7 +36,11 @@ impl PeakSampler {
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        PeakSampler { stop, peak, thread: Some(thread) }
+        PeakSampler {
+            stop,
+            peak,
+            thread: Some(thread),
+        }
     }
 
     /// Stop and return the peak RSS seen, in bytes.

@@ -22,8 +22,17 @@ impl Summary {
         let mut v = samples.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
-        Summary { median, min: v[0], max: v[n - 1], n }
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Summary {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            n,
+        }
     }
 
     /// Relative spread: (max - min) / median.

@@ -23,8 +23,13 @@ pub fn fill(seed: u64, len: usize) -> Vec<u8> {
 pub fn uniform_f32(n: usize, total: usize, seed: u64) -> State {
     let per = (total / n / 4).max(1);
     (0..n).fold(State::new(), |s, i| {
-        let t = Tensor::new(format!("layers.{i}.weight"), DType::F32, vec![per as u64], Bytes::from(fill(seed + i as u64, per * 4)))
-            .expect("valid");
+        let t = Tensor::new(
+            format!("layers.{i}.weight"),
+            DType::F32,
+            vec![per as u64],
+            Bytes::from(fill(seed + i as u64, per * 4)),
+        )
+        .expect("valid");
         s.with_tensor(t)
     })
 }
@@ -41,8 +46,16 @@ impl Params {
     /// Mutable copies of a state's tensors.
     pub fn from_state(state: &State) -> Self {
         Params {
-            bufs: state.tensors.iter().map(|t| SharedVec::new(t.data.to_vec())).collect(),
-            meta: state.tensors.iter().map(|t| (t.name.clone(), t.dtype, t.shape.clone())).collect(),
+            bufs: state
+                .tensors
+                .iter()
+                .map(|t| SharedVec::new(t.data.to_vec()))
+                .collect(),
+            meta: state
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.dtype, t.shape.clone()))
+                .collect(),
         }
     }
 
@@ -51,12 +64,17 @@ impl Params {
         self.bufs
             .iter()
             .zip(&self.meta)
-            .fold(Capture::default(), |c, (b, (n, d, s))| c.with_copy(n.clone(), *d, s.clone(), b.clone()))
+            .fold(Capture::default(), |c, (b, (n, d, s))| {
+                c.with_copy(n.clone(), *d, s.clone(), b.clone())
+            })
     }
 
     /// Total bytes.
     pub fn nbytes(&self) -> u64 {
-        self.bufs.iter().map(|b| ckpt_core::CopySource::len(b.as_ref()) as u64).sum()
+        self.bufs
+            .iter()
+            .map(|b| ckpt_core::CopySource::len(b.as_ref()) as u64)
+            .sum()
     }
 
     /// Change every `stride`-th byte block so that every chunk of `chunk` bytes differs

@@ -12,7 +12,11 @@ use ckpt_core::{Retention, Status};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ckpt", version, about = "Inspect and maintain ckpt checkpoints")]
+#[command(
+    name = "ckpt",
+    version,
+    about = "Inspect and maintain ckpt checkpoints"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -69,7 +73,10 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
         Cmd::List { url, verify } => {
             let cp = ckpt_formats::builder(&url).build().await?;
             let rows = cp.list(verify).await?;
-            println!("{:>12}  {:<16}  {:>10}  {:>7}  {:<11}  status", "step", "attempt", "size", "tensors", "format");
+            println!(
+                "{:>12}  {:<16}  {:>10}  {:>7}  {:<11}  status",
+                "step", "attempt", "size", "tensors", "format"
+            );
             let mut ok = true;
             for r in &rows {
                 let status = match &r.status {
@@ -102,7 +109,9 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
                 Some(s) => ids.into_iter().rev().find(|i| i.step == s),
                 None => ids.into_iter().next_back(),
             }
-            .ok_or_else(|| ckpt_core::Error::NotFound { what: format!("a committed checkpoint under {url}") })?;
+            .ok_or_else(|| ckpt_core::Error::NotFound {
+                what: format!("a committed checkpoint under {url}"),
+            })?;
             let t = std::time::Instant::now();
             let m = cp.verify(&id).await?;
             println!(
@@ -113,9 +122,16 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
             );
             Ok(true)
         }
-        Cmd::Gc { url, keep_last, keep_every } => {
+        Cmd::Gc {
+            url,
+            keep_last,
+            keep_every,
+        } => {
             let cp = ckpt_formats::builder(&url)
-                .retention(Retention { keep_last: Some(keep_last), keep_every })
+                .retention(Retention {
+                    keep_last: Some(keep_last),
+                    keep_every,
+                })
                 .build()
                 .await?;
             let r = cp.gc().await?;
@@ -124,7 +140,11 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
                 r.retired.len(),
                 r.incomplete_removed.len(),
                 r.chunks_deleted,
-                if r.chunk_sweep_skipped { " (chunk sweep skipped: a kept manifest is unreadable)" } else { "" }
+                if r.chunk_sweep_skipped {
+                    " (chunk sweep skipped: a kept manifest is unreadable)"
+                } else {
+                    ""
+                }
             );
             Ok(true)
         }

@@ -77,7 +77,12 @@ pub struct EngineResults {
 }
 
 fn target(what: &str, ratio: f64, bound: f64) -> Target {
-    Target { what: what.to_owned(), ratio, bound, met: ratio <= bound }
+    Target {
+        what: what.to_owned(),
+        ratio,
+        bound,
+        met: ratio <= bound,
+    }
 }
 
 impl EngineBench {
@@ -86,7 +91,8 @@ impl EngineBench {
         let state = uniform_f32(self.tensors, self.bytes, 1);
         let state_bytes = state.nbytes();
         let chunk = CheckpointerOptions::default().write.chunk_size;
-        let (mut memcpy, mut raw, mut cold, mut warm, mut lazy, mut lazy_snap) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut memcpy, mut raw, mut cold, mut warm, mut lazy, mut lazy_snap) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         let (mut commit, mut commit_cold, mut peak) = (vec![], vec![], vec![]);
         let (mut first_stored, mut incr_stored) = (0, 0);
         let params = Params::from_state(&state);
@@ -129,7 +135,10 @@ impl EngineBench {
 
             // Lazy: the stall is the time for `save` to return.
             let url = format!("file://{}", root.join("lazy").display());
-            let cp = ckpt_formats::builder(&url).snapshot(SnapshotMode::Lazy).build().await?;
+            let cp = ckpt_formats::builder(&url)
+                .snapshot(SnapshotMode::Lazy)
+                .build()
+                .await?;
             params.touch_all(rep as u64 * 100 + 3, chunk);
             cp.save(1, params.capture()).await?.wait().await?; // warm the pool
             params.touch_all(rep as u64 * 100 + 4, chunk);
@@ -152,9 +161,21 @@ impl EngineBench {
         let targets = vec![
             target("eager stall / memcpy", ratio(&eager, &memcpy_s), 1.2),
             target("lazy stall / memcpy", ratio(&lazy_s, &memcpy_s), 0.1),
-            target("time to commit / raw write+fsync", ratio(&commit_s, &raw_s), 1.15),
-            target("peak extra memory / state size", peak_s.median / state_bytes as f64, 1.1),
-            target("10%-changed checkpoint bytes / first", incr_stored as f64 / first_stored.max(1) as f64, 0.12),
+            target(
+                "time to commit / raw write+fsync",
+                ratio(&commit_s, &raw_s),
+                1.15,
+            ),
+            target(
+                "peak extra memory / state size",
+                peak_s.median / state_bytes as f64,
+                1.1,
+            ),
+            target(
+                "10%-changed checkpoint bytes / first",
+                incr_stored as f64 / first_stored.max(1) as f64,
+                0.12,
+            ),
         ];
         Ok(EngineResults {
             state_bytes,
