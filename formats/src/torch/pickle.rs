@@ -151,7 +151,7 @@ impl<'a> Writer<'a> {
         self.string("storage");
         match legacy {
             Some(storage) => self.global("torch", storage),
-            None => self.global("torch", "UntypedStorage"),
+            None => self.global("torch.storage", "UntypedStorage"),
         }
         self.string(&slot.key);
         self.string("cpu");
