@@ -20,6 +20,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod convert;
 pub mod error;
 pub mod native;
 pub mod safetensors;
