@@ -4,6 +4,7 @@
 //! ckpt list URL [--verify]     every checkpoint with step, size, tensors, status
 //! ckpt verify URL [--step N]   read and check every tensor of one checkpoint (default: newest)
 //! ckpt gc URL --keep-last N    apply retention and delete garbage
+//! ckpt convert SRC DST --format F   copy a checkpoint (or a .pt/.safetensors file) into format F
 //! ```
 
 use std::process::ExitCode;
@@ -50,6 +51,19 @@ enum Cmd {
         /// Also keep every checkpoint whose step is a multiple of K.
         #[arg(long)]
         keep_every: Option<u64>,
+    },
+    /// Copy a checkpoint (or a plain .pt/.safetensors file) into another format.
+    Convert {
+        /// Source: a root URL (newest intact checkpoint) or a .pt/.pth/.bin/.safetensors file.
+        src: String,
+        /// Destination: a root URL, or a .pt/.safetensors file (never overwritten).
+        dst: String,
+        /// Format of a destination root (native, safetensors, torch, ...).
+        #[arg(long, default_value = "native")]
+        format: String,
+        /// Step to convert (default: the newest).
+        #[arg(long)]
+        step: Option<u64>,
     },
 }
 
@@ -145,6 +159,18 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
                 } else {
                     ""
                 }
+            );
+            Ok(true)
+        }
+        Cmd::Convert { src, dst, format, step } => {
+            let opts = ckpt_formats::convert::ConvertOptions { format, step };
+            let r = ckpt_formats::convert::convert(&src, &dst, &opts).await?;
+            println!(
+                "step {}: {} tensors, {} written to {dst} as {}",
+                r.step,
+                r.tensors,
+                human(r.bytes),
+                r.format
             );
             Ok(true)
         }
