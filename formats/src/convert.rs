@@ -59,7 +59,12 @@ pub fn read_plain_file(path: &str) -> Result<State> {
 
 /// Load the source: a plain file, or a checkpoint of a root. Returns the step too.
 pub async fn load_source(src: &str, step: Option<u64>) -> Result<(u64, State)> {
-    if file_kind(src).is_some() && Path::new(src).is_file() {
+    if file_kind(src).is_some() && !src.contains("://") {
+        if !Path::new(src).is_file() {
+            return Err(Error::NotFound {
+                what: format!("file `{src}`"),
+            });
+        }
         return Ok((step.unwrap_or(0), read_plain_file(src)?));
     }
     let cp = crate::builder(src).build().await?;

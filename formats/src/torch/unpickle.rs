@@ -169,7 +169,7 @@ impl<'a> Machine<'a> {
         self.at += n + 1;
         Ok(s)
     }
-    fn new(&mut self, o: Obj) -> Result<Id, CodecError> {
+    fn alloc(&mut self, o: Obj) -> Result<Id, CodecError> {
         if self.objs.len() >= MAX_OBJECTS {
             return Err(CodecError::TooLarge("too many pickle objects".into()));
         }
@@ -177,7 +177,7 @@ impl<'a> Machine<'a> {
         Ok(self.objs.len() - 1)
     }
     fn push(&mut self, o: Obj) -> Result<(), CodecError> {
-        let id = self.new(o)?;
+        let id = self.alloc(o)?;
         self.stack.push(id);
         Ok(())
     }
