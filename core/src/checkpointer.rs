@@ -1,11 +1,14 @@
 //! The [`Checkpointer`]: options, construction, and the state shared by saves and loads.
 
 use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use object_store::ObjectStore;
 
 use crate::chunks::ChunkIndex;
+use crate::coord::{Coordinator, Solo};
 use crate::error::{CheckpointId, Error, Result};
 use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
 use crate::retention::Retention;
@@ -42,6 +45,9 @@ pub struct CheckpointerOptions {
     pub snapshot_threads: usize,
     /// Tensors read at once by a load.
     pub load_concurrency: usize,
+    /// How long a rank waits for the others at each collective step of a save
+    /// before the save fails with [`Error::Timeout`].
+    pub collective_timeout: Duration,
 }
 
 impl Default for CheckpointerOptions {
@@ -57,6 +63,7 @@ impl Default for CheckpointerOptions {
             snapshot: SnapshotMode::Eager,
             snapshot_threads: cores.min(8),
             load_concurrency: 16,
+            collective_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -84,6 +91,14 @@ pub(crate) struct Inner {
     pub inflight_done: tokio::sync::Notify,
     /// Background failures nobody has seen yet; the next `save` reports them.
     pub unobserved: Mutex<Vec<(u64, String)>>,
+    /// The ranks of the job.
+    pub coord: Arc<dyn Coordinator>,
+    /// A random value every rank of the job shares (agreed at build time).
+    pub nonce: String,
+    /// Saves started (that reached the persist phase); every rank counts the same.
+    pub seq: AtomicU64,
+    /// The sequence number whose turn it is to run the collective part of a save.
+    pub turn: tokio::sync::watch::Sender<u64>,
 }
 
 /// Builds a [`Checkpointer`].
@@ -94,6 +109,7 @@ pub struct CheckpointerBuilder {
     format: Option<Arc<dyn Format>>,
     registry: FormatRegistry,
     opts: CheckpointerOptions,
+    coord: Arc<dyn Coordinator>,
 }
 
 impl Checkpointer {
@@ -105,7 +121,18 @@ impl Checkpointer {
             format: None,
             registry: FormatRegistry::new(),
             opts: CheckpointerOptions::default(),
+            coord: Arc::new(Solo),
         }
+    }
+
+    /// This process's rank in the job.
+    pub fn rank(&self) -> usize {
+        self.inner.coord.rank()
+    }
+
+    /// Number of ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.inner.coord.world_size()
     }
 
     /// The URL this checkpointer was opened on.
@@ -222,6 +249,16 @@ impl CheckpointerBuilder {
         self
     }
 
+    /// Coordinate with the other ranks of a job (default: a job of one process).
+    ///
+    /// Every rank builds its checkpointer on the same URL and calls `save` for the
+    /// same steps in the same order; each writes its share, and rank 0 commits once
+    /// every share is durable.
+    pub fn coordinator(mut self, coord: Arc<dyn Coordinator>) -> Self {
+        self.coord = coord;
+        self
+    }
+
     /// Open the store and scan it for existing chunks.
     pub async fn build(self) -> Result<Checkpointer> {
         let format = self.format.ok_or_else(|| {
@@ -244,8 +281,21 @@ impl CheckpointerBuilder {
             Some(s) => s,
             None => store::open_url(&self.url)?,
         };
+        if self.coord.world_size() > 1 && self.opts.busy == BusyPolicy::Skip {
+            return Err(Error::InvalidInput(
+                "BusyPolicy::Skip is not available in a job of several ranks: a skip on one rank \
+                 would leave the others waiting; use BusyPolicy::Wait"
+                    .into(),
+            ));
+        }
         let chunks = Arc::new(ChunkIndex::scan(store.as_ref()).await?);
         let pool = self.opts.staging_budget.map(StagingPool::new);
+        // Every rank derives the same attempt ids from a value rank 0 chooses.
+        let nonce = {
+            let mine = crate::paths::new_attempt_id().into_bytes();
+            let agreed = self.coord.broadcast(mine, 0, self.opts.collective_timeout).await?;
+            String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
+        };
         Ok(Checkpointer {
             inner: Arc::new(Inner {
                 url: self.url,
@@ -259,6 +309,10 @@ impl CheckpointerBuilder {
                 inflight: Mutex::new(HashSet::new()),
                 inflight_done: tokio::sync::Notify::new(),
                 unobserved: Mutex::new(Vec::new()),
+                coord: self.coord,
+                nonce,
+                seq: AtomicU64::new(0),
+                turn: tokio::sync::watch::channel(0).0,
             }),
         })
     }

@@ -29,13 +29,20 @@
 pub mod catalog;
 pub mod checkpointer;
 pub mod chunks;
+pub mod coord;
 pub mod dtype;
 pub mod error;
 pub mod failpoint;
 pub mod format;
 pub mod load;
 pub mod manifest;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod paths;
+mod persist;
+pub mod pieces;
+pub mod plan;
+pub mod reshard;
 pub mod retention;
 pub mod save;
 pub mod snapshot;
@@ -45,6 +52,7 @@ pub mod store;
 pub mod tensor;
 pub mod value;
 
+pub use coord::{Coordinator, Solo};
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
 pub use dtype::DType;
 pub use error::{CheckpointId, Error, Result};

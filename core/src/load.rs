@@ -78,9 +78,7 @@ impl Checkpointer {
     pub async fn load(&self, id: &CheckpointId) -> Result<Loaded> {
         let start = Instant::now();
         let manifest = self.manifest(id).await?;
-        let tensors = self
-            .read_records(&manifest, manifest.tensors.iter().collect())
-            .await?;
+        let tensors = self.read_whole(&manifest).await?;
         Ok(Loaded {
             id: id.clone(),
             state: State {
@@ -254,7 +252,7 @@ impl Checkpointer {
         Ok(out)
     }
 
-    async fn read_records(
+    pub(crate) async fn read_records(
         &self,
         manifest: &Manifest,
         records: Vec<&TensorRecord>,
@@ -294,6 +292,6 @@ impl Checkpointer {
     }
 }
 
-fn manifest_key(m: &Manifest) -> String {
+pub(crate) fn manifest_key(m: &Manifest) -> String {
     crate::paths::manifest_key(&m.id()).to_string()
 }

@@ -12,7 +12,7 @@
 //! (sizes agree with dtype and shape, keys are relative, names are unique), all
 //! with checked arithmetic.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -223,10 +223,33 @@ impl Manifest {
         if !self.attempt.bytes().all(|b| b.is_ascii_alphanumeric()) || self.attempt.is_empty() {
             return Err(bad(format!("bad attempt id `{}`", self.attempt)));
         }
-        let mut names = HashSet::with_capacity(self.tensors.len());
+        // A name is either one unsharded tensor, or pieces of one sharded tensor
+        // (same dtype and global shape, distinct offsets).
+        let mut names: HashMap<&str, &TensorRecord> = HashMap::with_capacity(self.tensors.len());
+        let mut pieces = HashSet::new();
         for t in &self.tensors {
-            if t.name.is_empty() || !names.insert(t.name.as_str()) {
-                return Err(bad(format!("empty or duplicate tensor name `{}`", t.name)));
+            if t.name.is_empty() {
+                return Err(bad("empty tensor name".into()));
+            }
+            if let Some(s) = &t.shard {
+                if s.global_shape.len() != t.shape.len()
+                    || s.offsets.len() != t.shape.len()
+                    || s.offsets.iter().zip(&t.shape).zip(&s.global_shape).any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
+                {
+                    return Err(bad(format!("tensor `{}`: shard does not fit its global shape", t.name)));
+                }
+                if !pieces.insert((t.name.as_str(), s.offsets.clone())) {
+                    return Err(bad(format!("tensor `{}`: two pieces at offsets {:?}", t.name, s.offsets)));
+                }
+            }
+            if let Some(prev) = names.insert(t.name.as_str(), t) {
+                let same = match (&prev.shard, &t.shard) {
+                    (Some(a), Some(b)) => a.global_shape == b.global_shape && prev.dtype == t.dtype,
+                    _ => false,
+                };
+                if !same {
+                    return Err(bad(format!("duplicate tensor name `{}`", t.name)));
+                }
             }
             let want = t
                 .nbytes()

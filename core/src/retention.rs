@@ -71,6 +71,8 @@ pub struct GcReport {
     pub chunks_deleted: u64,
     /// True when chunk sweeping was skipped because a kept manifest was unreadable.
     pub chunk_sweep_skipped: bool,
+    /// Hashes of the chunks deleted.
+    pub deleted_chunks: Vec<String>,
 }
 
 /// Apply a retention policy and sweep garbage.
@@ -127,7 +129,10 @@ pub async fn collect(
         if !live.contains(hash) {
             chunks.remove(hash);
             match store.delete(&m.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => report.chunks_deleted += 1,
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    report.chunks_deleted += 1;
+                    report.deleted_chunks.push(hash.to_owned());
+                }
                 Err(e) => return Err(e.into()),
             }
         }

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -12,14 +12,11 @@ use crate::catalog;
 use crate::checkpointer::{Checkpointer, Inner, SnapshotMode};
 use crate::error::{CheckpointId, Error, Result};
 use crate::failpoint;
-use crate::format::{WriteContext, WriteStats};
-use crate::manifest::{Manifest, MANIFEST_VERSION};
-use crate::paths;
-use crate::retention::{self, GcReport};
+use crate::persist::PersistJob;
+use crate::retention::GcReport;
 use crate::snapshot::{self, Capture, TensorData};
 use crate::staging::StagingPool;
 use crate::tensor::Tensor;
-use crate::value::Value;
 
 /// Where the time and bytes of one save went.
 #[derive(Debug, Clone, Default)]
@@ -57,7 +54,7 @@ pub struct SaveReport {
 }
 
 #[derive(Debug, Clone)]
-enum SnapState {
+pub(crate) enum SnapState {
     Pending,
     Done(Duration),
     Failed(String),
@@ -159,10 +156,6 @@ impl Checkpointer {
         {
             return Err(Error::Conflict(format!("step {step} is already committed")));
         }
-        let id = CheckpointId {
-            step,
-            attempt: paths::new_attempt_id(),
-        };
         failpoint::hit("save.start")?;
 
         // Staging memory for the tensors that must be copied.
@@ -176,6 +169,10 @@ impl Checkpointer {
         let pool = self.pool_for(copied_bytes);
         let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;
 
+        // From here on every rank takes part in this save's collectives, even if its
+        // own part fails, so that no rank is left waiting.
+        let seq = inner.seq.fetch_add(1, Ordering::SeqCst);
+        let id = CheckpointId { step, attempt: attempt_id(&inner.nonce, step, seq) };
         inner
             .inflight
             .lock()
@@ -185,7 +182,7 @@ impl Checkpointer {
         let threads = inner.opts.snapshot_threads;
         let Capture { tensors, meta } = capture;
 
-        let snapshot: JoinHandle<Result<Vec<Tensor>>> = match inner.opts.snapshot {
+        let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) = match inner.opts.snapshot {
             SnapshotMode::Eager => {
                 let t = Instant::now();
                 let r = snapshot::copy_all(tensors, bufs, threads);
@@ -193,52 +190,54 @@ impl Checkpointer {
                     Ok(_) => SnapState::Done(t.elapsed()),
                     Err(e) => SnapState::Failed(e.to_string()),
                 });
-                if let Err(e) = r {
-                    self.finish_inflight(&id);
-                    return Err(e);
+                match r {
+                    Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
+                    Err(e) => {
+                        let msg = e.to_string();
+                        (tokio::spawn(async move { Err(Error::Internal(format!("snapshot failed: {msg}"))) }), Some(e))
+                    }
                 }
-                tokio::spawn(async move { r })
             }
-            SnapshotMode::Lazy => tokio::task::spawn_blocking(move || {
-                let t = Instant::now();
-                let r = snapshot::copy_all(tensors, bufs, threads);
-                let _ = snap_tx.send(match &r {
-                    Ok(_) => SnapState::Done(t.elapsed()),
-                    Err(e) => SnapState::Failed(e.to_string()),
-                });
-                r
-            }),
+            SnapshotMode::Lazy => (
+                tokio::task::spawn_blocking(move || {
+                    let t = Instant::now();
+                    let r = snapshot::copy_all(tensors, bufs, threads);
+                    let _ = snap_tx.send(match &r {
+                        Ok(_) => SnapState::Done(t.elapsed()),
+                        Err(e) => SnapState::Failed(e.to_string()),
+                    });
+                    r
+                }),
+                None,
+            ),
         };
         let stall = start.elapsed();
+        let observed = eager_error.is_some();
 
         let task = {
             let this = self.clone();
             let id = id.clone();
             let snap_rx = snap_rx.clone();
             tokio::spawn(async move {
-                let r = this
-                    .persist(
-                        id.clone(),
-                        snapshot,
-                        snap_rx,
-                        meta,
-                        start,
-                        stall,
-                        copied_bytes,
-                    )
-                    .await;
+                let job = PersistJob { id: id.clone(), seq, snapshot, snap_rx, meta, start, stall, copied_bytes };
+                let r = this.persist(job).await;
                 if let Err(e) = &r {
                     tracing::warn!("save of {id} failed: {e}");
-                    this.inner
-                        .unobserved
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((id.step, e.to_string()));
+                    if !observed {
+                        this.inner
+                            .unobserved
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((id.step, e.to_string()));
+                    }
                 }
                 this.finish_inflight(&id);
                 r
             })
         };
+        if let Some(e) = eager_error {
+            return Err(e);
+        }
         Ok(SaveHandle {
             id,
             stall,
@@ -263,130 +262,15 @@ impl Checkpointer {
             .clone()
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn persist(
-        &self,
-        id: CheckpointId,
-        snapshot: JoinHandle<Result<Vec<Tensor>>>,
-        snap_rx: watch::Receiver<SnapState>,
-        meta: Value,
-        start: Instant,
-        stall: Duration,
-        copied_bytes: u64,
-    ) -> Result<SaveReport> {
-        let inner = &self.inner;
-        let tensors = snapshot
-            .await
-            .map_err(|e| Error::Internal(format!("snapshot task: {e}")))??;
-        let snap_time = match *snap_rx.borrow() {
-            SnapState::Done(d) => d,
-            _ => Duration::ZERO,
-        };
-        let persist_start = Instant::now();
-        let gate = inner.write_gate.clone().read_owned().await;
-        failpoint::hit("save.before_data")?;
-        let stats = Arc::new(WriteStats::default());
-        let ctx = WriteContext {
-            store: inner.store.clone(),
-            data_prefix: paths::data_prefix(&id),
-            rank: 0,
-            options: inner.opts.write.clone(),
-            chunks: inner.chunks.clone(),
-            stats: stats.clone(),
-        };
-        let out = inner.format.write(&ctx, &tensors).await?;
-        failpoint::hit("save.after_data")?;
-        let raw_bytes = tensors.iter().map(|t| t.data.len() as u64).sum();
-        drop(tensors); // staging buffers go back to the pool
-        let manifest = Manifest {
-            version: MANIFEST_VERSION,
-            library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
-            format: inner.format.name().to_owned(),
-            step: id.step,
-            attempt: id.attempt.clone(),
-            world_size: 1,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64,
-            tensors: out.records,
-            meta,
-            objects: out.objects,
-        };
-        failpoint::hit("save.before_manifest")?;
-        let commit_start = Instant::now();
-        catalog::publish_manifest(inner.store.as_ref(), &manifest).await?;
-        let commit = commit_start.elapsed();
-        failpoint::hit("save.after_manifest")?;
-        let total = start.elapsed();
-        let persist = persist_start.elapsed();
-        drop(gate);
+}
 
-        let gc = self.maybe_gc(&id).await;
-        let ns = |c: &std::sync::atomic::AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
-        Ok(SaveReport {
-            id,
-            stall,
-            snapshot: snap_time,
-            persist,
-            commit,
-            total,
-            hash_cpu: ns(&stats.hash_ns),
-            encode_cpu: ns(&stats.encode_ns),
-            write_io: ns(&stats.write_ns),
-            raw_bytes,
-            copied_bytes,
-            stored_bytes: stats.stored_bytes.load(Ordering::Relaxed),
-            reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
-            objects: stats.objects.load(Ordering::Relaxed) + 1,
-            gc,
-        })
-    }
-
-    /// Run retention and GC now unless a save is writing (then the next commit does it).
-    async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
-        self.inner.opts.retention.keep_last?;
-        let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected: HashSet<CheckpointId> = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        protected.insert(just_committed.clone());
-        match retention::collect(
-            self.inner.store.as_ref(),
-            &self.inner.opts.retention,
-            &self.inner.chunks,
-            &protected,
-        )
-        .await
-        {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!("garbage collection failed (will retry after the next commit): {e}");
-                None
-            }
-        }
-    }
-
-    /// Apply retention and delete garbage now, waiting for saves in flight to finish writing.
-    pub async fn gc(&self) -> Result<GcReport> {
-        let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        retention::collect(
-            self.inner.store.as_ref(),
-            &self.inner.opts.retention,
-            &self.inner.chunks,
-            &protected,
-        )
-        .await
-    }
+/// The attempt id of the `seq`-th save of a job: the same on every rank.
+fn attempt_id(nonce: &str, step: u64, seq: u64) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(nonce.as_bytes());
+    h.update(&step.to_le_bytes());
+    h.update(&seq.to_le_bytes());
+    h.finalize().to_hex()[..16].to_owned()
 }
 
 fn validate(capture: &Capture) -> Result<()> {

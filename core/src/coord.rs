@@ -1,0 +1,78 @@
+//! Coordination between the ranks of a job.
+//!
+//! The engine needs three collective operations, all on small byte messages:
+//! agreeing on the plan of a save, gathering every rank's records to commit, and
+//! telling every rank the outcome. [`Coordinator`] is that interface; [`Solo`] is
+//! the single-process one, and the MPI one lives in [`crate::mpi`] (feature `mpi`).
+//!
+//! Every call has a deadline: a rank that died or never arrives makes the others
+//! fail with [`Error::Timeout`] instead of hanging.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+
+/// The collective operations the engine uses. Every rank must call them in the same
+/// order; the engine guarantees that by running the collective part of saves one at a
+/// time, in the order the saves were started.
+#[async_trait]
+pub trait Coordinator: Send + Sync + fmt::Debug {
+    /// This process's rank, `0..world_size()`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Every rank contributes `data`; every rank receives all contributions, in rank order.
+    async fn all_gather(&self, data: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>>;
+
+    /// `root` sends `data` (ignored on other ranks); every rank receives it.
+    async fn broadcast(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<u8>>;
+}
+
+/// A job of one process.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Solo;
+
+#[async_trait]
+impl Coordinator for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world_size(&self) -> usize {
+        1
+    }
+
+    async fn all_gather(&self, data: Vec<u8>, _timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        Ok(vec![data])
+    }
+
+    async fn broadcast(&self, data: Vec<u8>, root: usize, _timeout: Duration) -> Result<Vec<u8>> {
+        if root != 0 {
+            return Err(Error::InvalidInput(format!("broadcast root {root} in a job of one rank")));
+        }
+        Ok(data)
+    }
+}
+
+/// Run a blocking collective on a dedicated thread and wait for it with a deadline.
+///
+/// Used by implementations whose collectives block (MPI): on a timeout the thread is
+/// left behind (the collective cannot be cancelled) and the error says so.
+pub async fn with_deadline<T: Send + 'static>(
+    what: &str,
+    timeout: Duration,
+    rx: tokio::sync::oneshot::Receiver<Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(Error::Internal(format!("{what}: the coordination thread is gone"))),
+        Err(_) => Err(Error::Timeout(format!(
+            "{what} did not complete within {timeout:?}: a rank died or stopped taking part"
+        ))),
+    }
+}

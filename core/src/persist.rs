@@ -1,0 +1,325 @@
+//! The background half of a save: plan, write, and the coordinated commit.
+//!
+//! ```text
+//!  every rank                          rank 0
+//!  ──────────                          ──────
+//!  wait for its turn (saves in order)
+//!  all_gather(plan message)  ───────►  same plan computed everywhere
+//!  write its share (format)
+//!  all_gather(records or error) ────►  all ok? manifest (data first, manifest last)
+//!                                       retention + GC
+//!  broadcast(outcome)  ◄────────────── outcome
+//! ```
+//!
+//! Every rank takes part in every step, even after its own part failed (it sends
+//! the error instead), so no rank waits for one that gave up; a rank that died
+//! makes the others fail at the next step's deadline. In a job of one process the
+//! collectives are trivial and the same code runs.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::catalog;
+use crate::checkpointer::Checkpointer;
+use crate::coord::Coordinator;
+use crate::error::{CheckpointId, Error, Result};
+use crate::failpoint;
+use crate::format::{WriteContext, WriteOutput, WriteStats};
+use crate::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
+use crate::paths;
+use crate::plan::{self, Holding};
+use crate::retention::{self, GcReport};
+use crate::save::{SaveReport, SnapState};
+use crate::tensor::Tensor;
+use crate::value::Value;
+
+/// Everything the persist task needs from `save`.
+pub(crate) struct PersistJob {
+    pub id: CheckpointId,
+    pub seq: u64,
+    pub snapshot: JoinHandle<Result<Vec<Tensor>>>,
+    pub snap_rx: watch::Receiver<SnapState>,
+    pub meta: Value,
+    pub start: Instant,
+    pub stall: Duration,
+    pub copied_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PlanMsg {
+    step: u64,
+    attempt: String,
+    holdings: std::result::Result<Vec<Holding>, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Share {
+    records: Vec<TensorRecord>,
+    objects: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Outcome {
+    result: std::result::Result<(), String>,
+    deleted_chunks: Vec<String>,
+    gc: Option<GcSummary>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct GcSummary {
+    retired: Vec<(u64, String)>,
+    incomplete_removed: Vec<(u64, String)>,
+    chunks_deleted: u64,
+    chunk_sweep_skipped: bool,
+}
+
+/// Moves the turn on when dropped, whatever happened.
+struct Turn<'a> {
+    tx: &'a watch::Sender<u64>,
+    seq: u64,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let next = self.seq + 1;
+        self.tx.send_modify(|t| *t = (*t).max(next));
+    }
+}
+
+async fn gather_json<T: Serialize + DeserializeOwned>(
+    coord: &dyn Coordinator,
+    msg: &T,
+    timeout: Duration,
+    what: &str,
+) -> Result<Vec<T>> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| Error::Internal(format!("{what}: {e}")))?;
+    let all = coord.all_gather(bytes, timeout).await?;
+    all.iter()
+        .map(|b| serde_json::from_slice(b).map_err(|e| Error::Internal(format!("{what}: bad message: {e}"))))
+        .collect()
+}
+
+impl Checkpointer {
+    async fn take_turn(&self, seq: u64) -> Turn<'_> {
+        let mut rx = self.inner.turn.subscribe();
+        // The sender lives in `inner`, so this cannot fail while `self` exists.
+        let _ = rx.wait_for(|t| *t >= seq).await;
+        Turn { tx: &self.inner.turn, seq }
+    }
+
+    pub(crate) async fn persist(&self, job: PersistJob) -> Result<SaveReport> {
+        let inner = &self.inner;
+        let local = match job.snapshot.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Internal(format!("snapshot task: {e}"))),
+        };
+        let snap_time = match *job.snap_rx.borrow() {
+            SnapState::Done(d) => d,
+            _ => Duration::ZERO,
+        };
+        let _turn = self.take_turn(job.seq).await;
+        let persist_start = Instant::now();
+        let coord = inner.coord.as_ref();
+        let rank = coord.rank();
+        let timeout = inner.opts.collective_timeout;
+        let id = job.id;
+
+        // 1. Plan: who writes what.
+        let msg = PlanMsg {
+            step: id.step,
+            attempt: id.attempt.clone(),
+            holdings: local
+                .as_ref()
+                .map(|ts| {
+                    ts.iter()
+                        .map(|t| Holding { name: t.name.clone(), bytes: t.data.len() as u64, sharded: t.shard.is_some() })
+                        .collect()
+                })
+                .map_err(|e| e.to_string()),
+        };
+        let plans = gather_json(coord, &msg, timeout, "plan").await?;
+        let mut holdings = Vec::with_capacity(plans.len());
+        for (r, m) in plans.into_iter().enumerate() {
+            if m.step != id.step || m.attempt != id.attempt {
+                return Err(Error::Internal(format!(
+                    "ranks disagree on the save: rank {r} is at step {} (attempt {}), this rank at {id}; \
+                     every rank must call save for the same steps in the same order",
+                    m.step, m.attempt
+                )));
+            }
+            holdings.push(m.holdings.map_err(|e| Error::Internal(format!("rank {r} could not snapshot: {e}")))?);
+        }
+        let plan = plan::make(&holdings)?;
+        let tensors = local?;
+        let mine: Vec<Tensor> =
+            tensors.into_iter().filter(|t| plan.writes(rank, &t.name, t.shard.is_some())).collect();
+        let raw_bytes: u64 = mine.iter().map(|t| t.data.len() as u64).sum();
+
+        // 2. Write this rank's share.
+        let stats = std::sync::Arc::new(WriteStats::default());
+        let written: Result<WriteOutput> = async {
+            let _gate = inner.write_gate.clone().read_owned().await;
+            failpoint::hit("save.before_data")?;
+            let ctx = WriteContext {
+                store: inner.store.clone(),
+                data_prefix: paths::data_prefix(&id),
+                rank,
+                options: inner.opts.write.clone(),
+                chunks: inner.chunks.clone(),
+                stats: stats.clone(),
+            };
+            let out = inner.format.write(&ctx, &mine).await?;
+            failpoint::hit("save.after_data")?;
+            Ok(out)
+        }
+        .await;
+        drop(mine); // staging buffers go back to the pool
+        let share = written
+            .as_ref()
+            .map(|o| Share { records: o.records.clone(), objects: o.objects.clone() })
+            .map_err(|e| e.to_string());
+        let shares = gather_json(coord, &share, timeout, "commit").await?;
+
+        // 3. Rank 0 commits; everyone learns the outcome.
+        let mut commit = Duration::ZERO;
+        let outcome = if rank == 0 {
+            let t = Instant::now();
+            let o = self.commit(&id, &shares, job.meta, coord.world_size()).await;
+            commit = t.elapsed();
+            o
+        } else {
+            Outcome { result: Ok(()), deleted_chunks: Vec::new(), gc: None }
+        };
+        let outcome_bytes = serde_json::to_vec(&outcome).map_err(|e| Error::Internal(e.to_string()))?;
+        let outcome: Outcome = serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
+            .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
+        outcome.result.map_err(Error::Internal)?;
+        written?;
+
+        // Every rank now knows every chunk of the checkpoint, and what GC deleted.
+        for share in shares.iter().flatten() {
+            for r in &share.records {
+                if let Layout::Chunks { chunks } = &r.layout {
+                    for c in chunks {
+                        inner.chunks.insert(c.hash.clone(), c.stored);
+                    }
+                }
+            }
+        }
+        for h in &outcome.deleted_chunks {
+            inner.chunks.remove(h);
+        }
+        let ns = |c: &std::sync::atomic::AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        Ok(SaveReport {
+            id,
+            stall: job.stall,
+            snapshot: snap_time,
+            persist: persist_start.elapsed(),
+            commit,
+            total: job.start.elapsed(),
+            hash_cpu: ns(&stats.hash_ns),
+            encode_cpu: ns(&stats.encode_ns),
+            write_io: ns(&stats.write_ns),
+            raw_bytes,
+            copied_bytes: job.copied_bytes,
+            stored_bytes: stats.stored_bytes.load(Ordering::Relaxed),
+            reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
+            objects: stats.objects.load(Ordering::Relaxed) + u64::from(rank == 0),
+            gc: outcome.gc.map(|g| GcReport {
+                retired: g.retired.into_iter().map(|(step, attempt)| CheckpointId { step, attempt }).collect(),
+                incomplete_removed: g
+                    .incomplete_removed
+                    .into_iter()
+                    .map(|(step, attempt)| CheckpointId { step, attempt })
+                    .collect(),
+                chunks_deleted: g.chunks_deleted,
+                chunk_sweep_skipped: g.chunk_sweep_skipped,
+                deleted_chunks: outcome.deleted_chunks.clone(),
+            }),
+        })
+    }
+
+    /// Rank 0: publish the manifest if every share is in, then retention and GC.
+    async fn commit(
+        &self,
+        id: &CheckpointId,
+        shares: &[std::result::Result<Share, String>],
+        meta: Value,
+        world_size: usize,
+    ) -> Outcome {
+        let fail = |e: String| Outcome { result: Err(e), deleted_chunks: Vec::new(), gc: None };
+        let mut tensors = Vec::new();
+        let mut objects = Vec::new();
+        for (r, s) in shares.iter().enumerate() {
+            match s {
+                Ok(s) => {
+                    tensors.extend(s.records.iter().cloned());
+                    objects.extend(s.objects.iter().cloned());
+                }
+                Err(e) => return fail(format!("rank {r} failed to write its share: {e}")),
+            }
+        }
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
+            format: self.inner.format.name().to_owned(),
+            step: id.step,
+            attempt: id.attempt.clone(),
+            world_size: world_size as u32,
+            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+            tensors,
+            meta,
+            objects,
+        };
+        let published = async {
+            failpoint::hit("save.before_manifest")?;
+            catalog::publish_manifest(self.inner.store.as_ref(), &manifest).await?;
+            failpoint::hit("save.after_manifest")
+        }
+        .await;
+        if let Err(e) = published {
+            return fail(e.to_string());
+        }
+        let gc = self.maybe_gc(id).await;
+        Outcome {
+            result: Ok(()),
+            deleted_chunks: gc.as_ref().map(|g| g.deleted_chunks.clone()).unwrap_or_default(),
+            gc: gc.map(|g| GcSummary {
+                retired: g.retired.into_iter().map(|i| (i.step, i.attempt)).collect(),
+                incomplete_removed: g.incomplete_removed.into_iter().map(|i| (i.step, i.attempt)).collect(),
+                chunks_deleted: g.chunks_deleted,
+                chunk_sweep_skipped: g.chunk_sweep_skipped,
+            }),
+        }
+    }
+
+    /// Run retention and GC now unless a save is writing (then the next commit does it).
+    async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
+        self.inner.opts.retention.keep_last?;
+        let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
+        let mut protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        protected.insert(just_committed.clone());
+        match retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected)
+            .await
+        {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("garbage collection failed (will retry after the next commit): {e}");
+                None
+            }
+        }
+    }
+
+    /// Apply retention and delete garbage now, waiting for saves in flight to finish
+    /// writing. In a job of several ranks, call it on rank 0 only.
+    pub async fn gc(&self) -> Result<GcReport> {
+        let _gate = self.inner.write_gate.clone().write_owned().await;
+        let protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected).await
+    }
+}

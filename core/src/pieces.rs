@@ -1,0 +1,120 @@
+//! Loading sharded tensors: whole (as one process sees them) or resharded into
+//! any other split.
+//!
+//! A checkpoint saved by N ranks holds each sharded tensor as N pieces, each with
+//! its offsets in the global tensor. A job of M ranks asks for the piece each rank
+//! needs ([`Checkpointer::load_shards`]); only the stored pieces that overlap it are
+//! read, and their overlap is copied into place ([`crate::reshard::copy_overlap`]).
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::checkpointer::Checkpointer;
+use crate::error::{CheckpointId, Error, Result};
+use crate::load::manifest_key;
+use crate::manifest::{Manifest, TensorRecord};
+use crate::reshard::{copy_overlap, intersect, Region};
+use crate::tensor::{numel, ShardSpec, Tensor};
+
+impl Checkpointer {
+    /// Every tensor of a checkpoint, sharded ones assembled into their global shape.
+    pub(crate) async fn read_whole(&self, manifest: &Manifest) -> Result<Vec<Tensor>> {
+        let plain: Vec<&TensorRecord> = manifest.tensors.iter().filter(|t| t.shard.is_none()).collect();
+        let mut out = self.read_records(manifest, plain).await?;
+        let mut seen = std::collections::HashSet::new();
+        for r in manifest.tensors.iter().filter(|t| t.shard.is_some()) {
+            if !seen.insert(r.name.as_str()) {
+                continue;
+            }
+            let global = r.shard.as_ref().map(|s| s.global_shape.clone()).unwrap_or_default();
+            let whole = ShardSpec { offsets: vec![0; global.len()], global_shape: global };
+            let mut t = self.assemble(manifest, &r.name, &whole).await?;
+            t.shard = None;
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    /// Load pieces of sharded (or whole) tensors in any split.
+    ///
+    /// Each request is `(name, shape, spec)`: the piece of extent `shape` at
+    /// `spec.offsets` of the global tensor of shape `spec.global_shape`. Only stored
+    /// pieces that overlap it are read. Returns one tensor per request, its `shard`
+    /// set to `spec`; a piece the checkpoint does not fully cover is an error.
+    pub async fn load_shards(&self, id: &CheckpointId, wanted: &[(&str, Vec<u64>, ShardSpec)]) -> Result<Vec<Tensor>> {
+        let manifest = self.manifest(id).await?;
+        let mut out = Vec::with_capacity(wanted.len());
+        for (name, shape, spec) in wanted {
+            let mut t = self.assemble_box(&manifest, name, shape, spec).await?;
+            t.shard = Some(spec.clone());
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    async fn assemble(&self, manifest: &Manifest, name: &str, spec: &ShardSpec) -> Result<Tensor> {
+        self.assemble_box(manifest, name, &spec.global_shape, spec).await
+    }
+
+    /// Fill the box `(spec.offsets, shape)` of tensor `name` from the stored pieces.
+    async fn assemble_box(&self, manifest: &Manifest, name: &str, shape: &[u64], spec: &ShardSpec) -> Result<Tensor> {
+        let records: Vec<&TensorRecord> = manifest.tensors.iter().filter(|t| t.name == name).collect();
+        let first = records.first().ok_or_else(|| Error::NotFound { what: format!("tensor `{name}` in {}", manifest.id()) })?;
+        let dtype = first.dtype;
+        if dtype.bits() % 8 != 0 {
+            return Err(Error::InvalidInput(format!("tensor `{name}`: {dtype} cannot be resharded")));
+        }
+        let elem = dtype.bits() / 8;
+        // Where each stored record sits in the global tensor.
+        let placed: Vec<(&TensorRecord, Vec<u64>, Vec<u64>)> = records
+            .iter()
+            .map(|r| match &r.shard {
+                Some(s) => (*r, s.offsets.clone(), s.global_shape.clone()),
+                None => (*r, vec![0; r.shape.len()], r.shape.clone()),
+            })
+            .collect();
+        if placed.iter().any(|(_, _, g)| *g != spec.global_shape) {
+            return Err(Error::InvalidInput(format!(
+                "tensor `{name}` has global shape {:?} in the checkpoint, not {:?}",
+                placed[0].2, spec.global_shape
+            )));
+        }
+        let want = Region { offsets: &spec.offsets, shape };
+        if spec.offsets.len() != shape.len()
+            || spec.offsets.iter().zip(shape).zip(&spec.global_shape).any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
+        {
+            return Err(Error::InvalidInput(format!("tensor `{name}`: the requested box does not fit the tensor")));
+        }
+        let len = dtype.byte_len(numel(shape)?)?;
+        let mut buf = BytesMut::zeroed(usize::try_from(len).map_err(|_| Error::InvalidInput("tensor too large".into()))?);
+        let overlapping: Vec<&TensorRecord> = placed
+            .iter()
+            .filter(|(r, off, _)| intersect(&Region { offsets: off, shape: &r.shape }, &want).is_some())
+            .map(|(r, _, _)| *r)
+            .collect();
+        let datas = self.read_records(manifest, overlapping.clone()).await?;
+        let mut copied = 0u64;
+        for (r, t) in overlapping.iter().zip(&datas) {
+            let off = r.shard.as_ref().map(|s| s.offsets.clone()).unwrap_or_else(|| vec![0; r.shape.len()]);
+            copied += copy_overlap(&t.data, &Region { offsets: &off, shape: &r.shape }, &mut buf, &want, elem)?;
+        }
+        if copied != len {
+            return Err(Error::corrupt(
+                manifest_key(manifest),
+                Some(name),
+                format!("the stored pieces cover {copied} of the {len} bytes asked for"),
+            ));
+        }
+        Ok(Tensor { name: name.to_owned(), dtype, shape: shape.to_vec(), data: Bytes::from(buf), shard: None })
+    }
+}
+
+/// Count how the pieces of each sharded tensor are stored (for reports).
+pub fn pieces_per_tensor(manifest: &Manifest) -> HashMap<&str, usize> {
+    let mut m = HashMap::new();
+    for t in manifest.tensors.iter().filter(|t| t.shard.is_some()) {
+        *m.entry(t.name.as_str()).or_insert(0) += 1;
+    }
+    m
+}

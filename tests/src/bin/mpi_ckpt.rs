@@ -1,0 +1,187 @@
+//! A data-parallel + sharded checkpointing job for the MPI tests, run under `mpirun`.
+//!
+//! ```text
+//! mpi_ckpt save URL STEP [--abort-rank R] [--absent-rank R] [--timeout-s S]
+//! mpi_ckpt load URL [--step S]
+//! ```
+//!
+//! Every tensor's content is a pure function of (step, name, global index), so a
+//! job of any size can check what a job of any other size saved, bitwise.
+//! `save` prints one JSON line per rank with the bytes it wrote.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckpt_core::mpi::MpiCoordinator;
+use ckpt_core::{CheckpointerOptions, Coordinator, DType, ShardSpec, State, Tensor, Value};
+
+/// Rows of the sharded embedding (split on dimension 0) and columns of the
+/// second sharded tensor (split on dimension 1): divisible by 1, 2, 3, 4.
+const EMB: [u64; 2] = [24, 16];
+const BLOCKS: [u64; 2] = [6, 48];
+const REPLICATED: usize = 8;
+
+fn value(step: u64, name: &str, index: u64) -> [u8; 4] {
+    let mut h = blake3::Hasher::new();
+    h.update(&step.to_le_bytes());
+    h.update(name.as_bytes());
+    h.update(&index.to_le_bytes());
+    let b = h.finalize();
+    let mut out = [0u8; 4];
+    out.copy_from_slice(&b.as_bytes()[..4]);
+    out
+}
+
+/// The bytes of the box (`off`, `shape`) of a global F32 tensor.
+fn fill(step: u64, name: &str, global: &[u64], off: &[u64], shape: &[u64]) -> Vec<u8> {
+    let n: u64 = shape.iter().product();
+    let mut out = Vec::with_capacity(n as usize * 4);
+    let mut idx = vec![0u64; shape.len()];
+    for _ in 0..n {
+        let mut lin = 0;
+        for d in 0..shape.len() {
+            lin = lin * global[d] + off[d] + idx[d];
+        }
+        out.extend_from_slice(&value(step, name, lin));
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// Rank `r` of `n`'s piece of a global shape split evenly on dimension `dim`.
+fn split(global: &[u64], dim: usize, r: usize, n: usize) -> (Vec<u64>, Vec<u64>) {
+    let per = global[dim] / n as u64;
+    let mut off = vec![0; global.len()];
+    let mut shape = global.to_vec();
+    off[dim] = per * r as u64;
+    shape[dim] = per;
+    (off, shape)
+}
+
+fn replicated_name(k: usize) -> String {
+    format!("dense.{k}.weight")
+}
+
+fn replicated_len(k: usize) -> u64 {
+    (k as u64 + 1) * 3000
+}
+
+fn state(step: u64, rank: usize, world: usize) -> State {
+    let mut s = State::new().with_meta(Value::map([("step", Value::Int(step as i64)), ("world", Value::Int(world as i64))]));
+    for (name, global, dim) in [("emb", EMB, 0usize), ("blocks", BLOCKS, 1)] {
+        let (off, shape) = split(&global, dim, rank, world);
+        let t = Tensor::new(name, DType::F32, shape.clone(), fill(step, name, &global, &off, &shape))
+            .and_then(|t| t.with_shard(ShardSpec { global_shape: global.to_vec(), offsets: off }))
+            .expect("valid shard");
+        s = s.with_tensor(t);
+    }
+    for k in 0..REPLICATED {
+        let name = replicated_name(k);
+        let n = replicated_len(k);
+        s = s.with_tensor(Tensor::new(name.clone(), DType::F32, vec![n], fill(step, &name, &[n], &[0], &[n])).expect("valid"));
+    }
+    let local = format!("rng.rank{rank}");
+    s.with_tensor(Tensor::new(local.clone(), DType::F32, vec![64], fill(step, &local, &[64], &[0], &[64])).expect("valid"))
+}
+
+fn arg(args: &[String], flag: &str) -> Option<String> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
+}
+
+async fn save(coord: Arc<MpiCoordinator>, url: &str, step: u64, args: &[String]) -> Result<(), String> {
+    let rank = coord.rank();
+    let world = coord.world_size();
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 4096;
+    if let Some(s) = arg(args, "--timeout-s") {
+        opts.collective_timeout = Duration::from_secs(s.parse().map_err(|_| "bad --timeout-s")?);
+    }
+    let cp = ckpt_formats::builder(url).options(opts).coordinator(coord.clone()).build().await.map_err(|e| e.to_string())?;
+    if arg(args, "--abort-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+        // Die after this rank's third object is durable: mid-save, no clean-up.
+        ckpt_core::failpoint::set("save.mid_data", "3*abort");
+    }
+    if arg(args, "--absent-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+        // This rank never takes part in the save; the others must not hang.
+        std::thread::sleep(Duration::from_secs(30));
+        return Err("absent rank".into());
+    }
+    let r = cp.save(step, state(step, rank, world)).await.map_err(|e| e.to_string())?.wait().await.map_err(|e| e.to_string())?;
+    println!(
+        "{{\"rank\":{rank},\"world\":{world},\"raw_bytes\":{},\"stored_bytes\":{},\"committed\":\"{}\"}}",
+        r.raw_bytes, r.stored_bytes, r.id
+    );
+    Ok(())
+}
+
+async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<(), String> {
+    let rank = coord.rank();
+    let world = coord.world_size();
+    let cp = ckpt_formats::builder(url).coordinator(coord.clone()).build().await.map_err(|e| e.to_string())?;
+    let id = match arg(args, "--step") {
+        Some(s) => {
+            let step: u64 = s.parse().map_err(|_| "bad --step")?;
+            cp.committed().await.map_err(|e| e.to_string())?.into_iter().find(|i| i.step == step).ok_or("no such step")?
+        }
+        None => cp.load_latest().await.map_err(|e| e.to_string())?.ok_or("no checkpoint")?.id,
+    };
+    let step = id.step;
+    let manifest = cp.manifest(&id).await.map_err(|e| e.to_string())?;
+    let saved_world = manifest.world_size as usize;
+    // This rank's pieces in this job's split (M = world), whatever split saved them.
+    let mut wanted = Vec::new();
+    for (name, global, dim) in [("emb", EMB, 0usize), ("blocks", BLOCKS, 1)] {
+        let (off, shape) = split(&global, dim, rank, world);
+        wanted.push((name, shape, ShardSpec { global_shape: global.to_vec(), offsets: off }));
+    }
+    let pieces = cp.load_shards(&id, &wanted).await.map_err(|e| e.to_string())?;
+    for ((name, shape, spec), t) in wanted.iter().zip(&pieces) {
+        let global = spec.global_shape.clone();
+        if t.data[..] != fill(step, name, &global, &spec.offsets, shape)[..] {
+            return Err(format!("rank {rank}: piece of `{name}` differs"));
+        }
+    }
+    let names: Vec<String> = (0..REPLICATED).map(replicated_name).chain((0..saved_world).map(|r| format!("rng.rank{r}"))).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let plain = cp.load_tensors(&id, &refs).await.map_err(|e| e.to_string())?;
+    for t in &plain {
+        let n = t.shape[0];
+        if t.data[..] != fill(step, &t.name, &[n], &[0], &[n])[..] {
+            return Err(format!("rank {rank}: `{}` differs", t.name));
+        }
+    }
+    println!("{{\"rank\":{rank},\"world\":{world},\"loaded_step\":{step},\"saved_world\":{saved_world},\"ok\":true}}");
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let coord = MpiCoordinator::init().expect("MPI init");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let url = args.get(2).cloned().unwrap_or_default();
+    let result = rt.block_on(async {
+        match args.get(1).map(String::as_str) {
+            Some("save") => {
+                let step = args.get(3).and_then(|s| s.parse().ok()).ok_or("usage: save URL STEP")?;
+                save(coord.clone(), &url, step, &args).await
+            }
+            Some("load") => load(coord.clone(), &url, &args).await,
+            _ => Err("usage: mpi_ckpt save|load URL ...".to_owned()),
+        }
+    });
+    drop(rt);
+    match result {
+        Ok(()) => coord.finalize(),
+        Err(e) => {
+            eprintln!("rank {}: error: {e}", coord.rank());
+            // A failed collective cannot be finalised cleanly: leave at once.
+            std::process::exit(3);
+        }
+    }
+}
