@@ -29,6 +29,7 @@
 pub mod catalog;
 pub mod checkpointer;
 pub mod chunks;
+pub mod conformance;
 pub mod coord;
 pub mod dtype;
 pub mod error;

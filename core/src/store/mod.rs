@@ -1,12 +1,26 @@
-//! Opening a store from a URL.
+//! Opening a store from a URL, and the wrappers that add behaviour to any store.
 //!
 //! | URL | backend |
 //! | --- | --- |
 //! | `file:///abs/dir` or a plain path | local disk, files and directories fsynced |
 //! | `memory://name` | in-process memory; the same name in one process is the same store |
+//! | `s3://bucket/prefix` | S3 (feature `s3`), configured from the usual `AWS_*` variables ([`s3`]) |
+//! | `tiered+<fast URL>?durable=<durable URL>` | a fast tier flushed to a durable one ([`tiered`]) |
 //!
 //! Every store is rooted at the URL's path, so keys inside it are always
 //! `chunks/...`, `data/...`, `manifests/...`.
+//!
+//! Behaviour is added by wrapping, in the `object_store` style, never by flags:
+//! [`retry::RetryStore`] (retries with backoff and per-attempt timeouts),
+//! [`fault::FaultStore`] (failures by a seeded plan, for tests and the evaluator),
+//! [`counting::CountingStore`] (operations and bytes), and `object_store`'s own
+//! `LimitStore` (bounded concurrency) and `PrefixStore`.
+
+pub mod counting;
+pub mod fault;
+pub mod retry;
+pub mod s3;
+pub mod tiered;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,8 +31,21 @@ use object_store::ObjectStore;
 
 use crate::error::{Error, Result};
 
+pub use counting::{CountingStore, OpCounts};
+pub use fault::{FaultPlan, FaultStore};
+pub use retry::{RetryOptions, RetryStore};
+pub use s3::S3Options;
+pub use tiered::{FlushReport, TieredOptions, TieredStore};
+
 /// Open the store a URL names.
+///
+/// Errors: [`Error::InvalidInput`] for a malformed URL or incomplete S3
+/// configuration, [`Error::Unsupported`] for an unknown scheme or `s3://` in a
+/// build without the `s3` feature.
 pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
+    if url.starts_with(tiered::SCHEME_PREFIX) {
+        return Ok(tiered::open_url(url)?);
+    }
     match url.split_once("://") {
         None => open_dir(std::path::Path::new(url)),
         Some(("file", _)) => {
@@ -30,8 +57,9 @@ pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
             open_dir(&path)
         }
         Some(("memory", name)) => Ok(memory_store(name)),
+        Some(("s3", _)) => s3::open_url(url),
         Some((scheme, _)) => Err(Error::Unsupported(format!(
-            "storage scheme `{scheme}://` is not supported by this build (file://, memory://)"
+            "storage scheme `{scheme}://` is not supported (file://, memory://, s3://, tiered+...)"
         ))),
     }
 }
@@ -53,6 +81,14 @@ pub fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
     map.entry(name.to_owned())
         .or_insert_with(|| Arc::new(InMemory::new()))
         .clone()
+}
+
+/// The error a wrapper reports for a failure it made up or detected itself.
+pub(crate) fn generic(store: &'static str, msg: impl Into<String>) -> object_store::Error {
+    object_store::Error::Generic {
+        store,
+        source: msg.into().into(),
+    }
 }
 
 #[cfg(test)]
