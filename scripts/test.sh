@@ -8,6 +8,13 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
 export CKPT_PYTHON="$PWD/.venv/bin/python"
 
+# A Garage node on loopback for the S3 tests; stopped on exit, whatever happens.
+if [ "${CKPT_SKIP_GARAGE:-0}" != 1 ]; then
+  echo "== starting Garage (S3) on loopback"
+  trap './scripts/garage.sh stop' EXIT
+  eval "$(./scripts/garage.sh start)"
+fi
+
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features --no-fail-fast
 
