@@ -90,6 +90,11 @@ pub struct WriteContext {
     pub data_prefix: Path,
     /// Rank writing (0 in a single process).
     pub rank: usize,
+    /// Number of ranks writing this checkpoint.
+    pub world_size: usize,
+    /// The checkpoint's non-tensor state (formats that can hold it, e.g. `.pt`
+    /// files or safetensors metadata, store a copy; the manifest always has it).
+    pub meta: crate::value::Value,
     /// Options.
     pub options: WriteOptions,
     /// Chunks known to be durably stored (for content-addressed reuse).
@@ -124,6 +129,13 @@ pub trait Format: Send + Sync + fmt::Debug {
 
     /// Write `tensors` and describe where each one went.
     async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput>;
+
+    /// Called on rank 0 once every rank's share is written, just before the
+    /// manifest: write objects that describe the whole checkpoint (an index over
+    /// every rank's files, say). Returns their keys. The default writes nothing.
+    async fn finish(&self, _ctx: &WriteContext, _records: &[TensorRecord]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 
     /// Read one tensor's bytes, verified against the manifest's hashes.
     ///

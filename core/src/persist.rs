@@ -165,14 +165,7 @@ impl Checkpointer {
         let written: Result<WriteOutput> = async {
             let _gate = inner.write_gate.clone().read_owned().await;
             failpoint::hit("save.before_data")?;
-            let ctx = WriteContext {
-                store: inner.store.clone(),
-                data_prefix: paths::data_prefix(&id),
-                rank,
-                options: inner.opts.write.clone(),
-                chunks: inner.chunks.clone(),
-                stats: stats.clone(),
-            };
+            let ctx = self.write_context(&id, &job.meta, stats.clone());
             let out = inner.format.write(&ctx, &mine).await?;
             failpoint::hit("save.after_data")?;
             Ok(out)
@@ -189,7 +182,8 @@ impl Checkpointer {
         let mut commit = Duration::ZERO;
         let outcome = if rank == 0 {
             let t = Instant::now();
-            let o = self.commit(&id, &shares, job.meta, coord.world_size()).await;
+            let ctx = self.write_context(&id, &job.meta, stats.clone());
+            let o = self.commit(&ctx, &id, &shares, job.meta).await;
             commit = t.elapsed();
             o
         } else {
@@ -245,12 +239,26 @@ impl Checkpointer {
     }
 
     /// Rank 0: publish the manifest if every share is in, then retention and GC.
+    fn write_context(&self, id: &CheckpointId, meta: &Value, stats: std::sync::Arc<WriteStats>) -> WriteContext {
+        let inner = &self.inner;
+        WriteContext {
+            store: inner.store.clone(),
+            data_prefix: paths::data_prefix(id),
+            rank: inner.coord.rank(),
+            world_size: inner.coord.world_size(),
+            meta: meta.clone(),
+            options: inner.opts.write.clone(),
+            chunks: inner.chunks.clone(),
+            stats,
+        }
+    }
+
     async fn commit(
         &self,
+        ctx: &WriteContext,
         id: &CheckpointId,
         shares: &[std::result::Result<Share, String>],
         meta: Value,
-        world_size: usize,
     ) -> Outcome {
         let fail = |e: String| Outcome { result: Err(e), deleted_chunks: Vec::new(), gc: None };
         let mut tensors = Vec::new();
@@ -264,13 +272,17 @@ impl Checkpointer {
                 Err(e) => return fail(format!("rank {r} failed to write its share: {e}")),
             }
         }
+        match self.inner.format.finish(ctx, &tensors).await {
+            Ok(extra) => objects.extend(extra),
+            Err(e) => return fail(format!("finishing the {} files: {e}", self.inner.format.name())),
+        }
         let manifest = Manifest {
             version: MANIFEST_VERSION,
             library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
             format: self.inner.format.name().to_owned(),
             step: id.step,
             attempt: id.attempt.clone(),
-            world_size: world_size as u32,
+            world_size: ctx.world_size as u32,
             created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
             tensors,
             meta,

@@ -23,7 +23,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::Bytes;
 use ckpt_core::format::{put_object, WriteStats};
-use ckpt_core::{Format, Result, Tensor, Value, WriteContext, WriteOutput};
+use ckpt_core::{Format, Layout, Result, Tensor, TensorRecord, Value, WriteContext, WriteOutput};
 
 pub use codec::read_file;
 
@@ -45,7 +45,7 @@ impl Format for Safetensors {
         let entries: Vec<codec::Entry<'_>> = tensors.iter().map(codec::Entry::from).collect();
         let header = codec::encode_header(
             &entries,
-            Some(codec::file_metadata(&Value::Null).map_err(internal)?),
+            Some(codec::file_metadata(if ctx.world_size == 1 { &ctx.meta } else { &Value::Null }).map_err(internal)?),
         )
         .map_err(|e| ckpt_core::Error::InvalidInput(format!("safetensors header: {e}")))?;
         WriteStats::add(&ctx.stats.encode_ns, start.elapsed().as_nanos() as u64);
@@ -63,17 +63,26 @@ impl Format for Safetensors {
         );
         put_object(ctx, &key, parts).await?;
         let records = ranged::range_records(tensors, key.as_ref(), &header.offsets, hashes);
-        let mut objects = vec![key.to_string()];
+        Ok(WriteOutput { records, objects: vec![key.to_string()] })
+    }
 
-        if ctx.rank == 0 {
-            let total: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
-            let map = tensors.iter().map(|t| (t.name.clone(), file.clone()));
-            let json = index::Index::new(total, map).to_json().map_err(internal)?;
-            let index_key = ctx.data_prefix.clone().join(INDEX_FILE);
-            put_object(ctx, &index_key, vec![Bytes::from(json)]).await?;
-            objects.push(index_key.to_string());
+    /// Rank 0 writes the index over every rank's file. Pieces of sharded tensors
+    /// have no place in the index convention (it maps whole tensors to files), so
+    /// only unsharded tensors are listed; the ckpt manifest has all of them.
+    async fn finish(&self, ctx: &WriteContext, records: &[TensorRecord]) -> Result<Vec<String>> {
+        let mut total = 0u64;
+        let mut map = Vec::new();
+        for r in records.iter().filter(|r| r.shard.is_none()) {
+            if let Layout::Range { object, len, .. } = &r.layout {
+                total += len;
+                let file = object.rsplit('/').next().unwrap_or(object).to_owned();
+                map.push((r.name.clone(), file));
+            }
         }
-        Ok(WriteOutput { records, objects })
+        let json = index::Index::new(total, map.into_iter()).to_json().map_err(internal)?;
+        let index_key = ctx.data_prefix.clone().join(INDEX_FILE);
+        put_object(ctx, &index_key, vec![Bytes::from(json)]).await?;
+        Ok(vec![index_key.to_string()])
     }
 }
 

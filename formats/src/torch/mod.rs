@@ -186,12 +186,18 @@ impl Format for Torch {
         let (hashes, crcs): (Vec<String>, Vec<u32>) = sums.into_iter().unzip();
 
         let t = Instant::now();
-        let root = Value::Map(
-            tensors
-                .iter()
-                .map(|t| (Key::Str(t.name.clone()), Value::Tensor(t.name.clone())))
-                .collect(),
-        );
+        // One process holds the whole state: keep its nested structure, as
+        // `torch.save(state_dict)` would. A rank of a larger job writes its tensors flat.
+        let root = if ctx.world_size == 1 {
+            tree::root_of(&State { tensors: tensors.to_vec(), meta: ctx.meta.clone() })
+        } else {
+            Value::Map(
+                tensors
+                    .iter()
+                    .map(|t| (Key::Str(t.name.clone()), Value::Tensor(t.name.clone())))
+                    .collect(),
+            )
+        };
         let a = archive(&root, tensors, &crcs)
             .map_err(|e| ckpt_core::Error::InvalidInput(format!(".pt: {e}")))?;
         WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
