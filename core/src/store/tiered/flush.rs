@@ -99,6 +99,8 @@ async fn run(tiers: Arc<Tiers>) {
         {
             let mut st = tiers.lock();
             st.active = None;
+            // One entry per checkpoint: its latest failure, none once it is flushed.
+            st.failed.retain(|(f, _)| *f != id);
             match r {
                 Ok(()) => st.flushed.push(id.clone()),
                 Err(e) => {

@@ -1,0 +1,238 @@
+//! The tiered store: flush to the durable tier with its own commit, recovery after
+//! the fast tier is wiped, the newest checkpoint on either tier, retention per
+//! tier, and the durable manifest written only after everything it references.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckpt_core::catalog;
+use ckpt_core::store::{self, FaultPlan, FaultStore, TieredOptions, TieredStore};
+use ckpt_core::{Checkpointer, Error, Result, Retention, State, Tensor, Value};
+use object_store::ObjectStore;
+
+fn state(step: u64) -> State {
+    // One tensor changes every step, one never does (shared chunks across checkpoints).
+    let moving: Vec<f32> = (0..40_000).map(|i| (step * 1000 + i) as f32).collect();
+    let frozen: Vec<f32> = (0..30_000).map(|i| i as f32 * 0.25).collect();
+    State::new()
+        .with_tensor(Tensor::from_f32("moving", vec![moving.len() as u64], &moving).unwrap())
+        .with_tensor(Tensor::from_f32("frozen", vec![frozen.len() as u64], &frozen).unwrap())
+        .with_meta(Value::map([("step", Value::Int(step as i64))]))
+}
+
+async fn checkpointer(store: Arc<dyn ObjectStore>, retention: Retention) -> Result<Checkpointer> {
+    let mut opts = ckpt_core::CheckpointerOptions::default();
+    opts.write.chunk_size = 64 << 10;
+    opts.retention = retention;
+    ckpt_formats::builder("tiered-test")
+        .store(store)
+        .options(opts)
+        .build()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wiped_fast_tier_recovers_from_durable() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fast_dir = dir.path().join("fast");
+    let url = format!(
+        "tiered+file://{}?durable=file://{}/durable",
+        fast_dir.display(),
+        dir.path().display()
+    );
+    let tiered = store::tiered::open(&url)?;
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+    for step in 1..=3 {
+        cp.save(step, &state(step)).await?.wait().await?;
+    }
+    let report = tiered.flush().await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        report.flushed.iter().map(|id| id.step).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+
+    // The node-local disk is lost.
+    std::fs::remove_dir_all(&fast_dir)?;
+    let tiered = store::tiered::open(&url)?;
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+    let loaded = cp
+        .load_latest()
+        .await?
+        .expect("the durable tier has checkpoints");
+    assert_eq!(loaded.id.step, 3);
+    assert_eq!(loaded.state, state(3));
+    assert!(loaded.skipped.is_empty());
+    for id in cp.committed().await? {
+        cp.verify(&id).await?;
+    }
+
+    // Training goes on from there; the new checkpoint reaches the durable tier too.
+    cp.save(4, &state(4)).await?.wait().await?;
+    tiered.flush().await?;
+    let durable = ckpt_formats::builder("d")
+        .store(tiered.durable().clone())
+        .build()
+        .await?;
+    let loaded = durable.load_latest().await?.expect("step 4 was flushed");
+    assert_eq!((loaded.id.step, loaded.state), (4, state(4)));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newest_on_either_tier_and_failed_flush_is_retried() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fast = store::open_dir(&dir.path().join("fast"))?;
+    let durable_inner = store::open_dir(&dir.path().join("durable"))?;
+    // The durable tier refuses every put for now (a real outage cannot be staged here).
+    let durable = FaultStore::new(
+        durable_inner.clone(),
+        FaultPlan {
+            put_error: 1.0,
+            ..FaultPlan::none(1)
+        },
+    );
+    let opts = TieredOptions {
+        attempts: 2,
+        backoff: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let tiered = TieredStore::new(fast, Arc::new(durable.clone()), opts);
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+    cp.save(1, &state(1)).await?.wait().await?;
+    cp.save(2, &state(2)).await?.wait().await?;
+
+    let report = tiered.flush().await?;
+    assert_eq!(
+        report.failed.len(),
+        2,
+        "both flushes must fail: {:?}",
+        report.flushed
+    );
+    assert!(report
+        .failed
+        .iter()
+        .all(|(_, e)| matches!(e, Error::Storage(_))));
+    assert!(
+        catalog::committed(durable_inner.as_ref()).await?.is_empty(),
+        "a manifest reached the durable tier"
+    );
+    // Training does not care: the fast tier has the newest.
+    let loaded = cp.load_latest().await?.expect("fast tier checkpoint");
+    assert_eq!((loaded.id.step, loaded.state), (2, state(2)));
+
+    // The outage ends: the next flush picks both up again.
+    durable.set_enabled(false);
+    let report = tiered.flush().await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.flushed.len(), 2);
+    assert_eq!(catalog::committed(durable_inner.as_ref()).await?.len(), 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_manifest_only_after_every_chunk() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fast = store::open_dir(&dir.path().join("fast"))?;
+    let durable_inner = store::open_dir(&dir.path().join("durable"))?;
+    // Chunk copies fail on the durable tier; data and manifest puts would succeed.
+    let plan = FaultPlan {
+        put_error: 0.5,
+        only_prefix: Some("chunks/".into()),
+        ..FaultPlan::none(9)
+    };
+    let durable = FaultStore::new(durable_inner.clone(), plan);
+    let opts = TieredOptions {
+        attempts: 1,
+        ..Default::default()
+    };
+    let tiered = TieredStore::new(fast, Arc::new(durable.clone()), opts);
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+    cp.save(1, &state(1)).await?.wait().await?;
+    let report = tiered.flush().await?;
+    assert!(durable.injected().errors > 0);
+    assert_eq!(report.failed.len(), 1);
+    assert!(
+        catalog::committed(durable_inner.as_ref()).await?.is_empty(),
+        "manifest published before its chunks"
+    );
+    // Some chunks did land: the durable tier holds an incomplete, invisible copy.
+    let on_durable = ckpt_formats::builder("d")
+        .store(durable_inner.clone())
+        .build()
+        .await?;
+    assert!(on_durable.load_latest().await?.is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_per_tier_with_deletes_deferred_until_flushed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fast = store::open_dir(&dir.path().join("fast"))?;
+    let durable_inner = store::open_dir(&dir.path().join("durable"))?;
+    // A slow durable tier, so the fast tier's retention runs while flushes are queued.
+    let slow = FaultStore::new(
+        durable_inner.clone(),
+        FaultPlan {
+            latency: Duration::from_millis(20),
+            ..FaultPlan::none(3)
+        },
+    );
+    let opts = TieredOptions {
+        durable_retention: Retention::keep_last(3),
+        ..Default::default()
+    };
+    let tiered = TieredStore::new(fast.clone(), Arc::new(slow), opts);
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_last(1)).await?;
+    for step in 1..=5 {
+        cp.save(step, &state(step)).await?.wait().await?;
+    }
+    let report = tiered.flush().await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    // Every checkpoint was flushed, even those the fast tier retired before their flush.
+    assert_eq!(report.flushed.len(), 5, "flushed: {:?}", report.flushed);
+    assert!(tiered.pending().is_empty());
+
+    let steps =
+        |ids: Vec<ckpt_core::CheckpointId>| ids.into_iter().map(|id| id.step).collect::<Vec<_>>();
+    assert_eq!(
+        steps(catalog::committed(fast.as_ref()).await?),
+        vec![5],
+        "fast tier keeps the newest only"
+    );
+    assert_eq!(
+        steps(catalog::committed(durable_inner.as_ref()).await?),
+        vec![3, 4, 5],
+        "durable tier keeps three"
+    );
+    // Deferred deletes ran: nothing of the retired checkpoints is left on the fast tier.
+    assert!(catalog::incomplete(fast.as_ref()).await?.is_empty());
+    // Every checkpoint the durable tier kept loads intact, through the tiered store too.
+    let on_durable = ckpt_formats::builder("d")
+        .store(durable_inner.clone())
+        .build()
+        .await?;
+    for id in catalog::committed(durable_inner.as_ref()).await? {
+        assert_eq!(on_durable.load(&id).await?.state, state(id.step));
+        assert_eq!(cp.load(&id).await?.state, state(id.step));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn tiered_urls_are_checked() {
+    let bad = [
+        "tiered+file:///tmp/x",
+        "tiered+?durable=memory://d",
+        "tiered+memory://a?durable=memory://a",
+        "tiered+memory://a?durable=memory://b&keep=3",
+        "tiered+memory://a?durable=memory://b&durable_keep_last=x",
+    ];
+    for url in bad {
+        assert!(
+            matches!(store::open_url(url), Err(Error::InvalidInput(_))),
+            "{url} was accepted"
+        );
+    }
+    assert!(store::open_url("tiered+memory://a?durable=memory://b&durable_keep_last=4").is_ok());
+}
