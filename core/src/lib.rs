@@ -51,6 +51,8 @@ pub mod staging;
 pub mod state;
 pub mod store;
 pub mod tensor;
+#[cfg(feature = "torch")]
+pub mod torch;
 pub mod value;
 
 pub use coord::{Coordinator, Solo};
