@@ -1,0 +1,63 @@
+"""ckpt: fault-tolerant checkpointing for training loops, without pickle.
+
+>>> import ckpt
+>>> cp = ckpt.Checkpointer("file:///scratch/run7", keep_last=3)     # doctest: +SKIP
+>>> start = cp.load_latest(model=model, optimizer=opt) or 0         # doctest: +SKIP
+>>> for step in range(start, steps):                                # doctest: +SKIP
+...     if step % 100 == 0 and step != start:
+...         cp.save(step, model=model, optimizer=opt, extra={"epoch": epoch})
+...     ...                                                         # forward, backward, opt.step()
+>>> cp.wait()                                                       # doctest: +SKIP
+
+The engine is Rust (``ckpt._ckpt``); tensors cross as CPU buffers, so the same
+wheel works with any PyTorch version and with numpy alone. See
+:class:`Checkpointer` for the options (lazy snapshots, compression, retention).
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+from . import _ckpt
+from ._ckpt import TensorRef
+from .checkpointer import Checkpoint, Checkpointer, SaveHandle
+from .errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CheckpointTimeoutError,
+    ConflictError,
+    CorruptError,
+    InternalError,
+    InvalidInputError,
+    NotFoundError,
+    SkippedError,
+    StorageError,
+    UnsupportedError,
+)
+from .rng import RNGState
+
+__version__: str = _ckpt.__version__
+
+__all__ = [
+    "Checkpointer",
+    "SaveHandle",
+    "Checkpoint",
+    "RNGState",
+    "TensorRef",
+    "CheckpointError",
+    "NotFoundError",
+    "CorruptError",
+    "ConflictError",
+    "InvalidInputError",
+    "UnsupportedError",
+    "StorageError",
+    "CheckpointIOError",
+    "CheckpointTimeoutError",
+    "SkippedError",
+    "InternalError",
+]
+
+# A forked child (e.g. a DataLoader worker) must not use the parent's runtime
+# threads, which do not exist in the child: it builds its own on first use.
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_ckpt._after_fork_child)

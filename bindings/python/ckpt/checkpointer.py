@@ -1,0 +1,431 @@
+"""The user-facing :class:`Checkpointer`: save a training state, restore it in place."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+import weakref
+from collections.abc import Mapping, MutableMapping, MutableSequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import _ckpt
+from .errors import CheckpointError, InvalidInputError, NotFoundError, UnsupportedError
+from .rng import RNGState
+from .tree import flatten, is_stateful, tensor_maker, unflatten
+
+__all__ = ["Checkpointer", "SaveHandle", "Checkpoint"]
+
+#: Version of the layout of the metadata tree written by this package.
+META_VERSION = 1
+
+
+class SaveHandle:
+    """A save in progress, returned by :meth:`Checkpointer.save`.
+
+    The state may change again once :meth:`snapshot_done` is true (at once in
+    eager mode); the checkpoint is durable once :meth:`wait` returned.
+    """
+
+    def __init__(self, native: _ckpt.SaveHandle, on_snapshot: Callable[[], None]) -> None:
+        self._native = native
+        self._on_snapshot: Optional[Callable[[], None]] = on_snapshot
+
+    @property
+    def step(self) -> int:
+        """The step being saved."""
+        return self._native.step
+
+    @property
+    def attempt(self) -> str:
+        """The id of this save attempt (two saves of one step never share objects)."""
+        return self._native.attempt
+
+    @property
+    def stall(self) -> float:
+        """Seconds ``save`` kept the caller waiting."""
+        return self._native.stall
+
+    def snapshot_done(self) -> bool:
+        """True once the snapshot is copied (the state may be mutated again)."""
+        done = self._native.snapshot_done()
+        if done:
+            self._release()
+        return done
+
+    def done(self) -> bool:
+        """True once the save is committed or failed."""
+        return self._native.done()
+
+    def wait_snapshot(self, timeout: Optional[float] = None) -> None:
+        """Block until the snapshot is copied; raises the snapshot's error."""
+        try:
+            self._native.wait_snapshot(timeout)
+        finally:
+            if self._native.snapshot_done():
+                self._release()
+
+    def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Block until the checkpoint is committed; returns the save report
+        (seconds: ``stall``, ``snapshot``, ``persist``, ``commit``, ``total``, ...;
+        bytes: ``raw_bytes``, ``stored_bytes``, ``reused_bytes``, ...)."""
+        try:
+            return self._native.wait(timeout)
+        finally:
+            if self._native.snapshot_done():
+                self._release()
+
+    def _release(self) -> None:
+        cb, self._on_snapshot = self._on_snapshot, None
+        if cb is not None:
+            cb()
+
+    def __repr__(self) -> str:
+        return repr(self._native)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint (see :meth:`Checkpointer.read_latest`)."""
+
+    step: int
+    attempt: str
+    #: The saved state: the same nesting and types as given to ``save``, with
+    #: objects that had a ``state_dict`` replaced by their state dict.
+    state: Dict[str, Any]
+    #: Newer checkpoints that were damaged and skipped: ``(step, attempt, error)``.
+    skipped: List[Tuple[int, str, CheckpointError]] = field(default_factory=list)
+
+
+class Checkpointer:
+    """Saves training state under a URL and restores it, with no pickle.
+
+    Args:
+        url: ``file:///abs/dir`` (or a plain path) or ``memory://name``.
+        keep_last: keep only the newest N checkpoints (default: keep all).
+        keep_every: also keep every checkpoint whose step is a multiple of K.
+        compression: ``None`` or ``"zstd"`` (``level`` 1..22).
+        lazy: snapshot in the background. ``save`` returns at once and module
+            parameters and optimizer state are copied while the next forward and
+            backward run; a step pre-hook on each optimizer in the state blocks
+            ``optimizer.step()`` until the copy is done. Module buffers, loose
+            tensors and numpy arrays are still copied before ``save`` returns.
+            Anything else that mutates parameters must call :meth:`wait_snapshot`
+            first.
+        staging_budget: bytes of host staging memory (default: twice the first
+            save's state).
+        busy: when the budget is in use by earlier saves: ``"wait"`` or
+            ``"skip"`` (``save`` raises :class:`~ckpt.SkippedError`).
+        rng: also save and restore the global random generators
+            (:class:`~ckpt.RNGState`) under the key ``"rng"``.
+        format: on-storage format for new checkpoints (``"native"``,
+            ``"safetensors"``, ``"torch"``); any of them can be loaded.
+
+    Distributed training is not coordinated yet: under ``torch.distributed``
+    with more than one rank this raises :class:`~ckpt.UnsupportedError` rather
+    than letting ranks overwrite each other.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        keep_last: Optional[int] = None,
+        keep_every: Optional[int] = None,
+        compression: Optional[str] = None,
+        level: int = 3,
+        lazy: bool = False,
+        staging_budget: Optional[int] = None,
+        busy: str = "wait",
+        rng: bool = True,
+        format: str = "native",  # noqa: A002 - matches the engine's option
+    ) -> None:
+        _refuse_multi_rank()
+        self._native = _ckpt.Checkpointer(
+            url,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            compression=compression,
+            level=level,
+            lazy=lazy,
+            staging_budget=staging_budget,
+            busy=busy,
+            format=format,
+        )
+        self._rng = rng
+        self._pending: List[SaveHandle] = []  # snapshots possibly still copying
+        self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
+        self._hooks: Dict[int, Any] = {}
+        self._pool: Any = None
+
+    # ------------------------------------------------------------------ saving
+
+    @property
+    def url(self) -> str:
+        """The root URL."""
+        return self._native.url
+
+    @property
+    def lazy(self) -> bool:
+        """Whether snapshots are lazy."""
+        return self._native.lazy
+
+    def save(self, step: int, state: Optional[Mapping] = None, /, **named: Any) -> SaveHandle:
+        """Start saving the checkpoint of ``step``; returns once the snapshot is
+        taken (eager) or started (lazy). Persisting continues in the background.
+
+        ``state`` and the keyword arguments together form the saved mapping, e.g.
+        ``cp.save(step, model=model, optimizer=opt, extra={"epoch": e})``. Values
+        may be objects with ``state_dict()`` (modules, optimizers, schedulers),
+        torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
+
+        Raises :class:`~ckpt.ConflictError` if ``step`` is already committed.
+        """
+        entries = self._entries(state, named)
+        if self._rng:
+            entries["rng"] = RNGState()
+        self._reap()
+        flat = flatten(entries, self.lazy, self._exporter())
+        meta = {"ckpt": {"version": META_VERSION, "numpy": flat.numpy_names}, "state": flat.tree}
+        give_back = self._giver(flat.pinned)
+        try:
+            native = self._native.save(step, flat.tensors, meta)
+        except BaseException:
+            give_back()
+            raise
+        handle = SaveHandle(native, give_back)
+        self._unwaited.append(handle)
+        if self.lazy:
+            self._pending.append(handle)
+            for obj in flat.stateful:
+                self._guard(obj)
+        else:
+            handle._release()  # eager: the copy is complete when save returns
+        return handle
+
+    def wait_snapshot(self, timeout: Optional[float] = None) -> None:
+        """Block until every snapshot in progress is copied (lazy mode): call it
+        before mutating saved state other than through a guarded optimizer step."""
+        while self._pending:
+            self._pending[0].wait_snapshot(timeout)
+            self._pending.pop(0)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until every save started so far is committed; raises the first
+        failure among them."""
+        self._native.flush(timeout)
+        handles, self._unwaited = self._unwaited, []
+        self._pending.clear()
+        for h in handles:
+            h.wait(timeout)
+
+    def close(self) -> None:
+        """Wait for every save, then remove the optimizer hooks."""
+        try:
+            self.wait()
+        finally:
+            for h in self._hooks.values():
+                h.remove()
+            self._hooks.clear()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- loading
+
+    def load_latest(self, state: Optional[MutableMapping] = None, /, **named: Any) -> Optional[int]:
+        """Restore the newest intact checkpoint in place; return its step, or
+        ``None`` when there is none (a fresh start).
+
+        Objects with ``load_state_dict`` get their state dict back, tensors and
+        arrays are copied into, dicts and lists are updated in place, and other
+        values of a ``state`` dict are replaced. The global RNGs are restored too
+        (unless ``rng=False``). Damaged newer checkpoints are skipped with a
+        warning.
+        """
+        loaded = self._native.load_latest()
+        if loaded is None:
+            return None
+        return self._restore(loaded, state, named)
+
+    def load(self, step: int, state: Optional[MutableMapping] = None, /, **named: Any) -> int:
+        """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`)."""
+        return self._restore(self._native.load(step), state, named)
+
+    def read_latest(self, framework: Optional[str] = None) -> Optional[Checkpoint]:
+        """The newest intact checkpoint as data, or ``None``.
+
+        Tensors come back as they were saved (torch tensors as torch, numpy
+        arrays as numpy) unless ``framework`` is ``"np"`` or ``"pt"``.
+        """
+        loaded = self._native.load_latest()
+        return None if loaded is None else _to_checkpoint(loaded, framework)
+
+    def read(self, step: int, framework: Optional[str] = None) -> Checkpoint:
+        """The checkpoint of ``step`` as data (see :meth:`read_latest`)."""
+        return _to_checkpoint(self._native.load(step), framework)
+
+    def steps(self) -> List[int]:
+        """Steps of the committed checkpoints, oldest first."""
+        return [s for s, _ in self._native.committed()]
+
+    def list(self, verify: bool = False) -> List[Dict[str, Any]]:
+        """Every checkpoint under the root with its status (``verify`` reads all data)."""
+        return self._native.list(verify)
+
+    def __repr__(self) -> str:
+        return f"ckpt.Checkpointer({self.url!r}, lazy={self.lazy})"
+
+    # ---------------------------------------------------------------- helpers
+
+    def _entries(self, state: Optional[Mapping], named: Dict[str, Any]) -> Dict[str, Any]:
+        entries: Dict[str, Any] = {}
+        if state is not None:
+            if not isinstance(state, Mapping):
+                raise InvalidInputError(f"state must be a mapping, not {type(state).__name__}")
+            entries.update(state)
+        for k, v in named.items():
+            if k in entries:
+                raise InvalidInputError(f"{k!r} given both in state and as a keyword")
+            entries[k] = v
+        if self._rng and "rng" in entries:
+            raise InvalidInputError('the key "rng" is reserved for the RNG state (open with rng=False to use it)')
+        return entries
+
+    def _restore(self, loaded: Tuple[Any, ...], state: Optional[MutableMapping], named: Dict[str, Any]) -> int:
+        step, attempt, tensors, meta, skipped = loaded
+        for s, a, err in skipped:
+            warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=3)
+        saved = _decode(meta, tensors, None)
+        if state is not None and not isinstance(state, MutableMapping):
+            raise InvalidInputError(f"state must be a mutable mapping, not {type(state).__name__}")
+        targets = list((state or {}).items()) + list(named.items())
+        for key, target in targets:
+            if key not in saved:
+                raise NotFoundError(f"checkpoint of step {step} has no entry {key!r} (it has {sorted(saved)})")
+            if not _restore_into(target, saved[key], key):
+                if state is not None and key in state:
+                    state[key] = saved[key]
+                else:
+                    raise InvalidInputError(
+                        f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
+                        "dict (load_latest(state)) or read it with read_latest()"
+                    )
+        if self._rng and "rng" in saved:
+            RNGState().load_state_dict(saved["rng"])
+        return step
+
+    def _reap(self) -> None:
+        """Forget finished saves; raise the error of one that failed in the background."""
+        self._pending = [h for h in self._pending if not h.snapshot_done()]
+        still, failed = [], None
+        for h in self._unwaited:
+            if not h.done():
+                still.append(h)
+                continue
+            try:
+                h.wait(0.0)
+            except CheckpointError as e:
+                failed = failed or e
+        self._unwaited = still
+        if failed is not None:
+            raise failed
+
+    def _exporter(self) -> Any:
+        if "torch" not in sys.modules:
+            return None
+        from .torch import Exporter, PinnedPool
+
+        if self._pool is None:
+            self._pool = PinnedPool()
+        return Exporter(self._pool)
+
+    def _giver(self, pinned: List[Any]) -> Callable[[], None]:
+        pool = self._pool
+
+        def give_back() -> None:
+            if pinned and pool is not None:
+                pool.give(pinned)
+
+        return give_back
+
+    def _guard(self, obj: Any) -> None:
+        """Install the lazy-mode step pre-hook on an optimizer (once)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(obj, torch.optim.Optimizer) or id(obj) in self._hooks:
+            return
+        me = weakref.ref(self)
+
+        def wait_for_snapshots(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            cp = me()
+            if cp is not None:
+                cp.wait_snapshot()
+
+        self._hooks[id(obj)] = obj.register_step_pre_hook(wait_for_snapshots)
+
+
+def _decode(meta: Any, tensors: Dict[str, Any], framework: Optional[str]) -> Dict[str, Any]:
+    if not isinstance(meta, dict) or "ckpt" not in meta or "state" not in meta:
+        raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
+    version = meta["ckpt"].get("version")
+    if version != META_VERSION:
+        raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
+    make = tensor_maker(tensors, set(meta["ckpt"].get("numpy", [])), framework)
+    return unflatten(meta["state"], make)
+
+
+def _to_checkpoint(loaded: Tuple[Any, ...], framework: Optional[str]) -> Checkpoint:
+    step, attempt, tensors, meta, skipped = loaded
+    return Checkpoint(step, attempt, _decode(meta, tensors, framework), list(skipped))
+
+
+def _restore_into(target: Any, value: Any, where: str) -> bool:
+    """Restore ``value`` into ``target`` in place; False when that is impossible."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if is_stateful(target):
+        target.load_state_dict(value)
+        return True
+    if torch is not None and isinstance(target, torch.Tensor):
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        if tuple(target.shape) != tuple(value.shape):
+            raise InvalidInputError(f"{where}: shape {tuple(value.shape)} in checkpoint, {tuple(target.shape)} here")
+        with torch.no_grad():
+            target.copy_(value)
+        return True
+    if np is not None and isinstance(target, np.ndarray):
+        value = np.asarray(value)
+        if target.shape != value.shape:
+            raise InvalidInputError(f"{where}: shape {value.shape} in checkpoint, {target.shape} here")
+        np.copyto(target, value, casting="no" if target.dtype == value.dtype else "same_kind")
+        return True
+    if isinstance(target, MutableMapping) and isinstance(value, Mapping):
+        for k, v in value.items():
+            if k not in target or not _restore_into(target[k], v, f"{where}.{k}"):
+                target[k] = v
+        return True
+    if isinstance(target, MutableSequence) and isinstance(value, list) and len(target) == len(value):
+        for i, v in enumerate(value):
+            if not _restore_into(target[i], v, f"{where}[{i}]"):
+                target[i] = v
+        return True
+    if isinstance(target, MutableSequence) and isinstance(value, list):
+        target[:] = value
+        return True
+    return False
+
+
+def _refuse_multi_rank() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise UnsupportedError(
+            "ckpt does not coordinate multi-rank saves yet; every rank would write its own checkpoint. "
+            "Save from one rank with a per-rank URL until the MPI/torch.distributed coordination lands."
+        )

@@ -1,0 +1,180 @@
+"""PyTorch glue: tensors to byte buffers (CPU and CUDA), and back.
+
+Tensors cross into the engine as CPU byte buffers, so the native module never
+links libtorch: a CPU tensor is viewed as ``uint8`` and exported through numpy's
+buffer protocol (no copy); a CUDA tensor is first copied into a pinned host
+buffer taken from a reusable pool, with non-blocking copies on a side stream
+that is synchronized before the engine reads the buffer.
+
+Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
+
+from .errors import InvalidInputError, UnsupportedError
+
+__all__ = ["dtype_name", "torch_dtype", "PinnedPool", "Exporter", "from_buffer", "lazy_safe_pointers"]
+
+_NAMES = {
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "complex64": "C64",
+    "float64": "F64",
+    "int64": "I64",
+    "uint64": "U64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+}
+_TO_NAME: Dict[torch.dtype, str] = {
+    getattr(torch, k): v for k, v in _NAMES.items() if isinstance(getattr(torch, k, None), torch.dtype)
+}
+_FROM_NAME: Dict[str, torch.dtype] = {v: k for k, v in _TO_NAME.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The checkpoint dtype name (safetensors style) of a torch dtype."""
+    try:
+        return _TO_NAME[dtype]
+    except KeyError:
+        raise InvalidInputError(f"torch dtype {dtype} cannot be stored") from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a checkpoint dtype name."""
+    try:
+        return _FROM_NAME[name]
+    except KeyError:
+        raise UnsupportedError(f"dtype {name} has no equivalent in this PyTorch") from None
+
+
+def _byte_view(t: torch.Tensor) -> Any:
+    """A numpy ``uint8`` view of a contiguous CPU tensor's bytes (no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class PinnedPool:
+    """Reusable pinned (page-locked) host buffers for device-to-host snapshot copies.
+
+    Buffers are keyed by size; a save takes one per CUDA tensor and gives them
+    back once its snapshot has been copied into the engine's staging memory, so
+    a training loop that saves the same shapes again allocates nothing.
+    """
+
+    def __init__(self) -> None:
+        self._free: Dict[int, List[torch.Tensor]] = defaultdict(list)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A pinned ``uint8`` buffer of ``nbytes`` bytes."""
+        free = self._free[nbytes]
+        if free:
+            return free.pop()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buffers: Sequence[torch.Tensor]) -> None:
+        """Return buffers for reuse."""
+        for b in buffers:
+            self._free[b.numel()].append(b)
+
+    def idle_bytes(self) -> int:
+        """Bytes held by idle buffers."""
+        return sum(n * len(v) for n, v in self._free.items())
+
+
+class Exporter:
+    """Turns the tensors of one save into ``(dtype, shape, buffer, copy_now)``.
+
+    CUDA tensors are queued as non-blocking copies into pinned buffers on a side
+    stream; :meth:`finish` waits for that stream, after which every buffer may
+    be read by the engine. ``pinned`` lists the buffers to give back to the pool
+    once the save's snapshot is done.
+    """
+
+    def __init__(self, pool: PinnedPool) -> None:
+        self._pool = pool
+        self._streams: Dict[torch.device, Any] = {}
+        self.pinned: List[torch.Tensor] = []
+
+    def export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
+        """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
+        if t.layout != torch.strided:
+            raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
+        if t.is_quantized or t.is_meta or getattr(t, "is_nested", False):
+            raise InvalidInputError(f"{path}: quantized, meta and nested tensors cannot be stored")
+        name = dtype_name(t.dtype)
+        shape = tuple(int(d) for d in t.shape)
+        t = t.detach()
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
+            copy_now = False  # a private copy: nobody else mutates it
+        if t.device.type == "cpu":
+            if not t.is_contiguous():
+                t = t.contiguous()
+                copy_now = False
+            return name, shape, _byte_view(t), copy_now
+        if t.device.type == "cuda":
+            buf = self._pool.take(t.numel() * t.element_size())
+            stream = self._stream(t.device)
+            with torch.cuda.stream(stream):
+                if t.numel():
+                    buf.copy_(t.contiguous().reshape(-1).view(torch.uint8), non_blocking=True)
+            self.pinned.append(buf)
+            # The pinned buffer is private to this save until its snapshot is done.
+            return name, shape, buf.numpy(), False
+        raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
+
+    def _stream(self, device: torch.device) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = torch.cuda.Stream(device=device)
+            # Copies must see every kernel queued so far on the current stream.
+            stream.wait_stream(torch.cuda.current_stream(device))
+            self._streams[device] = stream
+        return stream
+
+    def finish(self) -> None:
+        """Wait until every queued device-to-host copy has landed."""
+        for stream in self._streams.values():
+            stream.synchronize()
+        self._streams.clear()
+
+
+def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:
+    """A CPU tensor over loaded bytes (no copy; the tensor keeps ``buf`` alive)."""
+    td = torch_dtype(dtype)
+    if len(buf) == 0:
+        return torch.empty(shape, dtype=td)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # older torch warns even for writable buffers
+        return torch.frombuffer(buf, dtype=td).reshape(shape)
+
+
+def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
+    """Which tensors of ``obj.state_dict()`` may be snapshotted lazily.
+
+    Returns ``None`` when all of them may (an optimizer: its state changes only
+    in ``step()``, which the lazy-mode hook guards), the data pointers of the
+    parameters for an ``nn.Module`` (buffers such as batch-norm statistics change
+    in ``forward`` and are copied at once), and an empty set otherwise.
+    """
+    if isinstance(obj, torch.optim.Optimizer):
+        return None
+    if isinstance(obj, torch.nn.Module):
+        return {p.data_ptr() for p in obj.parameters() if p.device.type == "cpu"}
+    return set()

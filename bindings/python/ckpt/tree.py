@@ -1,0 +1,220 @@
+"""Nested state dicts to named tensors plus a plain-data tree, and back.
+
+A state such as ``{"model": model, "optimizer": opt, "extra": {"epoch": 3}}``
+is flattened into a list of tensors with unique names (``model.fc.weight``,
+``optimizer.state.0.exp_avg``, ...) and a tree of plain data in which each
+tensor is replaced by a :class:`TensorRef`. Types are kept exactly: tuples stay
+tuples, ``int`` and ``str`` keys stay apart, ``OrderedDict`` (with the
+``_metadata`` that ``nn.Module.state_dict()`` attaches) comes back as such.
+
+Objects with ``state_dict()`` and ``load_state_dict()`` (modules, optimizers,
+schedulers, :class:`ckpt.RNGState`) are stored as their state dict.
+
+This module never imports torch: a value is a torch tensor only if torch is
+already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ._ckpt import TensorRef
+from .errors import InvalidInputError
+
+__all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
+
+#: Key that marks a dict in the stored tree as an encoded Python type.
+TAG = "__ckpt__"
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+#: A tensor of one save: ``(name, dtype, shape, buffer, copy_now)``.
+TensorEntry = Tuple[str, str, Tuple[int, ...], Any, bool]
+
+
+def is_stateful(obj: Any) -> bool:
+    """True for objects that checkpoint through ``state_dict``/``load_state_dict``."""
+    return (
+        not isinstance(obj, (Mapping, type))
+        and callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    )
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _numpy() -> Any:
+    return sys.modules.get("numpy")
+
+
+@dataclass
+class Flattened:
+    """The result of :func:`flatten`."""
+
+    tensors: List[TensorEntry] = field(default_factory=list)
+    tree: Any = None
+    numpy_names: List[str] = field(default_factory=list)
+    #: Objects with ``state_dict`` met on the way (the lazy-mode hook goes on optimizers).
+    stateful: List[Any] = field(default_factory=list)
+    #: Pinned host buffers to give back once the snapshot is done.
+    pinned: List[Any] = field(default_factory=list)
+
+
+class _Flattener:
+    def __init__(self, lazy: bool, exporter: Any) -> None:
+        self.lazy = lazy
+        self.exporter = exporter
+        self.out = Flattened()
+        self.names: Set[str] = set()
+
+    def name_for(self, path: List[str]) -> str:
+        base = ".".join(path) or "tensor"
+        name, n = base, 1
+        while name in self.names:
+            name, n = f"{base}#{n}", n + 1
+        self.names.add(name)
+        return name
+
+    def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
+        where = "$" + "".join(f"[{p!r}]" for p in path)
+        if depth > 200:
+            raise InvalidInputError(f"{where}: nested too deeply (a cycle?)")
+        if type(obj) in _PLAIN:
+            return obj
+        torch, np = _torch(), _numpy()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            may_defer = lazy_ptrs is None or (obj.device.type == "cpu" and obj.data_ptr() in lazy_ptrs)
+            copy_now = self.lazy and not may_defer
+            dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
+            name = self.name_for(path)
+            self.out.tensors.append((name, dtype, shape, buf, copy_now))
+            return TensorRef(name)
+        if np is not None and isinstance(obj, np.ndarray):
+            from . import _numpy as npg
+
+            dtype, shape, arr = npg.export(obj, where)
+            name = self.name_for(path)
+            self.out.tensors.append((name, dtype, shape, arr, self.lazy))
+            self.out.numpy_names.append(name)
+            return TensorRef(name)
+        if np is not None and isinstance(obj, np.generic):
+            return {TAG: "np_scalar", "value": self.walk(np.asarray(obj), path, lazy_ptrs, depth + 1)}
+        if is_stateful(obj):
+            self.out.stateful.append(obj)
+            ptrs = _stateful_lazy_ptrs(obj)
+            return self.walk(obj.state_dict(), path, ptrs, depth + 1)
+        if isinstance(obj, Mapping):
+            items = {}
+            for k, v in obj.items():
+                if type(k) not in (str, int):
+                    raise InvalidInputError(f"{where}: dict keys must be str or int, not {type(k).__name__}")
+                if k == TAG:
+                    raise InvalidInputError(f"{where}: the key {TAG!r} is reserved by ckpt")
+                items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
+            meta = getattr(obj, "_metadata", None)
+            if isinstance(obj, OrderedDict) or meta is not None:
+                encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
+                return {TAG: "odict", "items": items, "metadata": encoded_meta}
+            return items
+        if isinstance(obj, (list, tuple)):
+            items_ = [self.walk(v, path + [str(i)], lazy_ptrs, depth + 1) for i, v in enumerate(obj)]
+            return items_ if isinstance(obj, list) else tuple(items_)
+        raise InvalidInputError(
+            f"{where}: cannot store a value of type {type(obj).__name__} "
+            "(tensors, arrays, objects with state_dict(), and plain data: None, bool, int, float, str, "
+            "bytes, list, tuple, dict)"
+        )
+
+
+def _stateful_lazy_ptrs(obj: Any) -> Optional[Set[int]]:
+    torch = _torch()
+    if torch is None:
+        return set()
+    from .torch import lazy_safe_pointers
+
+    return lazy_safe_pointers(obj)
+
+
+class _NumpyExporter:
+    """Exporter used when torch is not imported (no torch tensor can occur)."""
+
+    pinned: List[Any] = []
+
+    def export(self, t: Any, path: str, copy_now: bool) -> Any:  # pragma: no cover - unreachable
+        raise InvalidInputError(f"{path}: torch tensor without torch")
+
+    def finish(self) -> None:
+        pass
+
+
+def flatten(state: Mapping, lazy: bool, exporter: Any = None) -> Flattened:
+    """Flatten a state mapping for one save.
+
+    In lazy mode, tensors that may change before the optimizer step (module
+    buffers, loose tensors, numpy arrays) are marked ``copy_now``; module
+    parameters and optimizer state are copied in the background.
+    """
+    if exporter is None:
+        if _torch() is not None:
+            from .torch import Exporter, PinnedPool
+
+            exporter = Exporter(PinnedPool())
+        else:
+            exporter = _NumpyExporter()
+    f = _Flattener(lazy, exporter)
+    try:
+        f.out.tree = f.walk(state, [], set())
+    finally:
+        exporter.finish()
+        f.out.pinned = list(exporter.pinned)
+    return f.out
+
+
+def unflatten(tree: Any, make_tensor: Callable[[str], Any]) -> Any:
+    """Rebuild Python objects from a stored tree; ``make_tensor(name)`` gives each tensor."""
+    if isinstance(tree, TensorRef):
+        return make_tensor(tree.name)
+    if type(tree) is dict:
+        tag = tree.get(TAG)
+        if tag == "odict":
+            out: Any = OrderedDict((k, unflatten(v, make_tensor)) for k, v in tree["items"].items())
+            if tree.get("metadata") is not None:
+                out._metadata = unflatten(tree["metadata"], make_tensor)
+            return out
+        if tag == "np_scalar":
+            return unflatten(tree["value"], make_tensor)[()]
+        if tag is not None:
+            raise InvalidInputError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
+        return {k: unflatten(v, make_tensor) for k, v in tree.items()}
+    if type(tree) is list:
+        return [unflatten(v, make_tensor) for v in tree]
+    if type(tree) is tuple:
+        return tuple(unflatten(v, make_tensor) for v in tree)
+    return tree
+
+
+def tensor_maker(
+    tensors: Dict[str, Tuple[str, Tuple[int, ...], Any]], numpy_names: Set[str], framework: Optional[str]
+) -> Callable[[str], Any]:
+    """``make_tensor`` for :func:`unflatten`: numpy or torch, as saved or as asked."""
+
+    def make(name: str) -> Any:
+        dtype, shape, buf = tensors[name]
+        kind = framework or ("np" if name in numpy_names else "pt")
+        if kind == "np":
+            from . import _numpy as npg
+
+            return npg.from_buffer(dtype, tuple(shape), buf)
+        if kind == "pt":
+            from . import torch as ptg
+
+            return ptg.from_buffer(dtype, tuple(shape), buf)
+        raise InvalidInputError(f'framework must be "np", "pt" or None, not {framework!r}')
+
+    return make

@@ -1,0 +1,188 @@
+//! Tensor bytes across the boundary, through the buffer protocol.
+//!
+//! Saving: [`PySource`] is a [`CopySource`] over any C-contiguous Python buffer
+//! (a numpy array, a byte view of a torch tensor, a pinned host buffer). It
+//! keeps the exporting object alive and copies without the GIL, so eager mode
+//! copies exactly once, into the engine's staging pool, and lazy mode copies on
+//! a background thread until `wait_snapshot()`.
+//!
+//! Loading: [`TensorBuffer`] owns the loaded bytes and exports them as a
+//! writable buffer, so `numpy.frombuffer` / `torch.frombuffer` wrap them without
+//! a copy (the bytes are moved out of the engine's `Bytes` when nobody else
+//! holds them, and copied once otherwise).
+
+use std::os::raw::c_int;
+
+use bytes::{Bytes, BytesMut};
+use ckpt_core::CopySource;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::errors::invalid;
+
+/// A C-contiguous Python buffer that a snapshot copies from.
+#[derive(Debug)]
+pub struct PySource {
+    // Holds the export (and thereby the exporting object) until the copy is done;
+    // released with the GIL when the snapshot drops this source.
+    _buf: PyUntypedBuffer,
+    ptr: usize,
+    len: usize,
+}
+
+impl PySource {
+    /// Take a buffer of `obj`; it must be C-contiguous.
+    pub fn new(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        let buf = PyUntypedBuffer::get(obj)
+            .map_err(|e| invalid(format!("tensor `{name}`: not a buffer ({e})")))?;
+        if !buf.is_c_contiguous() {
+            return Err(invalid(format!(
+                "tensor `{name}`: buffer is not C-contiguous"
+            )));
+        }
+        let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
+        Ok(PySource {
+            _buf: buf,
+            ptr,
+            len,
+        })
+    }
+
+    /// The bytes, borrowed.
+    ///
+    /// # Safety
+    /// Nobody may write the exporter's memory while the slice is in use (the
+    /// training loop's contract for a snapshot in progress).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the export is held by `self`, so ptr..ptr+len stays mapped.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl CopySource for PySource {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_into(&self, dst: &mut [u8]) -> ckpt_core::Result<()> {
+        if dst.len() != self.len {
+            return Err(ckpt_core::Error::Internal(
+                "staging buffer size mismatch".into(),
+            ));
+        }
+        // SAFETY: see `as_slice`; the caller of save promised not to mutate until
+        // the snapshot is done.
+        dst.copy_from_slice(unsafe { self.as_slice() });
+        Ok(())
+    }
+}
+
+/// Loaded tensor bytes, exported as a writable one-dimensional byte buffer.
+///
+/// Wrap with `numpy.frombuffer(buf, dtype=...)` or `torch.frombuffer(buf, dtype=...)`:
+/// the array shares this memory and keeps this object alive.
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct TensorBuffer {
+    data: BytesMut,
+    // Pointer taken from `data` when it was owned mutably; the heap block never moves.
+    ptr: usize,
+}
+
+/// Alignment guaranteed to consumers (enough for every dtype, and for SIMD loads).
+const ALIGN: usize = 64;
+
+impl TensorBuffer {
+    /// Take ownership of loaded bytes (no copy when they are unshared and aligned).
+    pub fn new(bytes: Bytes) -> Self {
+        let mut data = match bytes.try_into_mut() {
+            Ok(m) if (m.as_ptr() as usize) % ALIGN == 0 || m.is_empty() => m,
+            Ok(m) => aligned_copy(&m),
+            Err(b) => aligned_copy(&b),
+        };
+        let ptr = data.as_mut_ptr() as usize;
+        TensorBuffer { data, ptr }
+    }
+}
+
+/// Copy into a fresh buffer whose start is `ALIGN`-aligned.
+fn aligned_copy(src: &[u8]) -> BytesMut {
+    let mut m = BytesMut::with_capacity(src.len() + ALIGN);
+    let pad = (ALIGN - (m.as_ptr() as usize) % ALIGN) % ALIGN;
+    m.resize(pad, 0);
+    m.extend_from_slice(src);
+    m.split_off(pad)
+}
+
+#[pymethods]
+impl TensorBuffer {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TensorBuffer({} bytes)", self.data.len())
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("view is null"));
+        }
+        let (ptr, len) = {
+            let this = slf.get();
+            (this.ptr, this.data.len())
+        };
+        // PyBuffer_FillInfo sets format "B", ndim 1, and takes a reference to the owner.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_bytes_are_aligned_and_unchanged() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        let whole = Bytes::from(data.clone());
+        // An unaligned slice of a shared buffer is copied to an aligned one.
+        let shared = whole.slice(3..9_003);
+        let buf = TensorBuffer::new(shared.clone());
+        assert_eq!(buf.ptr % ALIGN, 0);
+        assert_eq!(&buf.data[..], &data[3..9_003]);
+        assert_eq!(buf.ptr, buf.data.as_ptr() as usize);
+        // Empty data is fine.
+        assert_eq!(TensorBuffer::new(Bytes::new()).data.len(), 0);
+    }
+
+    #[test]
+    fn unique_aligned_bytes_are_not_copied() {
+        let mut v = aligned_copy(&[7u8; 4096]);
+        let ptr = v.as_mut_ptr() as usize;
+        let buf = TensorBuffer::new(v.freeze());
+        assert_eq!(buf.ptr, ptr, "moved, not copied");
+    }
+}

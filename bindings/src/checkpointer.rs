@@ -1,0 +1,358 @@
+//! The `Checkpointer` class: a thin shell over `ckpt_core::Checkpointer`.
+//!
+//! Tensors arrive already flattened by the Python glue, as
+//! `(name, dtype, shape, buffer, copy_now)` tuples plus a metadata tree whose
+//! tensor leaves are [`TensorRef`](crate::value::TensorRef)s; loads hand back
+//! the same shape of data with [`TensorBuffer`]s. Every wait releases the GIL.
+
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ckpt_core::{
+    BusyPolicy, Capture, CheckpointId, Compression, DType, Error, Loaded, Retention, SnapshotMode,
+    SourceTensor, Status, Tensor, TensorData,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::buffer::{PySource, TensorBuffer};
+use crate::errors::{invalid, to_py, IntoPyResult};
+use crate::handle::SaveHandle;
+use crate::runtime::{self, check_pid};
+use crate::value::{from_value, to_value};
+
+/// One tensor handed to `save`: name, dtype name, shape, buffer, copy now.
+type TensorArg<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, bool);
+
+/// Saves and loads checkpoints under one root URL (`file:///dir`, `memory://name`).
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct Checkpointer {
+    inner: ManuallyDrop<ckpt_core::Checkpointer>,
+    pid: u32,
+    lazy: bool,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // In a fork child the parent's engine state (locks, tasks) is not ours
+        // to tear down: leak it instead.
+        if self.pid == std::process::id() {
+            // SAFETY: dropped exactly once, here.
+            unsafe { ManuallyDrop::drop(&mut self.inner) }
+        }
+    }
+}
+
+fn parse_compression(compression: Option<&str>, level: i32) -> PyResult<Compression> {
+    match compression {
+        None | Some("none") => Ok(Compression::None),
+        Some("zstd") => Ok(Compression::Zstd(level)),
+        Some(other) => Err(invalid(format!(
+            "unknown compression `{other}` (use None or \"zstd\")"
+        ))),
+    }
+}
+
+impl Checkpointer {
+    fn core(&self) -> PyResult<&ckpt_core::Checkpointer> {
+        check_pid(self.pid, "Checkpointer")?;
+        Ok(&self.inner)
+    }
+
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        attempt: Option<String>,
+    ) -> PyResult<CheckpointId> {
+        if let Some(attempt) = attempt {
+            return Ok(CheckpointId { step, attempt });
+        }
+        let cp = self.core()?.clone();
+        let ids = runtime::wait(py, move || async move { cp.committed().await })
+            .and_then(IntoPyResult::py)?;
+        ids.into_iter()
+            .rev()
+            .find(|id| id.step == step)
+            .ok_or_else(|| {
+                to_py(Error::NotFound {
+                    what: format!("checkpoint of step {step}"),
+                })
+            })
+    }
+}
+
+#[pymethods]
+impl Checkpointer {
+    #[new]
+    #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
+                        staging_budget=None, busy="wait", format="native"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        url: String,
+        keep_last: Option<usize>,
+        keep_every: Option<u64>,
+        compression: Option<&str>,
+        level: i32,
+        lazy: bool,
+        staging_budget: Option<u64>,
+        busy: &str,
+        format: &str,
+    ) -> PyResult<Self> {
+        if keep_last == Some(0) {
+            return Err(invalid("keep_last must be at least 1"));
+        }
+        let busy = match busy {
+            "wait" => BusyPolicy::Wait,
+            "skip" => BusyPolicy::Skip,
+            other => {
+                return Err(invalid(format!(
+                    "busy must be \"wait\" or \"skip\", not `{other}`"
+                )))
+            }
+        };
+        let mut builder = ckpt_formats::builder(url)
+            .format(ckpt_formats::by_name(format).py()?)
+            .retention(Retention {
+                keep_last,
+                keep_every,
+            })
+            .compression(parse_compression(compression, level)?)
+            .snapshot(if lazy {
+                SnapshotMode::Lazy
+            } else {
+                SnapshotMode::Eager
+            })
+            .busy(busy);
+        if let Some(b) = staging_budget {
+            builder = builder.staging_budget(b);
+        }
+        let inner = runtime::wait(py, move || builder.build()).and_then(IntoPyResult::py)?;
+        Ok(Checkpointer {
+            inner: ManuallyDrop::new(inner),
+            pid: std::process::id(),
+            lazy,
+        })
+    }
+
+    /// The URL this checkpointer was opened on.
+    #[getter]
+    fn url(&self) -> &str {
+        self.inner.url()
+    }
+
+    /// True when snapshots are lazy (copied in the background after `save` returned).
+    #[getter]
+    fn lazy(&self) -> bool {
+        self.lazy
+    }
+
+    /// Start saving a checkpoint of `step`.
+    ///
+    /// `tensors` are `(name, dtype, shape, buffer, copy_now)`; `buffer` is any
+    /// C-contiguous buffer of exactly the tensor's bytes. Tensors with `copy_now`
+    /// are copied before this returns even in lazy mode (memory that changes
+    /// before the optimizer step, e.g. batch-norm statistics). `meta` is plain
+    /// data with `TensorRef` leaves.
+    fn save(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        tensors: Vec<TensorArg<'_>>,
+        meta: Bound<'_, PyAny>,
+    ) -> PyResult<SaveHandle> {
+        let cp = self.core()?.clone();
+        let meta = to_value(&meta)?;
+        let mut out = Vec::with_capacity(tensors.len());
+        let mut now: Vec<(usize, PySource)> = Vec::new();
+        for (i, (name, dtype, shape, obj, copy_now)) in tensors.into_iter().enumerate() {
+            let dtype: DType = dtype.parse().py()?;
+            let src = PySource::new(&obj, &name)?;
+            let data = if copy_now {
+                now.push((i, src));
+                TensorData::Shared(Bytes::new())
+            } else {
+                TensorData::Copy(Arc::new(src))
+            };
+            out.push(SourceTensor {
+                name,
+                dtype,
+                shape,
+                shard: None,
+                data,
+            });
+        }
+        // SAFETY: the sources are read while the caller is inside `save`.
+        let copied: Vec<(usize, Bytes)> = py.detach(|| {
+            now.iter()
+                .map(|(i, s)| (*i, Bytes::copy_from_slice(unsafe { s.as_slice() })))
+                .collect()
+        });
+        drop(now);
+        for (i, bytes) in copied {
+            out[i].data = TensorData::Shared(bytes);
+        }
+        let capture = Capture { tensors: out, meta };
+        let rt = runtime::runtime(py)?;
+        let handle = runtime::wait(py, move || async move { cp.save(step, capture).await })
+            .and_then(IntoPyResult::py)?;
+        Ok(SaveHandle::spawn(&rt, handle))
+    }
+
+    /// Block until every save started so far is committed or failed.
+    ///
+    /// Raises `CheckpointTimeoutError` after `timeout` seconds.
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let cp = self.core()?.clone();
+        let limit = timeout
+            .map(|t| {
+                Duration::try_from_secs_f64(t).map_err(|_| invalid(format!("bad timeout {t}")))
+            })
+            .transpose()?;
+        match runtime::block_on(py, limit, move || async move { cp.flush().await })? {
+            Some(()) => Ok(()),
+            None => Err(to_py(Error::Timeout(format!(
+                "saves still in flight after {} s",
+                timeout.unwrap_or(0.0)
+            )))),
+        }
+    }
+
+    /// Load the newest committed, intact checkpoint, or `None`.
+    ///
+    /// Returns `(step, attempt, tensors, meta, skipped)`: `tensors` maps names to
+    /// `(dtype, shape, TensorBuffer)`; `skipped` lists `(step, attempt, error)` of
+    /// newer checkpoints that were damaged.
+    fn load_latest<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let cp = self.core()?.clone();
+        let loaded = runtime::wait(py, move || async move { cp.load_latest().await })
+            .and_then(IntoPyResult::py)?;
+        loaded.map(|l| loaded_to_py(py, l)).transpose()
+    }
+
+    /// Load the checkpoint of `step` (the newest attempt, unless `attempt` is given).
+    #[pyo3(signature = (step, attempt=None))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        attempt: Option<String>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = self.resolve(py, step, attempt)?;
+        let cp = self.core()?.clone();
+        let loaded = runtime::wait(py, move || async move { cp.load(&id).await })
+            .and_then(IntoPyResult::py)?;
+        loaded_to_py(py, loaded)
+    }
+
+    /// Load only the named tensors of a checkpoint: `{name: (dtype, shape, TensorBuffer)}`.
+    #[pyo3(signature = (step, names, attempt=None))]
+    fn load_tensors<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        names: Vec<String>,
+        attempt: Option<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let id = self.resolve(py, step, attempt)?;
+        let cp = self.core()?.clone();
+        let tensors = runtime::wait(py, move || async move {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            cp.load_tensors(&id, &names).await
+        })
+        .and_then(IntoPyResult::py)?;
+        tensors_to_py(py, tensors)
+    }
+
+    /// The metadata tree of a checkpoint, without reading any tensor.
+    #[pyo3(signature = (step, attempt=None))]
+    fn meta(&self, py: Python<'_>, step: u64, attempt: Option<String>) -> PyResult<Py<PyAny>> {
+        let id = self.resolve(py, step, attempt)?;
+        let cp = self.core()?.clone();
+        let m = runtime::wait(py, move || async move { cp.manifest(&id).await })
+            .and_then(IntoPyResult::py)?;
+        from_value(py, &m.meta)
+    }
+
+    /// Committed checkpoints, oldest first, as `(step, attempt)`.
+    fn committed(&self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
+        let cp = self.core()?.clone();
+        let ids = runtime::wait(py, move || async move { cp.committed().await })
+            .and_then(IntoPyResult::py)?;
+        Ok(ids.into_iter().map(|id| (id.step, id.attempt)).collect())
+    }
+
+    /// Every checkpoint under the root, committed or incomplete, as dicts with
+    /// `step`, `attempt`, `status` (`committed`, `incomplete`, `corrupt`),
+    /// `reason`, `bytes`, `tensors`, `format`. `verify=True` reads all data.
+    #[pyo3(signature = (verify=false))]
+    fn list<'py>(&self, py: Python<'py>, verify: bool) -> PyResult<Bound<'py, PyList>> {
+        let cp = self.core()?.clone();
+        let rows = runtime::wait(py, move || async move { cp.list(verify).await })
+            .and_then(IntoPyResult::py)?;
+        let out = PyList::empty(py);
+        for r in rows {
+            let d = PyDict::new(py);
+            d.set_item("step", r.id.step)?;
+            d.set_item("attempt", &r.id.attempt)?;
+            let (status, reason) = match &r.status {
+                Status::Committed => ("committed", None),
+                Status::Incomplete => ("incomplete", None),
+                Status::Corrupt(why) => ("corrupt", Some(why.clone())),
+                _ => ("unknown", None),
+            };
+            d.set_item("status", status)?;
+            d.set_item("reason", reason)?;
+            d.set_item("bytes", r.bytes)?;
+            d.set_item("tensors", r.tensors)?;
+            d.set_item("format", r.format)?;
+            out.append(d)?;
+        }
+        Ok(out)
+    }
+
+    /// Apply retention and delete unreferenced data now.
+    fn gc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let cp = self.core()?.clone();
+        let r =
+            runtime::wait(py, move || async move { cp.gc().await }).and_then(IntoPyResult::py)?;
+        let ids = |v: &[CheckpointId]| {
+            v.iter()
+                .map(|id| (id.step, id.attempt.clone()))
+                .collect::<Vec<_>>()
+        };
+        let d = PyDict::new(py);
+        d.set_item("retired", ids(&r.retired))?;
+        d.set_item("incomplete_removed", ids(&r.incomplete_removed))?;
+        d.set_item("chunks_deleted", r.chunks_deleted)?;
+        d.set_item("chunk_sweep_skipped", r.chunk_sweep_skipped)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Checkpointer({:?}, lazy={})", self.inner.url(), self.lazy)
+    }
+}
+
+fn tensors_to_py(py: Python<'_>, tensors: Vec<Tensor>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    for t in tensors {
+        let buf = Py::new(py, TensorBuffer::new(t.data))?;
+        d.set_item(t.name, (t.dtype.name(), t.shape, buf))?;
+    }
+    Ok(d)
+}
+
+fn loaded_to_py(py: Python<'_>, l: Loaded) -> PyResult<Bound<'_, PyTuple>> {
+    let meta = from_value(py, &l.state.meta)?;
+    let tensors = tensors_to_py(py, l.state.tensors)?;
+    let skipped = PyList::empty(py);
+    for (id, err) in l.skipped {
+        skipped.append((id.step, id.attempt, to_py(err).into_value(py)))?;
+    }
+    (l.id.step, l.id.attempt, tensors, meta, skipped).into_pyobject(py)
+}

@@ -1,0 +1,178 @@
+//! A save in progress, as seen from Python.
+//!
+//! `ckpt_core::SaveHandle::wait` consumes the handle, but a Python wait may be
+//! interrupted (Ctrl-C, a timeout) and retried, and may be asked twice. So a
+//! small task on the runtime owns the core handle, waits for the snapshot and
+//! then for the commit, and publishes both outcomes on watch channels that any
+//! number of Python calls can wait on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ckpt_core::{Error, SaveReport};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::watch;
+
+use crate::errors::{to_py, to_py_ref};
+use crate::runtime::{self, check_pid};
+
+type Outcome<T> = Option<Arc<Result<T, Error>>>;
+
+/// A save that was started by `Checkpointer.save`; the snapshot may still be
+/// copying and the checkpoint is durable only once `wait()` returned.
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct SaveHandle {
+    #[pyo3(get)]
+    step: u64,
+    #[pyo3(get)]
+    attempt: String,
+    stall: Duration,
+    snapshot: watch::Receiver<Outcome<()>>,
+    done: watch::Receiver<Outcome<SaveReport>>,
+    pid: u32,
+}
+
+impl SaveHandle {
+    /// Watch a core handle from a task on the runtime.
+    pub fn spawn(rt: &tokio::runtime::Runtime, handle: ckpt_core::SaveHandle) -> Self {
+        // An eager save returns with its snapshot already taken: say so at once.
+        let taken = handle.snapshot_done().then(|| Arc::new(Ok(())));
+        let (snap_tx, snapshot) = watch::channel(taken);
+        let (done_tx, done) = watch::channel(None);
+        let id = handle.id().clone();
+        let stall = handle.stall();
+        rt.spawn(async move {
+            let snap = handle.wait_snapshot().await;
+            let _ = snap_tx.send(Some(Arc::new(snap)));
+            let r = handle.wait().await;
+            let _ = done_tx.send(Some(Arc::new(r)));
+        });
+        SaveHandle {
+            step: id.step,
+            attempt: id.attempt,
+            stall,
+            snapshot,
+            done,
+            pid: std::process::id(),
+        }
+    }
+}
+
+fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    timeout
+        .map(|t| {
+            Duration::try_from_secs_f64(t).map_err(|_| {
+                crate::errors::invalid(format!(
+                    "timeout must be a non-negative number of seconds, not {t}"
+                ))
+            })
+        })
+        .transpose()
+}
+
+/// Wait until a watch channel holds an outcome.
+fn wait_outcome<T: Send + Sync>(
+    py: Python<'_>,
+    rx: &watch::Receiver<Outcome<T>>,
+    timeout: Option<f64>,
+    what: &str,
+) -> PyResult<Arc<Result<T, Error>>> {
+    let mut rx = rx.clone();
+    let wait = move || async move {
+        rx.wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|v| v.clone())
+    };
+    match runtime::block_on(py, timeout_of(timeout)?, wait)? {
+        Some(Some(out)) => Ok(out),
+        Some(None) => Err(to_py(Error::Internal(format!("the {what} task vanished")))),
+        None => Err(to_py(Error::Timeout(format!(
+            "{what} not finished after {} s",
+            timeout.unwrap_or(0.0)
+        )))),
+    }
+}
+
+#[pymethods]
+impl SaveHandle {
+    /// Seconds `save` kept the caller waiting.
+    #[getter]
+    fn stall(&self) -> f64 {
+        self.stall.as_secs_f64()
+    }
+
+    /// True once the snapshot is complete (or failed) and the state may change again.
+    fn snapshot_done(&self) -> bool {
+        self.snapshot.borrow().is_some()
+    }
+
+    /// True once the save is committed or failed.
+    fn done(&self) -> bool {
+        self.done.borrow().is_some()
+    }
+
+    /// Block until the snapshot copy is complete; raise its error if it failed.
+    #[pyo3(signature = (timeout=None))]
+    fn wait_snapshot(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        check_pid(self.pid, "SaveHandle")?;
+        let out = wait_outcome(py, &self.snapshot, timeout, "snapshot")?;
+        out.as_ref().as_ref().map(|_| ()).map_err(to_py_ref)
+    }
+
+    /// Block until the checkpoint is durable and committed; return the save's
+    /// report (a dict of timings in seconds and byte counts) or raise its error.
+    #[pyo3(signature = (timeout=None))]
+    fn wait<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        check_pid(self.pid, "SaveHandle")?;
+        let out = wait_outcome(py, &self.done, timeout, "save")?;
+        match out.as_ref() {
+            Ok(r) => report(py, r),
+            Err(e) => Err(to_py_ref(e)),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.done() {
+            "done"
+        } else if self.snapshot_done() {
+            "persisting"
+        } else {
+            "snapshotting"
+        };
+        format!(
+            "SaveHandle(step={}, attempt={:?}, {state})",
+            self.step, self.attempt
+        )
+    }
+}
+
+/// A [`SaveReport`] as a dict.
+fn report<'py>(py: Python<'py>, r: &SaveReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", r.id.step)?;
+    d.set_item("attempt", &r.id.attempt)?;
+    for (k, v) in [
+        ("stall", r.stall),
+        ("snapshot", r.snapshot),
+        ("persist", r.persist),
+        ("commit", r.commit),
+        ("total", r.total),
+        ("hash_cpu", r.hash_cpu),
+        ("encode_cpu", r.encode_cpu),
+        ("write_io", r.write_io),
+    ] {
+        d.set_item(k, v.as_secs_f64())?;
+    }
+    for (k, v) in [
+        ("raw_bytes", r.raw_bytes),
+        ("copied_bytes", r.copied_bytes),
+        ("stored_bytes", r.stored_bytes),
+        ("reused_bytes", r.reused_bytes),
+        ("objects", r.objects),
+    ] {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
