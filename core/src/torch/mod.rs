@@ -38,6 +38,9 @@ mod optim;
 pub mod restore;
 pub mod rng;
 
+/// The `tch` crate this adapter is built against (use it to get matching types).
+pub use tch;
+
 pub use capture::{CpuTensorSource, PinnedTensorSource, TorchCapture};
 pub use kind::{dtype_of, kind_of};
 pub use optim::{Adam, AdamConfig};

@@ -1,0 +1,145 @@
+//! The stall of a GPU save against a plain device-to-host copy of the same tensors.
+//!
+//! ```text
+//! tch_gpu_bench [--mib 1024] [--tensors 64] [--repeats 5]
+//! ```
+//!
+//! For a state of `--tensors` float32 CUDA tensors totalling `--mib` MiB, it times
+//! (median of `--repeats`):
+//! - `plain copy`: `Tensor::to(Cpu)` of every tensor (blocking, pageable memory),
+//!   the floor a naive checkpoint pays before training may go on;
+//! - `pinned copy`: non-blocking copies into pinned memory and one synchronise;
+//! - `save stall, eager`: `Checkpointer::save` of a `TorchCapture` of the tensors
+//!   until it returns (pinned copies, synchronise, copy into staging);
+//! - `save stall, lazy`: the same in lazy mode (the copies are only queued), and
+//!   the time until the lazy snapshot is complete.
+//!
+//! and prints each as seconds, GB/s and a ratio to the plain copy. The saves go to
+//! an in-memory store, so persisting does not touch the disk. Without a CUDA device
+//! it prints that it skipped and exits successfully.
+
+use std::time::{Duration, Instant};
+
+use ckpt_core::torch::tch::{self, Device, Kind, Tensor};
+use ckpt_core::torch::TorchCapture;
+use ckpt_core::{Retention, SnapshotMode};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{name} {v}: {e}")))
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn state(mib: u64, n: u64) -> Vec<Tensor> {
+    let per = (mib << 20) / 4 / n;
+    (0..n)
+        .map(|_| Tensor::randn([per as i64], (Kind::Float, Device::Cuda(0))))
+        .collect()
+}
+
+fn capture(ts: &[Tensor]) -> TorchCapture {
+    let mut cap = TorchCapture::new();
+    for (i, t) in ts.iter().enumerate() {
+        cap.tensor(format!("t{i:03}"), t).expect("capture");
+    }
+    cap
+}
+
+async fn saves(ts: &[Tensor], lazy: bool, repeats: u64) -> (Duration, Duration) {
+    let mut b = ckpt_formats::builder(format!("memory://gpu-bench-{lazy}"))
+        .retention(Retention::keep_last(1));
+    if lazy {
+        b = b.snapshot(SnapshotMode::Lazy);
+    }
+    let cp = b.build().await.expect("checkpointer");
+    let (mut stalls, mut snaps) = (Vec::new(), Vec::new());
+    for step in 0..=repeats {
+        tch::Cuda::synchronize(0);
+        let start = Instant::now();
+        let h = cp.save(step, capture(ts)).await.expect("save");
+        let stall = start.elapsed();
+        h.wait_snapshot().await.expect("snapshot");
+        let snap = start.elapsed();
+        h.wait().await.expect("persist");
+        if step > 0 {
+            // The first save sizes the staging pool; it is not timed.
+            stalls.push(stall);
+            snaps.push(snap);
+        }
+    }
+    (median(stalls), median(snaps))
+}
+
+#[tokio::main]
+async fn main() {
+    if !tch::Cuda::is_available() {
+        println!("tch_gpu_bench: skipped: no CUDA device (libtorch sees none)");
+        return;
+    }
+    let (mib, n, repeats) = (
+        arg("--mib", 1024),
+        arg("--tensors", 64),
+        arg("--repeats", 5).max(1),
+    );
+    let ts = state(mib, n);
+    let bytes: u64 = ts.iter().map(|t| (t.numel() * 4) as u64).sum();
+    tch::Cuda::synchronize(0);
+
+    let time = |f: &dyn Fn()| {
+        let v = (0..=repeats)
+            .map(|_| {
+                tch::Cuda::synchronize(0);
+                let s = Instant::now();
+                f();
+                s.elapsed()
+            })
+            .skip(1)
+            .collect();
+        median(v)
+    };
+    let plain = time(&|| {
+        let host: Vec<Tensor> = ts.iter().map(|t| t.to_device(Device::Cpu)).collect();
+        drop(host);
+    });
+    let pinned = time(&|| {
+        let host: Vec<Tensor> = ts
+            .iter()
+            .map(|t| t.to_device_(Device::Cpu, Kind::Float, true, true))
+            .collect();
+        tch::Cuda::synchronize(0);
+        drop(host);
+    });
+    let (eager, _) = saves(&ts, false, repeats).await;
+    let (lazy, lazy_snap) = saves(&ts, true, repeats).await;
+
+    println!(
+        "state: {n} float32 CUDA tensors, {:.1} MiB; median of {repeats}",
+        bytes as f64 / (1u64 << 20) as f64
+    );
+    println!(
+        "{:<34} {:>10} {:>9} {:>12}",
+        "what", "seconds", "GB/s", "vs plain"
+    );
+    for (what, d) in [
+        ("plain copy (to CPU, pageable)", plain),
+        ("pinned copy (non-blocking + sync)", pinned),
+        ("save stall, eager", eager),
+        ("save stall, lazy", lazy),
+        ("lazy snapshot complete", lazy_snap),
+    ] {
+        println!(
+            "{what:<34} {:>10.4} {:>9.2} {:>12.3}",
+            d.as_secs_f64(),
+            bytes as f64 / d.as_secs_f64() / 1e9,
+            d.as_secs_f64() / plain.as_secs_f64()
+        );
+    }
+}
