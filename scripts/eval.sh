@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
 export CKPT_PYTHON="$PWD/.venv/bin/python"
+# What the `torch` feature (tch on the venv's libtorch) needs to build and run.
+source scripts/env.sh
 cargo build --release -q -p ckpt-eval
 exec ./target/release/ckpt-eval "$@"

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
 export CKPT_PYTHON="$PWD/.venv/bin/python"
+# What the `torch` feature (tch on the venv's libtorch) needs to build and run.
+source scripts/env.sh
 
 # A Garage node on loopback for the S3 tests; stopped on exit, whatever happens.
 if [ "${CKPT_SKIP_GARAGE:-0}" != 1 ]; then
