@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- Debian packages ---------------------------------------------------------
-APT_PACKAGES=(libhdf5-dev hdf5-tools libopenmpi-dev openmpi-bin libclang-dev clang pkg-config)
+# g++: torch-sys (the torch feature) compiles its C++ wrapper of libtorch.
+APT_PACKAGES=(libhdf5-dev hdf5-tools libopenmpi-dev openmpi-bin libclang-dev clang pkg-config g++)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
