@@ -2,7 +2,8 @@
 //!
 //! A source is a checkpoint root (a URL or path; its newest intact checkpoint, or
 //! a given step) or a plain file written by anything (`.pt`/`.pth`/`.bin` through
-//! [`crate::torch::read_pt`], `.safetensors` through [`crate::safetensors::read_file`]).
+//! [`crate::torch::read_pt`], `.safetensors` through [`crate::safetensors::read_file`],
+//! `.h5`/`.hdf5` through `crate::hdf5::read_h5` with the `hdf5` feature).
 //! A destination is a checkpoint root, written through the engine in the chosen
 //! format at the source's step, or a plain `.pt` / `.safetensors` file, which then
 //! carries the non-tensor state too.
@@ -41,6 +42,8 @@ fn file_kind(path: &str) -> Option<&'static str> {
     match ext.as_str() {
         "pt" | "pth" | "bin" => Some("torch"),
         "safetensors" => Some("safetensors"),
+        #[cfg(feature = "hdf5")]
+        "h5" | "hdf5" => Some("hdf5"),
         _ => None,
     }
 }
@@ -49,6 +52,10 @@ fn file_kind(path: &str) -> Option<&'static str> {
 pub fn read_plain_file(path: &str) -> Result<State> {
     let kind = file_kind(path)
         .ok_or_else(|| Error::InvalidInput(format!("`{path}`: unknown file type")))?;
+    #[cfg(feature = "hdf5")]
+    if kind == "hdf5" {
+        return crate::hdf5::read_h5(Path::new(path)).map_err(|e| e.into_corrupt(path));
+    }
     let bytes = Bytes::from(std::fs::read(path)?);
     match kind {
         "torch" => crate::torch::read_pt(&bytes),
@@ -94,6 +101,8 @@ pub async fn convert(src: &str, dst: &str, opts: &ConvertOptions) -> Result<Conv
         }
         let bytes = match kind {
             "torch" => crate::torch::write_pt(&state),
+            #[cfg(feature = "hdf5")]
+            "hdf5" => crate::hdf5::encode(&state).map_err(crate::CodecError::from),
             _ => crate::safetensors::codec::encode(&state),
         }
         .map_err(|e| Error::InvalidInput(format!("cannot write `{dst}`: {e}")))?;
@@ -175,7 +184,11 @@ mod tests {
             .wait()
             .await
             .unwrap();
-        for file in ["x.pt", "x.safetensors"] {
+        #[allow(unused_mut)]
+        let mut files = vec!["x.pt", "x.safetensors"];
+        #[cfg(feature = "hdf5")]
+        files.push("x.h5");
+        for file in files {
             let f = dir.path().join(file);
             let f = f.to_str().unwrap();
             convert(src.to_str().unwrap(), f, &ConvertOptions::default())

@@ -22,6 +22,8 @@
 
 pub mod convert;
 pub mod error;
+#[cfg(feature = "hdf5")]
+pub mod hdf5;
 pub mod native;
 pub mod safetensors;
 pub mod torch;
@@ -43,6 +45,8 @@ pub fn registry() -> FormatRegistry {
     r.register(native());
     r.register(Arc::new(safetensors::Safetensors));
     r.register(Arc::new(torch::Torch));
+    #[cfg(feature = "hdf5")]
+    r.register(Arc::new(hdf5::Hdf5));
     r
 }
 
