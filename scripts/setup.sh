@@ -3,6 +3,7 @@
 # (run as root). A second run only checks and returns.
 #   - Debian packages: libhdf5, OpenMPI, libclang (for the mpi crate), pkg-config
 #   - the Python venv in .venv with PyTorch, safetensors, h5py, pytest, maturin
+#   - the ckpt Python package (bindings/) built and installed into .venv
 #   - Garage (S3-compatible server) from crates.io, cached in ~/.cargo/bin
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,18 @@ if [ "$(cat .venv/.requirements 2>/dev/null)" != "$req_hash" ]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -r scripts/requirements.txt
   echo "$req_hash" > .venv/.requirements
+fi
+
+# --- The ckpt Python package (bindings/, PyO3 built by maturin) -----------------
+# Rebuilt and reinstalled into .venv only when a source it is made of changed.
+bindings_hash=$(find bindings/src bindings/python core/src formats/src -type f \
+    \( -name '*.rs' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \) | LC_ALL=C sort \
+  | xargs cat Cargo.lock bindings/Cargo.toml bindings/pyproject.toml core/Cargo.toml formats/Cargo.toml \
+  | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.ckpt-bindings 2>/dev/null)" != "$bindings_hash" ]; then
+  log "building and installing the ckpt Python package (release build; a few minutes the first time)"
+  .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
+  echo "$bindings_hash" > .venv/.ckpt-bindings
 fi
 
 # --- Garage (S3-compatible server for the S3 tests) ----------------------------

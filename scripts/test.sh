@@ -20,4 +20,7 @@ fi
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features --no-fail-fast
 
+echo "== Python tests (bindings, examples)"
+python -m pytest -q bindings/tests
+
 echo "== all tests passed"

@@ -181,6 +181,8 @@ class Checkpointer:
 
         Raises :class:`~ckpt.ConflictError` if ``step`` is already committed.
         """
+        if type(step) is not int or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         entries = self._entries(state, named)
         if self._rng:
             entries["rng"] = RNGState()

@@ -1,0 +1,121 @@
+"""Every engine error arrives as its own exception class, with its details."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt
+
+
+def test_hierarchy() -> None:
+    for cls in (
+        ckpt.NotFoundError,
+        ckpt.CorruptError,
+        ckpt.ConflictError,
+        ckpt.InvalidInputError,
+        ckpt.UnsupportedError,
+        ckpt.StorageError,
+        ckpt.CheckpointIOError,
+        ckpt.CheckpointTimeoutError,
+        ckpt.SkippedError,
+        ckpt.InternalError,
+    ):
+        assert issubclass(cls, ckpt.CheckpointError)
+    assert issubclass(ckpt.InvalidInputError, ValueError)
+    assert issubclass(ckpt.CheckpointTimeoutError, TimeoutError)
+    assert issubclass(ckpt.StorageError, OSError)
+    assert issubclass(ckpt.NotFoundError, LookupError)
+
+
+def test_not_found(url: str) -> None:
+    cp = ckpt.Checkpointer(url)
+    with pytest.raises(ckpt.NotFoundError, match="step 99"):
+        cp.read(99)
+
+
+def test_conflict_leaves_the_first_checkpoint(url: str) -> None:
+    cp = ckpt.Checkpointer(url, rng=False)
+    cp.save(3, w=torch.ones(4)).wait()
+    with pytest.raises(ckpt.ConflictError):
+        cp.save(3, w=torch.zeros(4))
+    assert torch.equal(cp.read(3).state["w"], torch.ones(4))
+
+
+def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: Path) -> None:
+    cp = ckpt.Checkpointer(url, rng=False)
+    cp.save(1, big=torch.zeros(1 << 16)).wait()
+    before = {p for p in root.rglob("*") if p.is_file()}
+    cp.save(2, big=torch.arange(1 << 16, dtype=torch.float32)).wait()
+    new = [p for p in root.rglob("*") if p.is_file() and p not in before and "manifest" not in str(p)]
+    target = max(new, key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+    with pytest.raises(ckpt.CorruptError) as info:
+        cp.read(2)
+    assert info.value.tensor == "big"
+    assert info.value.object and isinstance(info.value.object, str)
+    assert info.value.reason
+
+    # The damaged newest checkpoint is skipped, with a warning, not an error.
+    big = torch.empty(1 << 16)
+    with pytest.warns(UserWarning, match="skipped damaged checkpoint of step 2"):
+        assert cp.load_latest(big=big) == 1
+    assert torch.equal(big, torch.zeros(1 << 16))
+    latest = cp.read_latest()
+    assert latest is not None and latest.step == 1
+    assert [s for s, _, e in latest.skipped if isinstance(e, ckpt.CorruptError)] == [2]
+
+
+def test_invalid_input() -> None:
+    with pytest.raises(ckpt.InvalidInputError):
+        ckpt.Checkpointer("memory://bad-opts", busy="sometimes")
+    with pytest.raises(ckpt.InvalidInputError):
+        ckpt.Checkpointer("memory://bad-opts", compression="lz77")
+    cp = ckpt.Checkpointer("memory://bad-values", rng=False)
+    with pytest.raises(ckpt.InvalidInputError, match=r"\$\['cfg'\]\['f'\]"):
+        cp.save(1, cfg={"f": lambda: 1})
+    with pytest.raises(ckpt.InvalidInputError, match="64 bits"):
+        cp.save(1, n=2**70)
+    with pytest.raises(ckpt.InvalidInputError):
+        cp.save(1, {1.5: "float key"})
+    with pytest.raises(ckpt.InvalidInputError):
+        cp.save(1, a=np.array([object()]))
+    with pytest.raises(ckpt.InvalidInputError):
+        cp.save(1, c=torch.zeros(2, dtype=torch.complex128))
+    assert cp.steps() == [], "nothing was written by refused saves"
+
+
+def test_unsupported_scheme() -> None:
+    with pytest.raises(ckpt.UnsupportedError):
+        ckpt.Checkpointer("gopher://host/x")
+
+
+def test_io_error_on_unusable_root(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises((ckpt.CheckpointIOError, ckpt.StorageError)) as info:
+        ckpt.Checkpointer((blocker / "sub").as_uri())
+    assert isinstance(info.value, OSError)
+
+
+def test_timeout_and_skipped(url: str) -> None:
+    model = torch.nn.Linear(4096, 2048, bias=False)  # 32 MiB of parameters
+    cp = ckpt.Checkpointer(url, rng=False, lazy=True, staging_budget=40 << 20, busy="skip", compression="zstd")
+    h = cp.save(1, model=model)
+    # The first save holds the staging budget until it is written: the next is skipped.
+    with pytest.raises(ckpt.SkippedError) as info:
+        cp.save(2, model=model)
+    assert info.value.step == 2
+    # Compressing and writing 32 MiB takes far longer than zero seconds.
+    with pytest.raises(ckpt.CheckpointTimeoutError):
+        h.wait(timeout=0)
+    report = h.wait()
+    assert report["step"] == 1 and report["copied_bytes"] == 4096 * 2048 * 4
+    cp.wait()
+    assert cp.steps() == [1]
