@@ -433,7 +433,10 @@ mod tests {
     async fn outcomes(seed: u64) -> Vec<bool> {
         let store = FaultStore::new(
             Arc::new(object_store::memory::InMemory::new()),
-            FaultPlan::flaky_puts(seed, 0.5),
+            FaultPlan {
+                timeout: Duration::from_millis(1),
+                ..FaultPlan::flaky_puts(seed, 0.5)
+            },
         );
         let mut v = Vec::new();
         for i in 0..40 {
@@ -450,7 +453,7 @@ mod tests {
         v
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn same_seed_same_faults() {
         let a = outcomes(7).await;
         assert_eq!(a, outcomes(7).await);

@@ -44,7 +44,7 @@ pub use tiered::{FlushReport, TieredOptions, TieredStore};
 /// build without the `s3` feature.
 pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
     if url.starts_with(tiered::SCHEME_PREFIX) {
-        return Ok(tiered::open_url(url)?);
+        return tiered::open_url(url);
     }
     match url.split_once("://") {
         None => open_dir(std::path::Path::new(url)),

@@ -258,7 +258,7 @@ mod tests {
     use super::*;
     use crate::store::fault::{FaultPlan, FaultStore};
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn lost_ack_on_create_is_recognised_as_ours() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let plan = FaultPlan {
@@ -294,11 +294,12 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn gives_up_after_max_retries() {
         let mem: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let plan = FaultPlan {
             put_timeout: 1.0,
+            timeout: Duration::from_millis(5),
             ..FaultPlan::none(4)
         };
         let faulty = FaultStore::new(mem, plan);
