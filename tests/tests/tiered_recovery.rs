@@ -135,9 +135,10 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let fast = store::open_dir(&dir.path().join("fast"))?;
     let durable_inner = store::open_dir(&dir.path().join("durable"))?;
-    // Chunk copies fail on the durable tier; data and manifest puts would succeed.
+    // One chunk copy fails on the durable tier; the other chunks and the manifest would land.
     let plan = FaultPlan {
-        put_error: 0.5,
+        put_error: 1.0,
+        max_faults: Some(1),
         only_prefix: Some("chunks/".into()),
         ..FaultPlan::none(9)
     };
@@ -150,7 +151,7 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
     let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
     cp.save(1, &state(1)).await?.wait().await?;
     let report = tiered.flush().await?;
-    assert!(durable.injected().errors > 0);
+    assert_eq!(durable.injected().errors, 1);
     assert_eq!(report.failed.len(), 1);
     assert!(
         catalog::committed(durable_inner.as_ref()).await?.is_empty(),
