@@ -1,0 +1,123 @@
+//! The Python baselines (`evaluator/python/baselines.py`), run as a subprocess on
+//! exactly the tensors ckpt saves: the state is written once as a JSON spec and a
+//! binary blob, and the script prints its timings as JSON.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ckpt_core::State;
+use serde_json::Value as Json;
+
+/// The baseline script, embedded so the binary works from any directory.
+pub const SCRIPT: &str = include_str!("../python/baselines.py");
+
+/// The Python interpreter: `$CKPT_PYTHON`, else `.venv/bin/python` of the repo.
+pub fn interpreter() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("CKPT_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    [
+        repo.join(".venv/bin/python"),
+        PathBuf::from(".venv/bin/python"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+}
+
+/// A state written for the script: where the spec, blob and script live.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    /// The JSON spec.
+    pub spec: PathBuf,
+    /// The raw bytes of every tensor, back to back.
+    pub blob: PathBuf,
+    /// The script.
+    pub script: PathBuf,
+    /// Scratch directory for the script's checkpoints.
+    pub work: PathBuf,
+}
+
+/// Write `state` (spec + blob) and the script under `dir`.
+pub fn export(state: &State, dir: &Path) -> std::io::Result<Exported> {
+    std::fs::create_dir_all(dir)?;
+    let blob = dir.join("state.bin");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&blob)?);
+    let mut offset = 0u64;
+    let mut tensors = Vec::new();
+    for t in &state.tensors {
+        f.write_all(&t.data)?;
+        tensors.push(serde_json::json!({
+            "name": t.name,
+            "dtype": format!("{:?}", t.dtype),
+            "shape": t.shape,
+            "offset": offset,
+            "nbytes": t.data.len(),
+        }));
+        offset += t.data.len() as u64;
+    }
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    let spec = dir.join("spec.json");
+    std::fs::write(
+        &spec,
+        serde_json::to_vec(&serde_json::json!({ "tensors": tensors }))?,
+    )?;
+    let script = dir.join("baselines.py");
+    std::fs::write(&script, SCRIPT)?;
+    let work = dir.join("py");
+    std::fs::create_dir_all(&work)?;
+    Ok(Exported {
+        spec,
+        blob,
+        script,
+        work,
+    })
+}
+
+/// Run the script with `args` after the common ones; returns its JSON output.
+pub fn run(python: &Path, e: &Exported, what: &str, args: &[String]) -> Result<Json, String> {
+    let out = Command::new(python)
+        .arg(&e.script)
+        .arg(what)
+        .arg("--spec")
+        .arg(&e.spec)
+        .arg("--blob")
+        .arg(&e.blob)
+        .arg("--dir")
+        .arg(&e.work)
+        .args(args)
+        .output()
+        .map_err(|err| format!("cannot run {}: {err}", python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: String = stderr
+            .lines()
+            .rev()
+            .take(8)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        return Err(format!(
+            "baselines.py {what} failed ({}):\n{tail}",
+            out.status
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("baselines.py printed no JSON")?;
+    serde_json::from_str(line).map_err(|err| format!("baselines.py output: {err}"))
+}
+
+/// Numbers of a JSON array field (empty if absent).
+pub fn floats(v: &Json, key: &str) -> Vec<f64> {
+    v.get(key)
+        .and_then(Json::as_array)
+        .map(|a| a.iter().filter_map(Json::as_f64).collect())
+        .unwrap_or_default()
+}
