@@ -3,8 +3,11 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+
 use tch::{Device, Tensor};
 
+use super::cuda::{queue_pinned_copy, CudaFence, PinnedTensorSource};
 use super::kind::{dtype_of, shape_of};
 use super::tch_err;
 use crate::error::{Error, Result};
@@ -77,113 +80,6 @@ impl CopySource for CpuTensorSource {
     }
 }
 
-/// Devices whose queued copies have been waited for, shared by the sources of one
-/// capture so that each device is synchronised once per snapshot.
-#[derive(Debug, Default)]
-pub(super) struct CudaFence {
-    synced: Mutex<BTreeSet<usize>>,
-}
-
-impl CudaFence {
-    fn wait(&self, device: usize) -> Result<()> {
-        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
-        if synced.contains(&device) {
-            return Ok(());
-        }
-        // tch reports a CUDA failure here as a panic; turn it into an error.
-        std::panic::catch_unwind(|| tch::Cuda::synchronize(device as i64)).map_err(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Error::Internal(format!("synchronising cuda:{device} failed: {msg}"))
-        })?;
-        synced.insert(device);
-        Ok(())
-    }
-}
-
-/// A [`CopySource`] over a pinned host copy of a CUDA tensor.
-///
-/// The device-to-host copy was queued (non-blocking) on the tensor's current stream
-/// when the tensor was captured; `copy_into` synchronises the device first, so the
-/// bytes are complete before anything reads them. Kernels the loop queues later on
-/// the same stream (an optimizer step) run after the copy, so only other streams
-/// need the loop to wait for the snapshot.
-#[derive(Debug)]
-pub struct PinnedTensorSource {
-    host: Mutex<Tensor>,
-    device: usize,
-    fence: Arc<CudaFence>,
-    numel: usize,
-    len: usize,
-}
-
-impl PinnedTensorSource {
-    /// True when the host buffer is page-locked (the non-blocking copy really ran
-    /// asynchronously; otherwise libtorch copied synchronously).
-    pub fn is_pinned(&self) -> bool {
-        let host = self.host.lock().unwrap_or_else(|p| p.into_inner());
-        host.f_is_pinned(Device::Cuda(self.device)).unwrap_or(false)
-    }
-}
-
-impl CopySource for PinnedTensorSource {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn copy_into(&self, dst: &mut [u8]) -> Result<()> {
-        if dst.len() != self.len {
-            return Err(Error::Internal(format!(
-                "staging buffer of {} bytes for a tensor of {}",
-                dst.len(),
-                self.len
-            )));
-        }
-        self.fence.wait(self.device)?;
-        if self.numel == 0 {
-            return Ok(());
-        }
-        let host = self.host.lock().unwrap_or_else(|p| p.into_inner());
-        host.f_copy_data_u8(dst, self.numel)
-            .map_err(|e| tch_err("copy a pinned buffer into staging", e))
-    }
-}
-
-/// Queue a non-blocking copy of a CUDA tensor into pinned host memory.
-///
-/// `Tensor::to` with `non_blocking` from CUDA to the CPU allocates its output in
-/// pinned memory (libtorch's caching host allocator, so repeated saves reuse it).
-pub(super) fn queue_pinned_copy(
-    t: &Tensor,
-    device: usize,
-    fence: &Arc<CudaFence>,
-) -> Result<PinnedTensorSource> {
-    let kind = t.f_kind().map_err(|e| tch_err("read a tensor's kind", e))?;
-    let host = tch::no_grad(|| {
-        let src = if t.is_contiguous() {
-            t.shallow_clone()
-        } else {
-            t.f_contiguous()?
-        };
-        src.f_to_device_(Device::Cpu, kind, true, true)
-    })
-    .map_err(|e| tch_err("queue a device-to-host copy", e))?;
-    let numel = host.numel();
-    let len = numel
-        .checked_mul(kind.elt_size_in_bytes())
-        .ok_or_else(|| Error::InvalidInput("tensor byte size overflows".into()))?;
-    Ok(PinnedTensorSource {
-        host: Mutex::new(host),
-        device,
-        fence: fence.clone(),
-        numel,
-        len,
-    })
-}
-
 /// Builds a [`Capture`] from `tch` tensors, `VarStore`s and plain data.
 ///
 /// Non-tensor state goes into a map (`meta(key, value)`); the checkpoint's meta is
@@ -194,6 +90,8 @@ pub struct TorchCapture {
     meta: Vec<(Key, Value)>,
     fence: Arc<CudaFence>,
     cuda_devices: BTreeSet<usize>,
+    /// CUDA tensors: their index in `tensors` and their pinned copy.
+    pinned: Vec<(usize, Arc<PinnedTensorSource>)>,
 }
 
 impl TorchCapture {
@@ -216,7 +114,9 @@ impl TorchCapture {
             Device::Cpu => CpuTensorSource::new(t)?,
             Device::Cuda(i) => {
                 self.cuda_devices.insert(i);
-                Arc::new(queue_pinned_copy(t, i, &self.fence)?)
+                let src = Arc::new(queue_pinned_copy(t, i, &self.fence)?);
+                self.pinned.push((self.tensors.len(), src.clone()));
+                src
             }
             other => {
                 return Err(Error::Unsupported(format!(
@@ -270,6 +170,22 @@ impl TorchCapture {
     pub fn synchronize(&self) -> Result<()> {
         for &d in &self.cuda_devices {
             self.fence.wait(d)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the queued device-to-host copies and hand their pinned buffers to
+    /// the engine as they are, instead of copying them into staging at snapshot time.
+    ///
+    /// For eager saves of CUDA state this is the shortest stall: the caller waits
+    /// for the device-to-host copies alone. The pinned buffers (from libtorch's
+    /// caching host allocator, outside the staging budget) then live until the save
+    /// has persisted them. CPU tensors are unaffected.
+    pub fn settle(&mut self) -> Result<()> {
+        self.synchronize()?;
+        for (i, src) in self.pinned.drain(..) {
+            let bytes = Bytes::from_owner(src.settled()?);
+            self.tensors[i].data = TensorData::Shared(bytes);
         }
         Ok(())
     }

@@ -33,6 +33,7 @@
 //! ```
 
 mod capture;
+mod cuda;
 mod kind;
 mod optim;
 pub mod restore;
@@ -41,7 +42,8 @@ pub mod rng;
 /// The `tch` crate this adapter is built against (use it to get matching types).
 pub use tch;
 
-pub use capture::{CpuTensorSource, PinnedTensorSource, TorchCapture};
+pub use capture::{CpuTensorSource, TorchCapture};
+pub use cuda::PinnedTensorSource;
 pub use kind::{dtype_of, kind_of};
 pub use optim::{Adam, AdamConfig};
 

@@ -324,10 +324,51 @@ fn cuda_copies_land_in_pinned_memory() {
         return;
     }
     let t = Tensor::randn([1024], (Kind::Float, Device::Cuda(0)));
-    let fence = std::sync::Arc::new(capture::CudaFence::default());
-    let src = capture::queue_pinned_copy(&t, 0, &fence).unwrap();
+    let fence = std::sync::Arc::new(cuda::CudaFence::default());
+    let src = cuda::queue_pinned_copy(&t, 0, &fence).unwrap();
     assert!(
         src.is_pinned(),
         "the non-blocking copy did not use pinned memory"
     );
+}
+
+#[test]
+fn settle_leaves_cpu_tensors_to_the_snapshot() {
+    let t = Tensor::ones([3], (Kind::Float, Device::Cpu));
+    let mut cap = TorchCapture::new();
+    cap.tensor("t", &t).unwrap();
+    cap.settle().unwrap();
+    let capture: Capture = cap.into();
+    assert!(matches!(capture.tensors[0].data, TensorData::Copy(_)));
+}
+
+#[test]
+fn settled_cuda_tensors_are_handed_over_without_a_staging_copy() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: no CUDA device (the CUDA capture path needs a GPU)");
+        return;
+    }
+    let _rng = rng_lock();
+    tch::manual_seed(12);
+    let dev = Device::Cuda(0);
+    let a = Tensor::randn([1000, 7], (Kind::Float, dev));
+    let b = Tensor::randn([4, 5], (Kind::BFloat16, dev)).tr();
+    let want = [bytes_of(&a), bytes_of(&b)];
+    let mut cap = TorchCapture::new();
+    cap.tensor("a", &a).unwrap();
+    cap.tensor("b", &b).unwrap();
+    cap.settle().unwrap();
+    let capture: Capture = cap.into();
+    for (t, w) in capture.tensors.iter().zip(&want) {
+        match &t.data {
+            TensorData::Shared(bytes) => assert_eq!(bytes.as_ref(), w.as_slice(), "{}", t.name),
+            other => panic!("{} was not settled: {other:?}", t.name),
+        }
+    }
+    // Mutating the device tensor afterwards does not touch the settled bytes.
+    let mut a = a;
+    let _ = a.fill_(0.0);
+    tch::Cuda::synchronize(0);
+    let state = freeze(capture);
+    assert_eq!(state.tensor("a").unwrap().data.as_ref(), want[0].as_slice());
 }
