@@ -2,11 +2,28 @@
 //!
 //! The benchmark suite of ckpt: experiments that measure checkpointing against the
 //! machine's own limits and the usual alternatives, measured in the same run.
+//!
+//! - [`suite`]: which experiments run on what state, and their gathered results;
+//! - [`experiments`]: engine, formats, overhead, determinism, interference, interval;
+//! - [`models`] / [`workload`]: generated states shaped like real models;
+//! - [`limits`]: memcpy, write + fsync and cold read floors;
+//! - [`python`]: the Python baselines (torch.save, safetensors, DCP, h5py);
+//! - [`noise`]: bounded local noise generators;
+//! - [`train`]: a small real model for the bitwise resume check;
+//! - [`report`] / [`plot`]: tables, CSV, JSON, SVG/PNG plots, Markdown report;
+//! - [`interval`] / [`stats`]: Young/Daly and goodput arithmetic, medians and spread.
 #![warn(missing_docs)]
 
 pub mod experiments;
 pub mod interval;
 pub mod limits;
+pub mod models;
+pub mod noise;
+pub mod plot;
+pub mod python;
+pub mod report;
 pub mod rss;
 pub mod stats;
+pub mod suite;
+pub mod train;
 pub mod workload;

@@ -1,16 +1,23 @@
 //! `ckpt-eval`: measure checkpointing. See `ckpt-eval --help`.
+//!
+//! With no subcommand it runs the default suite: every experiment at a small
+//! size, tables on the terminal, and a run directory with `results.json`, CSVs,
+//! plots and `report.md`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ckpt_eval::experiments::engine::{EngineBench, EngineResults};
+use ckpt_eval::experiments::engine::EngineResults;
+use ckpt_eval::experiments::Ctx;
+use ckpt_eval::models::{DtypeMix, MODELS};
+use ckpt_eval::suite::{Experiment, SuiteConfig};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
     name = "ckpt-eval",
     version,
-    about = "Measure checkpointing cost, formats, scale and recovery"
+    about = "Measure checkpointing cost, formats, determinism, interference and intervals"
 )]
 struct Cli {
     /// Directory on the disk under test (checkpoints are written and deleted here).
@@ -22,23 +29,78 @@ struct Cli {
     /// Repeats of each measurement.
     #[arg(long, global = true, default_value_t = 3)]
     repeats: usize,
+    /// Model whose tensor shapes the state takes (resnet50, bert-large, gpt2-xl, llama3-8b).
+    #[arg(long, global = true, default_value = "gpt2-xl")]
+    model: String,
+    /// State size in MiB (parameters plus optimizer state), scaled from the model.
+    #[arg(long, global = true, default_value_t = 256)]
+    mib: usize,
+    /// Dtype mix: fp32, or bf16 (bf16 parameters, f32 master copy and moments).
+    #[arg(long, global = true, default_value = "fp32")]
+    dtype: String,
+    /// Leave the Adam optimizer state out.
+    #[arg(long, global = true)]
+    no_optimizer: bool,
+    /// Skip the Python baselines.
+    #[arg(long, global = true)]
+    no_python: bool,
+    /// No progress bars.
+    #[arg(long, global = true)]
+    quiet: bool,
+    /// State size of the engine benchmark in the suite, MiB.
+    #[arg(long, global = true, default_value_t = 512)]
+    engine_mib: usize,
+    /// zstd levels of the native format (0 = uncompressed), comma separated.
+    #[arg(long, global = true, value_delimiter = ',', default_values_t = vec![0, 1, 3])]
+    zstd: Vec<i32>,
+    /// Overhead: training steps per run.
+    #[arg(long, global = true, default_value_t = 8)]
+    steps: u64,
+    /// Overhead: checkpoint every this many steps.
+    #[arg(long, global = true, default_value_t = 4)]
+    every: u64,
+    /// Overhead: emulated compute per step, milliseconds.
+    #[arg(long, global = true, default_value_t = 200)]
+    compute_ms: u64,
+    /// Interference: threads per noise generator.
+    #[arg(long, global = true, default_value_t = 1)]
+    intensity: usize,
+    /// Interference: state size in MiB.
+    #[arg(long, global = true, default_value_t = 64)]
+    interference_mib: usize,
+    /// Interval: mean time between failures, seconds.
+    #[arg(long, global = true, default_value_t = 3600.0)]
+    mtbf: f64,
+    /// Interval: fixed restart cost (before loading), seconds.
+    #[arg(long, global = true, default_value_t = 60.0)]
+    restart: f64,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Clone, Copy)]
 enum Cmd {
-    /// The default suite (every experiment at a small size).
+    /// The default suite (every experiment at a small size); also what runs with no subcommand.
     Suite,
     /// The engine benchmark: stall, time to commit, memory, incremental bytes.
     Engine {
         /// State size in MiB.
         #[arg(long, default_value_t = 1024)]
-        mib: usize,
+        engine_mib: usize,
         /// Number of tensors.
         #[arg(long, default_value_t = 64)]
         tensors: usize,
     },
+    /// Formats: ckpt's formats and the Python baselines, save/load/size.
+    Formats,
+    /// Overhead of checkpointing a training loop every k steps.
+    Overhead,
+    /// Byte-identical saves and bitwise resume.
+    Determinism,
+    /// Checkpoints under memory/disk/CPU/network noise, and the reverse.
+    Interference,
+    /// Young/Daly interval and goodput from measured costs (runs formats and overhead).
+    Interval,
 }
 
 fn print_engine(r: &EngineResults) {
@@ -94,25 +156,92 @@ fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
+    let mix = DtypeMix::parse(&cli.dtype)
+        .ok_or_else(|| format!("--dtype must be fp32 or bf16, not {:?}", cli.dtype))?;
+    if !MODELS.contains(&cli.model.as_str()) {
+        return Err(format!("--model must be one of {MODELS:?}").into());
+    }
+    let (experiments, engine_mib, engine_tensors) = match cli.cmd {
+        None | Some(Cmd::Suite) => (Experiment::ALL.to_vec(), cli.engine_mib, 64),
+        Some(Cmd::Engine {
+            engine_mib,
+            tensors,
+        }) => (vec![Experiment::Engine], engine_mib, tensors),
+        Some(Cmd::Formats) => (vec![Experiment::Formats], 0, 0),
+        Some(Cmd::Overhead) => (vec![Experiment::Overhead], 0, 0),
+        Some(Cmd::Determinism) => (vec![Experiment::Determinism], 0, 0),
+        Some(Cmd::Interference) => (vec![Experiment::Interference], 0, 0),
+        Some(Cmd::Interval) => (
+            vec![
+                Experiment::Formats,
+                Experiment::Overhead,
+                Experiment::Interval,
+            ],
+            0,
+            0,
+        ),
+    };
     let dir = run_dir(&cli.out)?;
     std::fs::create_dir_all(&cli.scratch)?;
-    let scratch = std::fs::canonicalize(&cli.scratch)?;
-    let (mib, tensors) = match cli.cmd {
-        Some(Cmd::Engine { mib, tensors }) => (mib, tensors),
-        Some(Cmd::Suite) | None => (1024, 64),
-    };
-    let bench = EngineBench {
-        bytes: mib << 20,
-        tensors,
+    let ctx = Ctx {
+        scratch: std::fs::canonicalize(&cli.scratch)?,
         repeats: cli.repeats.max(1),
+        python: if cli.no_python {
+            None
+        } else {
+            ckpt_eval::python::interpreter()
+        },
+        progress: !cli.quiet,
     };
-    let r = bench.run(&scratch).await?;
-    print_engine(&r);
-    let json = serde_json::json!({ "engine": r });
-    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(&json)?)?;
-    println!("\nresults: {}", dir.join("results.json").display());
-    Ok(())
+    let cfg = SuiteConfig {
+        experiments,
+        model: cli.model.clone(),
+        mib: cli.mib,
+        mix,
+        optimizer: !cli.no_optimizer,
+        engine_mib,
+        engine_tensors,
+        zstd_levels: cli.zstd.clone(),
+        steps: cli.steps,
+        every: cli.every.max(1),
+        compute_ms: cli.compute_ms,
+        noise_intensity: cli.intensity,
+        interference_mib: cli.interference_mib,
+        mtbf_s: cli.mtbf,
+        restart_s: cli.restart,
+    };
+    let started = std::time::Instant::now();
+    let results = ckpt_eval::suite::run(&ctx, &cfg).await?;
+    if let Some(e) = &results.engine {
+        print_engine(e);
+    }
+    for t in ckpt_eval::report::tables(&results) {
+        print!("{}", t.to_text());
+    }
+    for (what, why) in &results.not_included {
+        println!("\nnot included: {what} ({why})");
+    }
+    if let Some(e) = results
+        .formats
+        .as_ref()
+        .and_then(|f| f.python_error.as_ref())
+    {
+        println!("\nPython baselines missing: {e}");
+    }
+    let took: Vec<String> = results
+        .timings
+        .iter()
+        .map(|(n, t)| format!("{n} {t:.0} s"))
+        .collect();
+    println!("\ntime per experiment: {}", took.join(", "));
+    ckpt_eval::report::write_all(&results, &dir)?;
+    println!(
+        "\nreport: {} ({:.0} s)",
+        dir.join("report.md").display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(results.errors.is_empty())
 }
 
 fn main() -> ExitCode {
@@ -122,7 +251,11 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     match rt.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("some experiments failed (see the report)");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE

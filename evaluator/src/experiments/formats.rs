@@ -1,0 +1,206 @@
+//! Formats: save time, load time, stored size and throughput of ckpt in each of
+//! its formats (native with zstd levels, and every other registered format) and
+//! of the Python baselines, on the same tensors in the same run.
+//!
+//! A ckpt save is timed from `save` until committed (durable); loads read a
+//! checkpoint whose files' page cache was dropped (where the OS allows it) and are
+//! checked equal to the saved state. The baselines do the same in Python.
+
+use std::time::Instant;
+
+use ckpt_core::{Compression, State};
+use serde::Serialize;
+
+use super::{dir_bytes, file_url, BoxError, Ctx};
+use crate::limits::{drop_cache_tree, Limits};
+use crate::python;
+use crate::stats::Summary;
+
+/// One way to save, measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FormatRow {
+    /// Display name, e.g. `ckpt native zstd-3` or `torch.save`.
+    pub name: String,
+    /// `ckpt` or `python`.
+    pub by: String,
+    /// Time until durable, seconds.
+    pub save_s: Summary,
+    /// Time the caller was blocked, seconds.
+    pub stall_s: Summary,
+    /// Load time (page cache dropped where possible), seconds.
+    pub load_s: Summary,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// Raw state bytes over save time, GB/s.
+    pub save_gbps: f64,
+    /// Raw state bytes over load time, GB/s.
+    pub load_gbps: f64,
+    /// Save time over the raw write + fsync floor.
+    pub save_vs_floor: f64,
+    /// Load time over the cold read floor.
+    pub load_vs_floor: f64,
+}
+
+/// Results of the formats experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct FormatResults {
+    /// Raw bytes of the state.
+    pub state_bytes: u64,
+    /// Number of tensors.
+    pub tensors: usize,
+    /// One row per way to save.
+    pub rows: Vec<FormatRow>,
+    /// Why the Python baselines are missing, if they are.
+    pub python_error: Option<String>,
+}
+
+/// Settings of the formats experiment.
+#[derive(Debug, Clone)]
+pub struct FormatsBench {
+    /// zstd levels for the native format (0 = no compression).
+    pub zstd_levels: Vec<i32>,
+}
+
+fn row(
+    name: &str,
+    by: &str,
+    save: &[f64],
+    stall: &[f64],
+    load: &[f64],
+    bytes: u64,
+    raw: u64,
+    lim: &Limits,
+) -> FormatRow {
+    let (save_s, stall_s, load_s) = (Summary::of(save), Summary::of(stall), Summary::of(load));
+    FormatRow {
+        name: name.to_owned(),
+        by: by.to_owned(),
+        save_gbps: Limits::gbps(raw, save_s.median),
+        load_gbps: Limits::gbps(raw, load_s.median),
+        save_vs_floor: save_s.median / lim.write_fsync_s.median,
+        load_vs_floor: load_s.median / lim.read_cold_s.median,
+        save_s,
+        stall_s,
+        load_s,
+        bytes,
+    }
+}
+
+impl FormatsBench {
+    /// The ckpt variants to run: (display name, format name, compression).
+    pub fn variants(&self) -> Vec<(String, String, Compression)> {
+        let mut v = Vec::new();
+        for &l in &self.zstd_levels {
+            if l == 0 {
+                v.push((
+                    "ckpt native".to_owned(),
+                    "native".to_owned(),
+                    Compression::None,
+                ));
+            } else {
+                v.push((
+                    format!("ckpt native zstd-{l}"),
+                    "native".to_owned(),
+                    Compression::Zstd(l),
+                ));
+            }
+        }
+        for name in ckpt_formats::registry().names() {
+            if name != "native" {
+                v.push((format!("ckpt {name}"), name.to_owned(), Compression::None));
+            }
+        }
+        v
+    }
+
+    /// Run on `state`, against the floors in `lim`.
+    pub async fn run(
+        &self,
+        ctx: &Ctx,
+        state: &State,
+        lim: &Limits,
+    ) -> Result<FormatResults, BoxError> {
+        let raw = state.nbytes();
+        let variants = self.variants();
+        let pb = ctx.bar((variants.len() * ctx.repeats + 1) as u64, "formats");
+        let mut rows = Vec::new();
+        for (display, fmt, comp) in variants {
+            pb.set_message(display.clone());
+            let (mut save, mut stall, mut load) = (vec![], vec![], vec![]);
+            let mut bytes = 0;
+            for rep in 0..ctx.repeats {
+                let dir = ctx.fresh_dir(&format!("formats-{fmt}-{rep}"))?;
+                let cp = ckpt_formats::builder(file_url(&dir))
+                    .format(ckpt_formats::by_name(&fmt)?)
+                    .compression(comp)
+                    .build()
+                    .await?;
+                let t = Instant::now();
+                let h = cp.save(1, state).await?;
+                stall.push(t.elapsed().as_secs_f64());
+                h.wait().await?;
+                save.push(t.elapsed().as_secs_f64());
+                bytes = dir_bytes(&dir);
+                drop(cp);
+                drop_cache_tree(&dir);
+                let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
+                let t = Instant::now();
+                let loaded = cp.load_latest().await?.ok_or("checkpoint not found")?;
+                load.push(t.elapsed().as_secs_f64());
+                if loaded.state.tensors != state.tensors {
+                    return Err(
+                        format!("{display}: loaded tensors differ from the saved ones").into(),
+                    );
+                }
+                drop(loaded);
+                let _ = std::fs::remove_dir_all(&dir);
+                pb.inc(1);
+            }
+            rows.push(row(&display, "ckpt", &save, &stall, &load, bytes, raw, lim));
+        }
+        let mut python_error = None;
+        pb.set_message("python baselines");
+        match &ctx.python {
+            None => python_error = Some("no Python interpreter (set CKPT_PYTHON)".to_owned()),
+            Some(py) => {
+                let dir = ctx.fresh_dir("formats-python")?;
+                let out = python::export(state, &dir)
+                    .map_err(|e| e.to_string())
+                    .and_then(|e| {
+                        python::run(
+                            py,
+                            &e,
+                            "formats",
+                            &["--repeats".into(), ctx.repeats.to_string()],
+                        )
+                    });
+                match out {
+                    Ok(v) => {
+                        for b in v["baselines"].as_array().into_iter().flatten() {
+                            let name = b["name"].as_str().unwrap_or("?");
+                            let (s, st, l) = (
+                                python::floats(b, "save_s"),
+                                python::floats(b, "stall_s"),
+                                python::floats(b, "load_s"),
+                            );
+                            if s.is_empty() || st.is_empty() || l.is_empty() {
+                                return Err(format!("baseline {name}: no timings").into());
+                            }
+                            let bytes = b["bytes"].as_u64().unwrap_or(0);
+                            rows.push(row(name, "python", &s, &st, &l, bytes, raw, lim));
+                        }
+                    }
+                    Err(e) => python_error = Some(e),
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        pb.finish_and_clear();
+        Ok(FormatResults {
+            state_bytes: raw,
+            tensors: state.tensors.len(),
+            rows,
+            python_error,
+        })
+    }
+}

@@ -1,0 +1,194 @@
+//! Interference, both ways:
+//!
+//! - the same checkpoint (eager save until committed) with no noise and while a
+//!   noise generator loads memory bandwidth, disk, CPU or the loopback network
+//!   (one at a time, at the chosen intensity): stall and time to commit, as a
+//!   ratio to the quiet machine;
+//! - how much checkpointing in the background slows a compute-bound loop (a CPU
+//!   kernel on the training thread, checkpoint every `every` steps, eager async).
+
+use std::time::{Duration, Instant};
+
+use ckpt_core::State;
+use serde::Serialize;
+
+use super::overhead::slowdown_pct;
+use super::{file_url, BoxError, Ctx};
+use crate::noise::{Noise, NoiseKind};
+use crate::stats::{ratio, Summary};
+use crate::workload::Params;
+
+/// Settings of the interference experiment.
+#[derive(Debug, Clone)]
+pub struct InterferenceBench {
+    /// Threads per noise generator.
+    pub intensity: usize,
+    /// Steps of the compute-bound loop.
+    pub steps: u64,
+    /// Checkpoint every this many steps in the compute-bound loop.
+    pub every: u64,
+    /// CPU work per step of the compute-bound loop (iterations of the kernel).
+    pub kernel_iters: u64,
+}
+
+/// Checkpoints under one kind of noise.
+#[derive(Debug, Clone, Serialize)]
+pub struct NoiseRow {
+    /// `none` or the noise's name.
+    pub noise: String,
+    /// Stall per save, seconds.
+    pub stall_s: Summary,
+    /// Time to commit per save, seconds.
+    pub commit_s: Summary,
+    /// Time to commit over the quiet machine's.
+    pub commit_vs_quiet: f64,
+    /// The noise's own work rate while it ran (bytes/s; operations/s for CPU).
+    pub noise_rate: f64,
+}
+
+/// Results of the interference experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct InterferenceResults {
+    /// Raw bytes of the state.
+    pub state_bytes: u64,
+    /// Threads per noise generator.
+    pub intensity: usize,
+    /// One row per noise; the first is the quiet machine.
+    pub rows: Vec<NoiseRow>,
+    /// Compute-bound loop without checkpoints, seconds.
+    pub compute_loop_s: Summary,
+    /// The same loop checkpointing every `every` steps, seconds.
+    pub compute_loop_ckpt_s: Summary,
+    /// Slowdown of the compute-bound loop, percent.
+    pub compute_slowdown_pct: f64,
+}
+
+/// A CPU-bound kernel standing in for compute on the training thread.
+pub fn kernel(iters: u64, seed: f64) -> f64 {
+    let mut x = seed;
+    for i in 0..iters {
+        x = (x * 1.000_000_3 + i as f64 * 1e-9).sqrt() + 0.25;
+    }
+    x
+}
+
+impl InterferenceBench {
+    async fn saves(
+        &self,
+        ctx: &Ctx,
+        params: &Params,
+        tag: &str,
+    ) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+        let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
+        let dir = ctx.fresh_dir(&format!("interference-{tag}"))?;
+        let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
+        // One save first so every timed save has a warm staging pool.
+        params.touch_all(1, chunk);
+        cp.save(1, params.capture()).await?.wait().await?;
+        let (mut stall, mut commit) = (vec![], vec![]);
+        for rep in 0..ctx.repeats as u64 {
+            params.touch_all(rep + 2, chunk);
+            let t = Instant::now();
+            let h = cp.save(rep + 2, params.capture()).await?;
+            stall.push(t.elapsed().as_secs_f64());
+            h.wait().await?;
+            commit.push(t.elapsed().as_secs_f64());
+        }
+        drop(cp);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok((stall, commit))
+    }
+
+    async fn compute_loop(
+        &self,
+        ctx: &Ctx,
+        params: &Params,
+        checkpoint: bool,
+    ) -> Result<f64, BoxError> {
+        let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
+        let dir = ctx.fresh_dir("interference-compute")?;
+        let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
+        let mut handles = Vec::new();
+        let mut acc = 0.0;
+        let start = Instant::now();
+        for step in 1..=self.steps {
+            acc += kernel(self.kernel_iters, step as f64);
+            params.touch_all(step, chunk);
+            if checkpoint && step % self.every == 0 {
+                handles.push(cp.save(step, params.capture()).await?);
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        for h in handles {
+            h.wait().await?;
+        }
+        drop(cp);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(secs)
+    }
+
+    /// Run on `state`.
+    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<InterferenceResults, BoxError> {
+        let params = Params::from_state(state);
+        let pb = ctx.bar(
+            (NoiseKind::ALL.len() + 1 + 2 * ctx.repeats) as u64,
+            "interference",
+        );
+        let mut rows: Vec<NoiseRow> = Vec::new();
+        let kinds: Vec<Option<NoiseKind>> = std::iter::once(None)
+            .chain(NoiseKind::ALL.map(Some))
+            .collect();
+        for kind in kinds {
+            let name = kind.map_or("none", NoiseKind::name);
+            pb.set_message(name);
+            let noise = match kind {
+                Some(k) => Some(Noise::start(
+                    k,
+                    self.intensity,
+                    &ctx.scratch.join("noise"),
+                    Duration::from_secs(120),
+                )?),
+                None => None,
+            };
+            if noise.is_some() {
+                tokio::time::sleep(Duration::from_millis(200)).await; // let it ramp up
+            }
+            let (stall, commit) = self
+                .saves(ctx, &params, name.split(' ').next().unwrap_or("x"))
+                .await?;
+            let noise_rate = noise.map_or(0.0, Noise::finish);
+            let commit_s = Summary::of(&commit);
+            let quiet = rows
+                .first()
+                .map_or(commit_s.clone(), |r| r.commit_s.clone());
+            rows.push(NoiseRow {
+                noise: name.to_owned(),
+                stall_s: Summary::of(&stall),
+                commit_vs_quiet: ratio(&commit_s, &quiet),
+                commit_s,
+                noise_rate,
+            });
+            pb.inc(1);
+        }
+        let _ = std::fs::remove_dir_all(ctx.scratch.join("noise"));
+        pb.set_message("compute-bound loop");
+        let (mut plain, mut with) = (vec![], vec![]);
+        for _ in 0..ctx.repeats {
+            plain.push(self.compute_loop(ctx, &params, false).await?);
+            pb.inc(1);
+            with.push(self.compute_loop(ctx, &params, true).await?);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let (compute_loop_s, compute_loop_ckpt_s) = (Summary::of(&plain), Summary::of(&with));
+        Ok(InterferenceResults {
+            state_bytes: state.nbytes(),
+            intensity: self.intensity,
+            rows,
+            compute_slowdown_pct: slowdown_pct(compute_loop_ckpt_s.median, compute_loop_s.median),
+            compute_loop_s,
+            compute_loop_ckpt_s,
+        })
+    }
+}

@@ -1,0 +1,485 @@
+//! Output of a suite run: tables (terminal and Markdown), `results.json`, one CSV
+//! per table, plots (SVG and PNG) and `report.md` embedding them, in one run
+//! directory.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::limits::Limits;
+use crate::plot::{Bar, Chart};
+use crate::stats::Summary;
+use crate::suite::SuiteResults;
+
+/// A table: a title, a header and rows of cells.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// File stem of its CSV.
+    pub id: String,
+    /// Title.
+    pub title: String,
+    /// Column names.
+    pub header: Vec<String>,
+    /// Rows.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(id: &str, title: String, header: &[&str]) -> Table {
+        Table {
+            id: id.into(),
+            title,
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: vec![],
+        }
+    }
+
+    /// Aligned plain text.
+    pub fn to_text(&self) -> String {
+        let n = self.header.len();
+        let mut w = vec![0; n];
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, c) in r.iter().enumerate().take(n) {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |r: &Vec<String>| {
+            r.iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i == 0 {
+                        format!("{c:<width$}", width = w[i])
+                    } else {
+                        format!("{c:>width$}", width = w[i])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        let mut s = format!("\n{}\n", self.title);
+        s += &format!("  {}\n", line(&self.header));
+        s += &format!(
+            "  {}\n",
+            w.iter()
+                .map(|&k| "-".repeat(k))
+                .collect::<Vec<_>>()
+                .join("  ")
+        );
+        for r in &self.rows {
+            s += &format!("  {}\n", line(r));
+        }
+        s
+    }
+
+    /// A Markdown table.
+    pub fn to_markdown(&self) -> String {
+        let mut s = format!(
+            "| {} |\n|{}\n",
+            self.header.join(" | "),
+            " --- |".repeat(self.header.len())
+        );
+        for r in &self.rows {
+            s += &format!("| {} |\n", r.join(" | "));
+        }
+        s
+    }
+
+    /// CSV (RFC 4180 quoting).
+    pub fn to_csv(&self) -> String {
+        let q = |c: &String| {
+            if c.contains([',', '"', '\n']) {
+                format!("\"{}\"", c.replace('"', "\"\""))
+            } else {
+                c.clone()
+            }
+        };
+        std::iter::once(&self.header)
+            .chain(&self.rows)
+            .map(|r| r.iter().map(q).collect::<Vec<_>>().join(",") + "\n")
+            .collect()
+    }
+}
+
+/// `median [min-max]` of seconds.
+pub fn secs(s: &Summary) -> String {
+    format!("{:.3} [{:.3}-{:.3}]", s.median, s.min, s.max)
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1}", b / (1u64 << 20) as f64)
+}
+
+/// Every table of the results, main one (formats) first.
+pub fn tables(r: &SuiteResults) -> Vec<Table> {
+    let mut out = Vec::new();
+    if let Some(f) = &r.formats {
+        let mut t = Table::new(
+            "formats",
+            format!(
+                "Formats: {} MiB in {} tensors; median [min-max] of {} runs; save = until durable, load = page cache dropped",
+                mib(f.state_bytes as f64),
+                f.tensors,
+                f.rows.first().map_or(0, |x| x.save_s.n)
+            ),
+            &["setup", "save s", "stall s", "load s", "size MiB", "save GB/s", "load GB/s", "save/floor", "load/floor"],
+        );
+        for x in &f.rows {
+            t.rows.push(vec![
+                x.name.clone(),
+                secs(&x.save_s),
+                format!("{:.3}", x.stall_s.median),
+                secs(&x.load_s),
+                mib(x.bytes as f64),
+                format!("{:.2}", x.save_gbps),
+                format!("{:.2}", x.load_gbps),
+                format!("{:.2}", x.save_vs_floor),
+                format!("{:.2}", x.load_vs_floor),
+            ]);
+        }
+        out.push(t);
+    }
+    if let Some(l) = &r.limits {
+        let mut t = Table::new(
+            "limits",
+            format!("Machine floors for the same {} MiB", mib(l.bytes as f64)),
+            &["floor", "seconds", "GB/s"],
+        );
+        let read = if l.cache_dropped {
+            "sequential read, page cache dropped"
+        } else {
+            "sequential read (page cache NOT dropped)"
+        };
+        for (name, s) in [
+            ("memcpy (1 thread)", &l.memcpy_s),
+            ("sequential write + fsync", &l.write_fsync_s),
+            (read, &l.read_cold_s),
+        ] {
+            t.rows.push(vec![
+                name.into(),
+                secs(s),
+                format!("{:.2}", Limits::gbps(l.bytes, s.median)),
+            ]);
+        }
+        out.push(t);
+    }
+    if let Some(o) = &r.overhead {
+        let mut t = Table::new(
+            "overhead",
+            format!(
+                "Overhead: {} steps of {} ms emulated compute, a checkpoint every {} steps, {} MiB",
+                o.steps,
+                (o.compute_s * 1000.0).round(),
+                o.every,
+                mib(o.state_bytes as f64)
+            ),
+            &[
+                "setup",
+                "loop s",
+                "stall/save s",
+                "slowdown %",
+                "peak extra MiB",
+            ],
+        );
+        for x in &o.rows {
+            t.rows.push(vec![
+                x.name.clone(),
+                secs(&x.loop_s),
+                secs(&x.stall_s),
+                format!("{:.1}", x.slowdown_pct),
+                mib(x.peak_extra_bytes as f64),
+            ]);
+        }
+        out.push(t);
+    }
+    if let Some(d) = &r.determinism {
+        let mut t = Table::new(
+            "determinism",
+            "Determinism".into(),
+            &["check", "compared", "identical", "detail"],
+        );
+        for c in &d.checks {
+            t.rows.push(vec![
+                c.what.clone(),
+                c.compared.to_string(),
+                if c.identical { "yes" } else { "NO" }.into(),
+                c.detail.clone(),
+            ]);
+        }
+        out.push(t);
+    }
+    if let Some(i) = &r.interference {
+        let mut t = Table::new(
+            "interference",
+            format!(
+                "Interference: eager save until committed, {} MiB, noise at {} thread(s)",
+                mib(i.state_bytes as f64),
+                i.intensity
+            ),
+            &["noise", "stall s", "commit s", "commit/quiet", "noise rate"],
+        );
+        for x in &i.rows {
+            t.rows.push(vec![
+                x.noise.clone(),
+                secs(&x.stall_s),
+                secs(&x.commit_s),
+                format!("{:.2}", x.commit_vs_quiet),
+                format!("{:.3e}", x.noise_rate),
+            ]);
+        }
+        t.rows.push(vec![
+            "compute-bound loop slowed by checkpointing".into(),
+            String::new(),
+            format!(
+                "{:.3} vs {:.3}",
+                i.compute_loop_ckpt_s.median, i.compute_loop_s.median
+            ),
+            format!("{:+.1}%", i.compute_slowdown_pct),
+            String::new(),
+        ]);
+        out.push(t);
+    }
+    if let Some(iv) = &r.interval {
+        let mut t = Table::new(
+            "interval",
+            format!("Checkpoint interval for MTBF {:.0} s (cost = stall per save; restart = fixed + load time)", iv.mtbf_s),
+            &["setup", "cost s", "restart s", "Young s", "Daly s", "goodput at Daly"],
+        );
+        for x in &iv.rows {
+            t.rows.push(vec![
+                x.plan.setup.clone(),
+                format!("{:.4}", x.plan.cost_s),
+                format!("{:.3}", x.restart_s),
+                format!("{:.1}", x.plan.young_s),
+                format!("{:.1}", x.plan.daly_s),
+                format!("{:.5}", x.plan.goodput),
+            ]);
+        }
+        out.push(t);
+    }
+    out
+}
+
+fn bar(label: &str, s: &Summary, group: usize) -> Bar {
+    Bar {
+        label: label.into(),
+        value: s.median,
+        lo: s.min,
+        hi: s.max,
+        group,
+    }
+}
+
+/// Every plot of the results, by file stem.
+pub fn charts(r: &SuiteResults) -> Vec<(String, Chart)> {
+    let mut out = Vec::new();
+    if let Some(f) = &r.formats {
+        let g = |by: &str| usize::from(by != "ckpt");
+        let floor = r
+            .limits
+            .as_ref()
+            .map(|l| ("write+fsync floor".to_string(), l.write_fsync_s.median));
+        out.push((
+            "formats_save".into(),
+            Chart::Bars {
+                title: "Save until durable, by format".into(),
+                unit: "seconds (median, min-max)".into(),
+                bars: f
+                    .rows
+                    .iter()
+                    .map(|x| bar(&x.name, &x.save_s, g(&x.by)))
+                    .collect(),
+                reference: floor,
+            },
+        ));
+        out.push((
+            "formats_stall".into(),
+            Chart::Bars {
+                title: "Stall (caller blocked), by format".into(),
+                unit: "seconds".into(),
+                bars: f
+                    .rows
+                    .iter()
+                    .map(|x| bar(&x.name, &x.stall_s, g(&x.by)))
+                    .collect(),
+                reference: r
+                    .limits
+                    .as_ref()
+                    .map(|l| ("memcpy floor".to_string(), l.memcpy_s.median)),
+            },
+        ));
+        out.push((
+            "formats_load".into(),
+            Chart::Bars {
+                title: "Load (page cache dropped), by format".into(),
+                unit: "seconds".into(),
+                bars: f
+                    .rows
+                    .iter()
+                    .map(|x| bar(&x.name, &x.load_s, g(&x.by)))
+                    .collect(),
+                reference: r
+                    .limits
+                    .as_ref()
+                    .map(|l| ("cold read floor".to_string(), l.read_cold_s.median)),
+            },
+        ));
+        out.push((
+            "formats_size".into(),
+            Chart::Bars {
+                title: "Size on disk by format and compression".into(),
+                unit: "MiB".into(),
+                bars: f
+                    .rows
+                    .iter()
+                    .map(|x| {
+                        let v = x.bytes as f64 / (1u64 << 20) as f64;
+                        Bar {
+                            label: x.name.clone(),
+                            value: v,
+                            lo: v,
+                            hi: v,
+                            group: g(&x.by),
+                        }
+                    })
+                    .collect(),
+                reference: Some(("raw".into(), f.state_bytes as f64 / (1u64 << 20) as f64)),
+            },
+        ));
+    }
+    if let Some(o) = &r.overhead {
+        out.push((
+            "overhead_stall".into(),
+            Chart::Bars {
+                title: "Training stall per checkpoint".into(),
+                unit: "seconds".into(),
+                bars: o
+                    .rows
+                    .iter()
+                    .skip(1)
+                    .map(|x| {
+                        bar(
+                            &x.name,
+                            &x.stall_s,
+                            usize::from(!x.name.starts_with("ckpt")),
+                        )
+                    })
+                    .collect(),
+                reference: None,
+            },
+        ));
+    }
+    if let Some(i) = &r.interference {
+        out.push((
+            "interference".into(),
+            Chart::Bars {
+                title: "Save until committed under noise".into(),
+                unit: "seconds".into(),
+                bars: i
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| bar(&x.noise, &x.commit_s, usize::from(k > 0)))
+                    .collect(),
+                reference: None,
+            },
+        ));
+    }
+    if let Some(iv) = &r.interval {
+        out.push((
+            "interval_goodput".into(),
+            Chart::Lines {
+                title: format!(
+                    "Expected goodput by checkpoint interval (MTBF {:.0} s)",
+                    iv.mtbf_s
+                ),
+                x_label: "interval between checkpoints (s)".into(),
+                y_label: "goodput".into(),
+                log_x: true,
+                series: iv
+                    .rows
+                    .iter()
+                    .map(|x| (x.plan.setup.clone(), x.curve.clone()))
+                    .collect(),
+            },
+        ));
+    }
+    out
+}
+
+/// Write results.json, the CSVs, the plots and report.md into `dir`.
+pub fn write_all(r: &SuiteResults, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("results.json"), serde_json::to_vec_pretty(r)?)?;
+    let tables = tables(r);
+    for t in &tables {
+        std::fs::write(dir.join(format!("{}.csv", t.id)), t.to_csv())?;
+    }
+    let plots = dir.join("plots");
+    let charts = charts(r);
+    for (name, c) in &charts {
+        c.save(&plots, name)?;
+    }
+    let mut md = String::from("# ckpt-eval report\n\n");
+    if let Some(cfg) = &r.config {
+        let _ = writeln!(
+            md,
+            "State: {} shapes, {:?}, optimizer state {}, {:.1} MiB in {} tensors; {} repeats per figure (median [min-max]).\n",
+            cfg.model,
+            cfg.mix,
+            cfg.optimizer,
+            r.state_bytes as f64 / (1u64 << 20) as f64,
+            r.state_tensors,
+            r.formats.as_ref().and_then(|f| f.rows.first()).map_or(0, |x| x.save_s.n)
+        );
+    }
+    for t in &tables {
+        let _ = writeln!(md, "## {}\n\n{}", t.title, t.to_markdown());
+        for (name, _) in charts.iter().filter(|(n, _)| n.starts_with(&t.id)) {
+            let _ = writeln!(md, "![{name}](plots/{name}.png)\n");
+        }
+    }
+    if let Some(e) = &r.engine {
+        let _ = writeln!(md, "## Engine targets ({} MiB)\n\n| target | ratio | bound | met |\n| --- | --- | --- | --- |", e.state_bytes >> 20);
+        for t in &e.targets {
+            let _ = writeln!(
+                md,
+                "| {} | {:.3} | {:.2} | {} |",
+                t.what,
+                t.ratio,
+                t.bound,
+                if t.met { "yes" } else { "NO" }
+            );
+        }
+        md.push('\n');
+    }
+    for (what, why) in &r.not_included {
+        let _ = writeln!(md, "- not included: **{what}**: {why}");
+    }
+    for (what, why) in &r.errors {
+        let _ = writeln!(md, "- FAILED: **{what}**: {why}");
+    }
+    if let Some(f) = r.formats.as_ref().and_then(|f| f.python_error.as_ref()) {
+        let _ = writeln!(
+            md,
+            "- Python baselines of the formats experiment missing: {f}"
+        );
+    }
+    std::fs::write(dir.join("report.md"), md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_renderings() {
+        let mut t = Table::new("x", "T".into(), &["a", "b"]);
+        t.rows.push(vec!["p,q".into(), "say \"hi\"".into()]);
+        assert_eq!(t.to_csv(), "a,b\n\"p,q\",\"say \"\"hi\"\"\"\n");
+        assert_eq!(
+            t.to_markdown(),
+            "| a | b |\n| --- | --- |\n| p,q | say \"hi\" |\n"
+        );
+        let text = t.to_text();
+        assert!(text.contains("p,q") && text.lines().count() == 5, "{text}");
+    }
+}

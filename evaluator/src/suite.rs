@@ -1,0 +1,246 @@
+//! The suite: which experiments to run, on what state, and their results
+//! gathered in one place (what `results.json` holds).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::experiments::determinism::{DeterminismBench, DeterminismResults};
+use crate::experiments::engine::{EngineBench, EngineResults};
+use crate::experiments::formats::{FormatResults, FormatsBench};
+use crate::experiments::interference::{InterferenceBench, InterferenceResults};
+use crate::experiments::interval::{IntervalBench, IntervalResults};
+use crate::experiments::overhead::{OverheadBench, OverheadResults};
+use crate::experiments::{BoxError, Ctx};
+use crate::limits::Limits;
+use crate::models::{DtypeMix, ModelState};
+
+/// The experiments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Experiment {
+    /// The engine benchmark (its own state and floors).
+    Engine,
+    /// Formats and the Python baselines.
+    Formats,
+    /// Training-loop overhead.
+    Overhead,
+    /// Determinism and bitwise resume.
+    Determinism,
+    /// Interference both ways.
+    Interference,
+    /// Young/Daly interval and goodput (needs formats and overhead).
+    Interval,
+}
+
+impl Experiment {
+    /// Every experiment of the default suite, in order.
+    pub const ALL: [Experiment; 6] = [
+        Experiment::Engine,
+        Experiment::Formats,
+        Experiment::Overhead,
+        Experiment::Determinism,
+        Experiment::Interference,
+        Experiment::Interval,
+    ];
+}
+
+/// Settings of a suite run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SuiteConfig {
+    /// Which experiments.
+    pub experiments: Vec<Experiment>,
+    /// Model whose shapes the state takes.
+    pub model: String,
+    /// State size in MiB (parameters and optimizer state).
+    pub mib: usize,
+    /// Dtype mix.
+    pub mix: DtypeMix,
+    /// Include Adam state.
+    pub optimizer: bool,
+    /// State size of the engine benchmark, MiB.
+    pub engine_mib: usize,
+    /// Tensors of the engine benchmark's state.
+    pub engine_tensors: usize,
+    /// zstd levels of the native format in the formats experiment (0 = none).
+    pub zstd_levels: Vec<i32>,
+    /// Steps per overhead run.
+    pub steps: u64,
+    /// Checkpoint every this many steps.
+    pub every: u64,
+    /// Emulated compute per step, milliseconds.
+    pub compute_ms: u64,
+    /// Threads per noise generator.
+    pub noise_intensity: usize,
+    /// State size of the interference experiment, MiB (saves under disk noise are slow).
+    pub interference_mib: usize,
+    /// MTBF for the interval experiment, seconds.
+    pub mtbf_s: f64,
+    /// Fixed restart cost, seconds.
+    pub restart_s: f64,
+}
+
+/// Everything a suite run measured.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct SuiteResults {
+    /// The settings.
+    pub config: Option<SuiteConfig>,
+    /// Raw bytes and tensor count of the generated state.
+    pub state_bytes: u64,
+    /// Tensors of the generated state.
+    pub state_tensors: usize,
+    /// The machine's floors for the state.
+    pub limits: Option<Limits>,
+    /// Engine benchmark.
+    pub engine: Option<EngineResults>,
+    /// Formats.
+    pub formats: Option<FormatResults>,
+    /// Overhead.
+    pub overhead: Option<OverheadResults>,
+    /// Determinism.
+    pub determinism: Option<DeterminismResults>,
+    /// Interference.
+    pub interference: Option<InterferenceResults>,
+    /// Interval.
+    pub interval: Option<IntervalResults>,
+    /// Experiments that failed, with the error.
+    pub errors: Vec<(String, String)>,
+    /// Experiments of the issue that are not in this suite, and why.
+    pub not_included: Vec<(String, String)>,
+    /// Seconds per experiment.
+    pub timings: Vec<(String, f64)>,
+}
+
+fn record<T>(r: &mut SuiteResults, name: &str, t: Instant, out: Result<T, BoxError>) -> Option<T> {
+    r.timings.push((name.to_owned(), t.elapsed().as_secs_f64()));
+    match out {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("{name} failed: {e}");
+            r.errors.push((name.to_owned(), e.to_string()));
+            None
+        }
+    }
+}
+
+/// Run the configured experiments.
+pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError> {
+    let mut r = SuiteResults {
+        config: Some(cfg.clone()),
+        not_included: vec![
+            (
+                "scale".into(),
+                "1-8 ranks under mpirun: waits for the MPI coordination issue".into(),
+            ),
+            (
+                "faults".into(),
+                "the fault campaign: waits for the faults issue".into(),
+            ),
+        ],
+        ..Default::default()
+    };
+    let has = |e: Experiment| cfg.experiments.contains(&e);
+    if has(Experiment::Engine) {
+        let t = Instant::now();
+        eprintln!(
+            "engine: {} MiB in {} tensors",
+            cfg.engine_mib, cfg.engine_tensors
+        );
+        let bench = EngineBench {
+            bytes: cfg.engine_mib << 20,
+            tensors: cfg.engine_tensors,
+            repeats: ctx.repeats,
+        };
+        let out = bench.run(&ctx.scratch).await.map_err(BoxError::from);
+        r.engine = record(&mut r, "engine", t, out);
+    }
+    let needs_state = cfg.experiments.iter().any(|e| *e != Experiment::Engine);
+    if !needs_state {
+        return Ok(r);
+    }
+    let state = ModelState {
+        model: cfg.model.clone(),
+        bytes: cfg.mib << 20,
+        mix: cfg.mix,
+        optimizer: cfg.optimizer,
+        seed: 1,
+    }
+    .build()?;
+    r.state_bytes = state.nbytes();
+    r.state_tensors = state.tensors.len();
+    eprintln!(
+        "state: {} shapes, {:?}, optimizer {}: {:.1} MiB in {} tensors",
+        cfg.model,
+        cfg.mix,
+        cfg.optimizer,
+        r.state_bytes as f64 / (1 << 20) as f64,
+        r.state_tensors
+    );
+    let t = Instant::now();
+    let lim = Limits::measure(&state, &ctx.scratch, ctx.repeats)?;
+    r.timings.push(("limits".into(), t.elapsed().as_secs_f64()));
+    r.limits = Some(lim.clone());
+
+    if has(Experiment::Formats) || has(Experiment::Interval) {
+        let t = Instant::now();
+        let out = FormatsBench {
+            zstd_levels: cfg.zstd_levels.clone(),
+        }
+        .run(ctx, &state, &lim)
+        .await;
+        r.formats = record(&mut r, "formats", t, out);
+    }
+    if has(Experiment::Overhead) || has(Experiment::Interval) {
+        let t = Instant::now();
+        let bench = OverheadBench {
+            steps: cfg.steps,
+            every: cfg.every,
+            compute: Duration::from_millis(cfg.compute_ms),
+        };
+        let out = bench.run(ctx, &state).await;
+        r.overhead = record(&mut r, "overhead", t, out);
+    }
+    if has(Experiment::Determinism) {
+        let t = Instant::now();
+        let out = DeterminismBench {
+            steps: 200,
+            stop_at: 77,
+        }
+        .run(ctx, &state)
+        .await;
+        r.determinism = record(&mut r, "determinism", t, out);
+    }
+    if has(Experiment::Interference) {
+        let t = Instant::now();
+        let bench = InterferenceBench {
+            intensity: cfg.noise_intensity,
+            steps: 12,
+            every: 4,
+            kernel_iters: 4_000_000,
+        };
+        let small = ModelState {
+            model: cfg.model.clone(),
+            bytes: cfg.interference_mib << 20,
+            mix: cfg.mix,
+            optimizer: cfg.optimizer,
+            seed: 2,
+        }
+        .build()?;
+        let out = bench.run(ctx, &small).await;
+        r.interference = record(&mut r, "interference", t, out);
+    }
+    if has(Experiment::Interval) {
+        if let Some(o) = &r.overhead {
+            let bench = IntervalBench {
+                mtbf_s: cfg.mtbf_s,
+                restart_fixed_s: cfg.restart_s,
+            };
+            r.interval = Some(bench.run(o, r.formats.as_ref()));
+        } else {
+            r.errors.push((
+                "interval".into(),
+                "needs the overhead results, which failed".into(),
+            ));
+        }
+    }
+    Ok(r)
+}
