@@ -191,10 +191,14 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
             .map_err(|e| storage_err(e, object, &record.name))?;
         Bytes::new()
     } else {
-        ctx.store
+        match ctx
+            .store
             .get_range(&Path::from(object.as_str()), *offset..end)
             .await
-            .map_err(|e| storage_err(e, object, &record.name))?
+        {
+            Ok(b) => b,
+            Err(e) => return Err(range_error(ctx, e, object, &record.name, end).await),
+        }
     };
     if data.len() as u64 != *len {
         return Err(Error::corrupt(
@@ -217,18 +221,41 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
     Ok(data)
 }
 
-/// Map a storage error on a known object to a typed ckpt error: missing or short
-/// objects are corruption of the checkpoint, anything else a storage failure.
+/// Map a storage error on a known object to a typed ckpt error: a missing object
+/// is corruption of the checkpoint, anything else a storage failure (which
+/// `load_latest` does not skip past). Truncation is detected by length checks
+/// and by [`range_error`], never by an error message.
 pub fn storage_err(e: object_store::Error, object: &str, tensor: &str) -> Error {
     match e {
         object_store::Error::NotFound { .. } => {
             Error::corrupt(object, Some(tensor), "object is missing")
         }
-        // A range past the end of the object means the object was truncated.
-        object_store::Error::Generic { ref source, .. } if source.to_string().contains("range") => {
-            Error::corrupt(object, Some(tensor), format!("object is truncated: {e}"))
-        }
         other => Error::Storage(other),
+    }
+}
+
+/// A ranged read failed: if the object is now shorter than the range, it was
+/// truncated (corruption); otherwise the error is the store's.
+async fn range_error(
+    ctx: &ReadContext,
+    e: object_store::Error,
+    object: &str,
+    tensor: &str,
+    end: u64,
+) -> Error {
+    if matches!(e, object_store::Error::NotFound { .. }) {
+        return storage_err(e, object, tensor);
+    }
+    match ctx.store.head(&Path::from(object)).await {
+        Ok(meta) if meta.size < end => Error::corrupt(
+            object,
+            Some(tensor),
+            format!(
+                "object is truncated: {} bytes, the tensor ends at {end}",
+                meta.size
+            ),
+        ),
+        _ => Error::Storage(e),
     }
 }
 

@@ -150,11 +150,18 @@ impl Checkpointer {
             )));
         }
         validate(&capture)?;
-        if !catalog::committed_at(inner.store.as_ref(), step)
-            .await?
-            .is_empty()
-        {
-            return Err(Error::Conflict(format!("step {step} is already committed")));
+        // A step is taken if a readable manifest commits it (a torn manifest, on a
+        // store that does not write objects whole, commits nothing).
+        for existing in catalog::committed_at(inner.store.as_ref(), step).await? {
+            match catalog::read_manifest(inner.store.as_ref(), &existing).await {
+                Ok(_) => {
+                    return Err(Error::Conflict(format!(
+                        "step {step} is already committed ({existing})"
+                    )))
+                }
+                Err(e) if e.is_damage() => {}
+                Err(e) => return Err(e),
+            }
         }
         failpoint::hit("save.start")?;
 
@@ -172,7 +179,10 @@ impl Checkpointer {
         // From here on every rank takes part in this save's collectives, even if its
         // own part fails, so that no rank is left waiting.
         let seq = inner.seq.fetch_add(1, Ordering::SeqCst);
-        let id = CheckpointId { step, attempt: attempt_id(&inner.nonce, step, seq) };
+        let id = CheckpointId {
+            step,
+            attempt: attempt_id(&inner.nonce, step, seq),
+        };
         inner
             .inflight
             .lock()
@@ -182,35 +192,41 @@ impl Checkpointer {
         let threads = inner.opts.snapshot_threads;
         let Capture { tensors, meta } = capture;
 
-        let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) = match inner.opts.snapshot {
-            SnapshotMode::Eager => {
-                let t = Instant::now();
-                let r = snapshot::copy_all(tensors, bufs, threads);
-                let _ = snap_tx.send(match &r {
-                    Ok(_) => SnapState::Done(t.elapsed()),
-                    Err(e) => SnapState::Failed(e.to_string()),
-                });
-                match r {
-                    Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
-                    Err(e) => {
-                        let msg = e.to_string();
-                        (tokio::spawn(async move { Err(Error::Internal(format!("snapshot failed: {msg}"))) }), Some(e))
-                    }
-                }
-            }
-            SnapshotMode::Lazy => (
-                tokio::task::spawn_blocking(move || {
+        let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) =
+            match inner.opts.snapshot {
+                SnapshotMode::Eager => {
                     let t = Instant::now();
                     let r = snapshot::copy_all(tensors, bufs, threads);
                     let _ = snap_tx.send(match &r {
                         Ok(_) => SnapState::Done(t.elapsed()),
                         Err(e) => SnapState::Failed(e.to_string()),
                     });
-                    r
-                }),
-                None,
-            ),
-        };
+                    match r {
+                        Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
+                        Err(e) => {
+                            let msg = e.to_string();
+                            (
+                                tokio::spawn(async move {
+                                    Err(Error::Internal(format!("snapshot failed: {msg}")))
+                                }),
+                                Some(e),
+                            )
+                        }
+                    }
+                }
+                SnapshotMode::Lazy => (
+                    tokio::task::spawn_blocking(move || {
+                        let t = Instant::now();
+                        let r = snapshot::copy_all(tensors, bufs, threads);
+                        let _ = snap_tx.send(match &r {
+                            Ok(_) => SnapState::Done(t.elapsed()),
+                            Err(e) => SnapState::Failed(e.to_string()),
+                        });
+                        r
+                    }),
+                    None,
+                ),
+            };
         let stall = start.elapsed();
         let observed = eager_error.is_some();
 
@@ -219,7 +235,16 @@ impl Checkpointer {
             let id = id.clone();
             let snap_rx = snap_rx.clone();
             tokio::spawn(async move {
-                let job = PersistJob { id: id.clone(), seq, snapshot, snap_rx, meta, start, stall, copied_bytes };
+                let job = PersistJob {
+                    id: id.clone(),
+                    seq,
+                    snapshot,
+                    snap_rx,
+                    meta,
+                    start,
+                    stall,
+                    copied_bytes,
+                };
                 let r = this.persist(job).await;
                 if let Err(e) = &r {
                     tracing::warn!("save of {id} failed: {e}");
@@ -261,7 +286,6 @@ impl Checkpointer {
         pool.get_or_insert_with(|| StagingPool::new(copied_bytes.saturating_mul(2).max(64 << 20)))
             .clone()
     }
-
 }
 
 /// The attempt id of the `seq`-th save of a job: the same on every rank.

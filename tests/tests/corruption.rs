@@ -115,6 +115,52 @@ async fn corrupt_manifest() {
         listed.last().unwrap().status,
         ckpt_core::Status::Corrupt(_)
     ));
+    // A manifest that does not decode commits nothing: the step can be saved again,
+    // and the damaged manifest is left where it was.
+    let again = f32_state(3, 2000, 3000);
+    cp.save(20, &again).await.unwrap().wait().await.unwrap();
+    let latest = cp.load_latest().await.unwrap().unwrap();
+    assert_eq!(latest.id.step, 20);
+    assert_same(&again, &latest.state);
+    assert!(path.exists());
+}
+
+#[tokio::test]
+async fn truncated_single_file_format_object() {
+    // Range layouts (safetensors, .pt, HDF5): a file cut short is corruption, found by
+    // its length, not by the wording of a storage error.
+    let (dir, url) = temp_root();
+    let cp = ckpt_formats::builder(&url)
+        .format(ckpt_formats::by_name("safetensors").unwrap())
+        .build()
+        .await
+        .unwrap();
+    let old = f32_state(2, 500, 1);
+    cp.save(1, &old).await.unwrap().wait().await.unwrap();
+    let r = cp
+        .save(2, &f32_state(2, 500, 50))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let m = cp.manifest(&r.id).await.unwrap();
+    let Layout::Range { object, .. } = &m.tensors[1].layout else {
+        panic!("range layout")
+    };
+    let path = dir.path().join(object);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    assert_corrupt(
+        &cp.load(&r.id).await.unwrap_err(),
+        object,
+        Some(&m.tensors[1].name),
+    );
+    let loaded = cp.load_latest().await.unwrap().expect("falls back");
+    assert_eq!(loaded.id.step, 1);
+    assert_same(&old, &loaded.state);
+    assert_eq!(loaded.skipped.len(), 1);
+    assert_corrupt(&loaded.skipped[0].1, object, Some(&m.tensors[1].name));
 }
 
 #[tokio::test]

@@ -45,7 +45,14 @@ impl Format for Safetensors {
         let entries: Vec<codec::Entry<'_>> = tensors.iter().map(codec::Entry::from).collect();
         let header = codec::encode_header(
             &entries,
-            Some(codec::file_metadata(if ctx.world_size == 1 { &ctx.meta } else { &Value::Null }).map_err(internal)?),
+            Some(
+                codec::file_metadata(if ctx.world_size == 1 {
+                    &ctx.meta
+                } else {
+                    &Value::Null
+                })
+                .map_err(internal)?,
+            ),
         )
         .map_err(|e| ckpt_core::Error::InvalidInput(format!("safetensors header: {e}")))?;
         WriteStats::add(&ctx.stats.encode_ns, start.elapsed().as_nanos() as u64);
@@ -63,7 +70,10 @@ impl Format for Safetensors {
         );
         put_object(ctx, &key, parts).await?;
         let records = ranged::range_records(tensors, key.as_ref(), &header.offsets, hashes);
-        Ok(WriteOutput { records, objects: vec![key.to_string()] })
+        Ok(WriteOutput {
+            records,
+            objects: vec![key.to_string()],
+        })
     }
 
     /// Rank 0 writes the index over every rank's file. Pieces of sharded tensors
@@ -79,7 +89,7 @@ impl Format for Safetensors {
                 map.push((r.name.clone(), file));
             }
         }
-        let json = index::Index::new(total, map.into_iter()).to_json().map_err(internal)?;
+        let json = index::Index::new(total, map).to_json().map_err(internal)?;
         let index_key = ctx.data_prefix.clone().join(INDEX_FILE);
         put_object(ctx, &index_key, vec![Bytes::from(json)]).await?;
         Ok(vec![index_key.to_string()])
