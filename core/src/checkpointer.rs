@@ -293,7 +293,10 @@ impl CheckpointerBuilder {
         // Every rank derives the same attempt ids from a value rank 0 chooses.
         let nonce = {
             let mine = crate::paths::new_attempt_id().into_bytes();
-            let agreed = self.coord.broadcast(mine, 0, self.opts.collective_timeout).await?;
+            let agreed = self
+                .coord
+                .broadcast(mine, 0, self.opts.collective_timeout)
+                .await?;
             String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
         };
         Ok(Checkpointer {

@@ -53,7 +53,9 @@ impl Coordinator for Solo {
 
     async fn broadcast(&self, data: Vec<u8>, root: usize, _timeout: Duration) -> Result<Vec<u8>> {
         if root != 0 {
-            return Err(Error::InvalidInput(format!("broadcast root {root} in a job of one rank")));
+            return Err(Error::InvalidInput(format!(
+                "broadcast root {root} in a job of one rank"
+            )));
         }
         Ok(data)
     }
@@ -70,7 +72,9 @@ pub async fn with_deadline<T: Send + 'static>(
 ) -> Result<T> {
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err(Error::Internal(format!("{what}: the coordination thread is gone"))),
+        Ok(Err(_)) => Err(Error::Internal(format!(
+            "{what}: the coordination thread is gone"
+        ))),
         Err(_) => Err(Error::Timeout(format!(
             "{what} did not complete within {timeout:?}: a rank died or stopped taking part"
         ))),

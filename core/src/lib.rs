@@ -55,8 +55,8 @@ pub mod tensor;
 pub mod torch;
 pub mod value;
 
-pub use coord::{Coordinator, Solo};
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
+pub use coord::{Coordinator, Solo};
 pub use dtype::DType;
 pub use error::{CheckpointId, Error, Result};
 pub use format::{

@@ -234,12 +234,22 @@ impl Manifest {
             if let Some(s) = &t.shard {
                 if s.global_shape.len() != t.shape.len()
                     || s.offsets.len() != t.shape.len()
-                    || s.offsets.iter().zip(&t.shape).zip(&s.global_shape).any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
+                    || s.offsets
+                        .iter()
+                        .zip(&t.shape)
+                        .zip(&s.global_shape)
+                        .any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
                 {
-                    return Err(bad(format!("tensor `{}`: shard does not fit its global shape", t.name)));
+                    return Err(bad(format!(
+                        "tensor `{}`: shard does not fit its global shape",
+                        t.name
+                    )));
                 }
                 if !pieces.insert((t.name.as_str(), s.offsets.clone())) {
-                    return Err(bad(format!("tensor `{}`: two pieces at offsets {:?}", t.name, s.offsets)));
+                    return Err(bad(format!(
+                        "tensor `{}`: two pieces at offsets {:?}",
+                        t.name, s.offsets
+                    )));
                 }
             }
             if let Some(prev) = names.insert(t.name.as_str(), t) {

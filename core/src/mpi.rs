@@ -67,8 +67,11 @@ impl MpiCoordinator {
         let thread = std::thread::Builder::new()
             .name("ckpt-mpi".into())
             .spawn(move || {
-                let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
-                    let _ = ready_tx.send(Err(Error::InvalidInput("MPI is already initialised in this process".into())));
+                let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
+                else {
+                    let _ = ready_tx.send(Err(Error::InvalidInput(
+                        "MPI is already initialised in this process".into(),
+                    )));
                     return;
                 };
                 let world = universe.world();
@@ -104,7 +107,9 @@ impl MpiCoordinator {
 
     fn send(&self, job: Job) -> Result<()> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(Error::Timeout("an earlier collective timed out; MPI coordination is broken".into()));
+            return Err(Error::Timeout(
+                "an earlier collective timed out; MPI coordination is broken".into(),
+            ));
         }
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         tx.as_ref()
@@ -137,14 +142,17 @@ fn serve(world: &mpi::topology::SimpleCommunicator, rx: mpsc::Receiver<Job>) {
 
 fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<Vec<Vec<u8>>> {
     let size = world.size() as usize;
-    let len = i32::try_from(data.len()).map_err(|_| Error::InvalidInput("collective message over 2 GiB".into()))?;
+    let len = i32::try_from(data.len())
+        .map_err(|_| Error::InvalidInput("collective message over 2 GiB".into()))?;
     let mut lens = vec![0i32; size];
     world.all_gather_into(&len, &mut lens[..]);
     let mut displs = Vec::with_capacity(size);
     let mut total = 0i32;
     for &l in &lens {
         displs.push(total);
-        total = total.checked_add(l).ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
+        total = total
+            .checked_add(l)
+            .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
     }
     let mut buf = vec![0u8; total as usize];
     {
@@ -158,14 +166,24 @@ fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<
         .collect())
 }
 
-fn broadcast(world: &mpi::topology::SimpleCommunicator, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+fn broadcast(
+    world: &mpi::topology::SimpleCommunicator,
+    data: Vec<u8>,
+    root: usize,
+) -> Result<Vec<u8>> {
     if root >= world.size() as usize {
-        return Err(Error::InvalidInput(format!("broadcast root {root} is not a rank")));
+        return Err(Error::InvalidInput(format!(
+            "broadcast root {root} is not a rank"
+        )));
     }
     let process = world.process_at_rank(root as i32);
     let mut len = data.len() as u64;
     process.broadcast_into(&mut len);
-    let mut buf = if world.rank() as usize == root { data } else { vec![0u8; len as usize] };
+    let mut buf = if world.rank() as usize == root {
+        data
+    } else {
+        vec![0u8; len as usize]
+    };
     process.broadcast_into(&mut buf[..]);
     Ok(buf)
 }

@@ -100,7 +100,10 @@ async fn gather_json<T: Serialize + DeserializeOwned>(
     let bytes = serde_json::to_vec(msg).map_err(|e| Error::Internal(format!("{what}: {e}")))?;
     let all = coord.all_gather(bytes, timeout).await?;
     all.iter()
-        .map(|b| serde_json::from_slice(b).map_err(|e| Error::Internal(format!("{what}: bad message: {e}"))))
+        .map(|b| {
+            serde_json::from_slice(b)
+                .map_err(|e| Error::Internal(format!("{what}: bad message: {e}")))
+        })
         .collect()
 }
 
@@ -109,7 +112,10 @@ impl Checkpointer {
         let mut rx = self.inner.turn.subscribe();
         // The sender lives in `inner`, so this cannot fail while `self` exists.
         let _ = rx.wait_for(|t| *t >= seq).await;
-        Turn { tx: &self.inner.turn, seq }
+        Turn {
+            tx: &self.inner.turn,
+            seq,
+        }
     }
 
     pub(crate) async fn persist(&self, job: PersistJob) -> Result<SaveReport> {
@@ -137,7 +143,11 @@ impl Checkpointer {
                 .as_ref()
                 .map(|ts| {
                     ts.iter()
-                        .map(|t| Holding { name: t.name.clone(), bytes: t.data.len() as u64, sharded: t.shard.is_some() })
+                        .map(|t| Holding {
+                            name: t.name.clone(),
+                            bytes: t.data.len() as u64,
+                            sharded: t.shard.is_some(),
+                        })
                         .collect()
                 })
                 .map_err(|e| e.to_string()),
@@ -152,12 +162,17 @@ impl Checkpointer {
                     m.step, m.attempt
                 )));
             }
-            holdings.push(m.holdings.map_err(|e| Error::Internal(format!("rank {r} could not snapshot: {e}")))?);
+            holdings.push(
+                m.holdings
+                    .map_err(|e| Error::Internal(format!("rank {r} could not snapshot: {e}")))?,
+            );
         }
         let plan = plan::make(&holdings)?;
         let tensors = local?;
-        let mine: Vec<Tensor> =
-            tensors.into_iter().filter(|t| plan.writes(rank, &t.name, t.shard.is_some())).collect();
+        let mine: Vec<Tensor> = tensors
+            .into_iter()
+            .filter(|t| plan.writes(rank, &t.name, t.shard.is_some()))
+            .collect();
         let raw_bytes: u64 = mine.iter().map(|t| t.data.len() as u64).sum();
 
         // 2. Write this rank's share.
@@ -174,7 +189,10 @@ impl Checkpointer {
         drop(mine); // staging buffers go back to the pool
         let share = written
             .as_ref()
-            .map(|o| Share { records: o.records.clone(), objects: o.objects.clone() })
+            .map(|o| Share {
+                records: o.records.clone(),
+                objects: o.objects.clone(),
+            })
             .map_err(|e| e.to_string());
         let shares = gather_json(coord, &share, timeout, "commit").await?;
 
@@ -187,11 +205,17 @@ impl Checkpointer {
             commit = t.elapsed();
             o
         } else {
-            Outcome { result: Ok(()), deleted_chunks: Vec::new(), gc: None }
+            Outcome {
+                result: Ok(()),
+                deleted_chunks: Vec::new(),
+                gc: None,
+            }
         };
-        let outcome_bytes = serde_json::to_vec(&outcome).map_err(|e| Error::Internal(e.to_string()))?;
-        let outcome: Outcome = serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
-            .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
+        let outcome_bytes =
+            serde_json::to_vec(&outcome).map_err(|e| Error::Internal(e.to_string()))?;
+        let outcome: Outcome =
+            serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
+                .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         outcome.result.map_err(Error::Internal)?;
         written?;
 
@@ -225,7 +249,11 @@ impl Checkpointer {
             reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
             objects: stats.objects.load(Ordering::Relaxed) + u64::from(rank == 0),
             gc: outcome.gc.map(|g| GcReport {
-                retired: g.retired.into_iter().map(|(step, attempt)| CheckpointId { step, attempt }).collect(),
+                retired: g
+                    .retired
+                    .into_iter()
+                    .map(|(step, attempt)| CheckpointId { step, attempt })
+                    .collect(),
                 incomplete_removed: g
                     .incomplete_removed
                     .into_iter()
@@ -239,7 +267,12 @@ impl Checkpointer {
     }
 
     /// Rank 0: publish the manifest if every share is in, then retention and GC.
-    fn write_context(&self, id: &CheckpointId, meta: &Value, stats: std::sync::Arc<WriteStats>) -> WriteContext {
+    fn write_context(
+        &self,
+        id: &CheckpointId,
+        meta: &Value,
+        stats: std::sync::Arc<WriteStats>,
+    ) -> WriteContext {
         let inner = &self.inner;
         WriteContext {
             store: inner.store.clone(),
@@ -260,7 +293,11 @@ impl Checkpointer {
         shares: &[std::result::Result<Share, String>],
         meta: Value,
     ) -> Outcome {
-        let fail = |e: String| Outcome { result: Err(e), deleted_chunks: Vec::new(), gc: None };
+        let fail = |e: String| Outcome {
+            result: Err(e),
+            deleted_chunks: Vec::new(),
+            gc: None,
+        };
         let mut tensors = Vec::new();
         let mut objects = Vec::new();
         for (r, s) in shares.iter().enumerate() {
@@ -274,7 +311,12 @@ impl Checkpointer {
         }
         match self.inner.format.finish(ctx, &tensors).await {
             Ok(extra) => objects.extend(extra),
-            Err(e) => return fail(format!("finishing the {} files: {e}", self.inner.format.name())),
+            Err(e) => {
+                return fail(format!(
+                    "finishing the {} files: {e}",
+                    self.inner.format.name()
+                ))
+            }
         }
         let manifest = Manifest {
             version: MANIFEST_VERSION,
@@ -283,7 +325,10 @@ impl Checkpointer {
             step: id.step,
             attempt: id.attempt.clone(),
             world_size: ctx.world_size as u32,
-            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+            created_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
             tensors,
             meta,
             objects,
@@ -300,10 +345,17 @@ impl Checkpointer {
         let gc = self.maybe_gc(id).await;
         Outcome {
             result: Ok(()),
-            deleted_chunks: gc.as_ref().map(|g| g.deleted_chunks.clone()).unwrap_or_default(),
+            deleted_chunks: gc
+                .as_ref()
+                .map(|g| g.deleted_chunks.clone())
+                .unwrap_or_default(),
             gc: gc.map(|g| GcSummary {
                 retired: g.retired.into_iter().map(|i| (i.step, i.attempt)).collect(),
-                incomplete_removed: g.incomplete_removed.into_iter().map(|i| (i.step, i.attempt)).collect(),
+                incomplete_removed: g
+                    .incomplete_removed
+                    .into_iter()
+                    .map(|i| (i.step, i.attempt))
+                    .collect(),
                 chunks_deleted: g.chunks_deleted,
                 chunk_sweep_skipped: g.chunk_sweep_skipped,
             }),
@@ -314,10 +366,20 @@ impl Checkpointer {
     async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
         self.inner.opts.retention.keep_last?;
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut protected = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         protected.insert(just_committed.clone());
-        match retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected)
-            .await
+        match retention::collect(
+            self.inner.store.as_ref(),
+            &self.inner.opts.retention,
+            &self.inner.chunks,
+            &protected,
+        )
+        .await
         {
             Ok(r) => Some(r),
             Err(e) => {
@@ -331,7 +393,18 @@ impl Checkpointer {
     /// writing. In a job of several ranks, call it on rank 0 only.
     pub async fn gc(&self) -> Result<GcReport> {
         let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        retention::collect(self.inner.store.as_ref(), &self.inner.opts.retention, &self.inner.chunks, &protected).await
+        let protected = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        retention::collect(
+            self.inner.store.as_ref(),
+            &self.inner.opts.retention,
+            &self.inner.chunks,
+            &protected,
+        )
+        .await
     }
 }

@@ -20,15 +20,26 @@ use crate::tensor::{numel, ShardSpec, Tensor};
 impl Checkpointer {
     /// Every tensor of a checkpoint, sharded ones assembled into their global shape.
     pub(crate) async fn read_whole(&self, manifest: &Manifest) -> Result<Vec<Tensor>> {
-        let plain: Vec<&TensorRecord> = manifest.tensors.iter().filter(|t| t.shard.is_none()).collect();
+        let plain: Vec<&TensorRecord> = manifest
+            .tensors
+            .iter()
+            .filter(|t| t.shard.is_none())
+            .collect();
         let mut out = self.read_records(manifest, plain).await?;
         let mut seen = std::collections::HashSet::new();
         for r in manifest.tensors.iter().filter(|t| t.shard.is_some()) {
             if !seen.insert(r.name.as_str()) {
                 continue;
             }
-            let global = r.shard.as_ref().map(|s| s.global_shape.clone()).unwrap_or_default();
-            let whole = ShardSpec { offsets: vec![0; global.len()], global_shape: global };
+            let global = r
+                .shard
+                .as_ref()
+                .map(|s| s.global_shape.clone())
+                .unwrap_or_default();
+            let whole = ShardSpec {
+                offsets: vec![0; global.len()],
+                global_shape: global,
+            };
             let mut t = self.assemble(manifest, &r.name, &whole).await?;
             t.shard = None;
             out.push(t);
@@ -42,7 +53,11 @@ impl Checkpointer {
     /// `spec.offsets` of the global tensor of shape `spec.global_shape`. Only stored
     /// pieces that overlap it are read. Returns one tensor per request, its `shard`
     /// set to `spec`; a piece the checkpoint does not fully cover is an error.
-    pub async fn load_shards(&self, id: &CheckpointId, wanted: &[(&str, Vec<u64>, ShardSpec)]) -> Result<Vec<Tensor>> {
+    pub async fn load_shards(
+        &self,
+        id: &CheckpointId,
+        wanted: &[(&str, Vec<u64>, ShardSpec)],
+    ) -> Result<Vec<Tensor>> {
         let manifest = self.manifest(id).await?;
         let mut out = Vec::with_capacity(wanted.len());
         for (name, shape, spec) in wanted {
@@ -54,16 +69,28 @@ impl Checkpointer {
     }
 
     async fn assemble(&self, manifest: &Manifest, name: &str, spec: &ShardSpec) -> Result<Tensor> {
-        self.assemble_box(manifest, name, &spec.global_shape, spec).await
+        self.assemble_box(manifest, name, &spec.global_shape, spec)
+            .await
     }
 
     /// Fill the box `(spec.offsets, shape)` of tensor `name` from the stored pieces.
-    async fn assemble_box(&self, manifest: &Manifest, name: &str, shape: &[u64], spec: &ShardSpec) -> Result<Tensor> {
-        let records: Vec<&TensorRecord> = manifest.tensors.iter().filter(|t| t.name == name).collect();
-        let first = records.first().ok_or_else(|| Error::NotFound { what: format!("tensor `{name}` in {}", manifest.id()) })?;
+    async fn assemble_box(
+        &self,
+        manifest: &Manifest,
+        name: &str,
+        shape: &[u64],
+        spec: &ShardSpec,
+    ) -> Result<Tensor> {
+        let records: Vec<&TensorRecord> =
+            manifest.tensors.iter().filter(|t| t.name == name).collect();
+        let first = records.first().ok_or_else(|| Error::NotFound {
+            what: format!("tensor `{name}` in {}", manifest.id()),
+        })?;
         let dtype = first.dtype;
         if dtype.bits() % 8 != 0 {
-            return Err(Error::InvalidInput(format!("tensor `{name}`: {dtype} cannot be resharded")));
+            return Err(Error::InvalidInput(format!(
+                "tensor `{name}`: {dtype} cannot be resharded"
+            )));
         }
         let elem = dtype.bits() / 8;
         // Where each stored record sits in the global tensor.
@@ -80,24 +107,58 @@ impl Checkpointer {
                 placed[0].2, spec.global_shape
             )));
         }
-        let want = Region { offsets: &spec.offsets, shape };
+        let want = Region {
+            offsets: &spec.offsets,
+            shape,
+        };
         if spec.offsets.len() != shape.len()
-            || spec.offsets.iter().zip(shape).zip(&spec.global_shape).any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
+            || spec
+                .offsets
+                .iter()
+                .zip(shape)
+                .zip(&spec.global_shape)
+                .any(|((o, l), g)| o.checked_add(*l).is_none_or(|e| e > *g))
         {
-            return Err(Error::InvalidInput(format!("tensor `{name}`: the requested box does not fit the tensor")));
+            return Err(Error::InvalidInput(format!(
+                "tensor `{name}`: the requested box does not fit the tensor"
+            )));
         }
         let len = dtype.byte_len(numel(shape)?)?;
-        let mut buf = BytesMut::zeroed(usize::try_from(len).map_err(|_| Error::InvalidInput("tensor too large".into()))?);
+        let mut buf = BytesMut::zeroed(
+            usize::try_from(len).map_err(|_| Error::InvalidInput("tensor too large".into()))?,
+        );
         let overlapping: Vec<&TensorRecord> = placed
             .iter()
-            .filter(|(r, off, _)| intersect(&Region { offsets: off, shape: &r.shape }, &want).is_some())
+            .filter(|(r, off, _)| {
+                intersect(
+                    &Region {
+                        offsets: off,
+                        shape: &r.shape,
+                    },
+                    &want,
+                )
+                .is_some()
+            })
             .map(|(r, _, _)| *r)
             .collect();
         let datas = self.read_records(manifest, overlapping.clone()).await?;
         let mut copied = 0u64;
         for (r, t) in overlapping.iter().zip(&datas) {
-            let off = r.shard.as_ref().map(|s| s.offsets.clone()).unwrap_or_else(|| vec![0; r.shape.len()]);
-            copied += copy_overlap(&t.data, &Region { offsets: &off, shape: &r.shape }, &mut buf, &want, elem)?;
+            let off = r
+                .shard
+                .as_ref()
+                .map(|s| s.offsets.clone())
+                .unwrap_or_else(|| vec![0; r.shape.len()]);
+            copied += copy_overlap(
+                &t.data,
+                &Region {
+                    offsets: &off,
+                    shape: &r.shape,
+                },
+                &mut buf,
+                &want,
+                elem,
+            )?;
         }
         if copied != len {
             return Err(Error::corrupt(
@@ -106,7 +167,13 @@ impl Checkpointer {
                 format!("the stored pieces cover {copied} of the {len} bytes asked for"),
             ));
         }
-        Ok(Tensor { name: name.to_owned(), dtype, shape: shape.to_vec(), data: Bytes::from(buf), shard: None })
+        Ok(Tensor {
+            name: name.to_owned(),
+            dtype,
+            shape: shape.to_vec(),
+            data: Bytes::from(buf),
+            shard: None,
+        })
     }
 }
 

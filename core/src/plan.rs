@@ -49,7 +49,11 @@ impl Plan {
 /// Compute the plan from every rank's holdings (index = rank).
 pub fn make(ranks: &[Vec<Holding>]) -> Result<Plan> {
     let n = ranks.len();
-    let mut plan = Plan { writes: vec![HashSet::new(); n], bytes: vec![0; n], replicated: HashSet::new() };
+    let mut plan = Plan {
+        writes: vec![HashSet::new(); n],
+        bytes: vec![0; n],
+        replicated: HashSet::new(),
+    };
     // name -> (bytes, holders)
     let mut unsharded: BTreeMap<&str, (u64, Vec<usize>)> = BTreeMap::new();
     for (r, holdings) in ranks.iter().enumerate() {
@@ -58,7 +62,9 @@ pub fn make(ranks: &[Vec<Holding>]) -> Result<Plan> {
                 plan.bytes[r] += h.bytes;
                 continue;
             }
-            let e = unsharded.entry(h.name.as_str()).or_insert((h.bytes, Vec::new()));
+            let e = unsharded
+                .entry(h.name.as_str())
+                .or_insert((h.bytes, Vec::new()));
             if e.0 != h.bytes {
                 return Err(Error::InvalidInput(format!(
                     "tensor `{}` is held by several ranks with different sizes ({} and {} bytes); \
@@ -81,7 +87,10 @@ pub fn make(ranks: &[Vec<Holding>]) -> Result<Plan> {
     }
     replicated.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     for (name, bytes, holders) in replicated {
-        let r = *holders.iter().min_by_key(|&&r| (plan.bytes[r], r)).expect("at least two holders");
+        let r = *holders
+            .iter()
+            .min_by_key(|&&r| (plan.bytes[r], r))
+            .expect("at least two holders");
         plan.bytes[r] += bytes;
         plan.writes[r].insert(name.to_owned());
     }
@@ -93,7 +102,11 @@ mod tests {
     use super::*;
 
     fn h(name: &str, bytes: u64, sharded: bool) -> Holding {
-        Holding { name: name.into(), bytes, sharded }
+        Holding {
+            name: name.into(),
+            bytes,
+            sharded,
+        }
     }
 
     #[test]
@@ -116,8 +129,16 @@ mod tests {
     #[test]
     fn shards_and_local_state_stay_with_their_holder() {
         let ranks = vec![
-            vec![h("emb", 1000, true), h("rng.0", 10, false), h("bias", 50, false)],
-            vec![h("emb", 1000, true), h("rng.1", 10, false), h("bias", 50, false)],
+            vec![
+                h("emb", 1000, true),
+                h("rng.0", 10, false),
+                h("bias", 50, false),
+            ],
+            vec![
+                h("emb", 1000, true),
+                h("rng.1", 10, false),
+                h("bias", 50, false),
+            ],
         ];
         let plan = make(&ranks).unwrap();
         assert!(plan.writes(0, "emb", true) && plan.writes(1, "emb", true));

@@ -45,18 +45,36 @@ fn strides(shape: &[u64], elem: u64) -> Result<Vec<u64>> {
 
 /// Copy the overlap of `src` (bytes of the box `src_region`) into `dst` (bytes of
 /// `dst_region`); `elem` is the element size in bytes. Returns the bytes copied.
-pub fn copy_overlap(src: &[u8], src_region: &Region<'_>, dst: &mut [u8], dst_region: &Region<'_>, elem: u64) -> Result<u64> {
+pub fn copy_overlap(
+    src: &[u8],
+    src_region: &Region<'_>,
+    dst: &mut [u8],
+    dst_region: &Region<'_>,
+    elem: u64,
+) -> Result<u64> {
     let rank = src_region.shape.len();
-    if src_region.offsets.len() != rank || dst_region.offsets.len() != rank || dst_region.shape.len() != rank {
-        return Err(Error::InvalidInput("reshard: boxes of different rank".into()));
+    if src_region.offsets.len() != rank
+        || dst_region.offsets.len() != rank
+        || dst_region.shape.len() != rank
+    {
+        return Err(Error::InvalidInput(
+            "reshard: boxes of different rank".into(),
+        ));
     }
     let size = |r: &Region<'_>| -> Result<u64> {
-        r.shape.iter().try_fold(elem, |a, &d| a.checked_mul(d)).ok_or_else(|| Error::InvalidInput("size overflows".into()))
+        r.shape
+            .iter()
+            .try_fold(elem, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| Error::InvalidInput("size overflows".into()))
     };
     if size(src_region)? != src.len() as u64 || size(dst_region)? != dst.len() as u64 {
-        return Err(Error::InvalidInput("reshard: buffer sizes do not match their boxes".into()));
+        return Err(Error::InvalidInput(
+            "reshard: buffer sizes do not match their boxes".into(),
+        ));
     }
-    let Some((off, shape)) = intersect(src_region, dst_region) else { return Ok(0) };
+    let Some((off, shape)) = intersect(src_region, dst_region) else {
+        return Ok(0);
+    };
     if rank == 0 {
         dst.copy_from_slice(src);
         return Ok(elem);
@@ -162,11 +180,37 @@ mod tests {
         let dst_off = [0u64, 3];
         let dst_shape = [2u64, 3];
         let mut dst = vec![0u8; 12];
-        let n = copy_overlap(&src, &Region { offsets: &src_off, shape: &src_shape }, &mut dst, &Region { offsets: &dst_off, shape: &dst_shape }, 2).unwrap();
+        let n = copy_overlap(
+            &src,
+            &Region {
+                offsets: &src_off,
+                shape: &src_shape,
+            },
+            &mut dst,
+            &Region {
+                offsets: &dst_off,
+                shape: &dst_shape,
+            },
+            2,
+        )
+        .unwrap();
         // Overlap: row 1, columns 3..5 -> 2 elements.
         assert_eq!(n, 4);
         let want = fill(&global, &[1, 3], &[1, 2]);
         assert_eq!(&dst[6..10], &want[..]);
-        assert!(copy_overlap(&src, &Region { offsets: &src_off, shape: &src_shape }, &mut dst[..4], &Region { offsets: &dst_off, shape: &dst_shape }, 2).is_err());
+        assert!(copy_overlap(
+            &src,
+            &Region {
+                offsets: &src_off,
+                shape: &src_shape
+            },
+            &mut dst[..4],
+            &Region {
+                offsets: &dst_off,
+                shape: &dst_shape
+            },
+            2
+        )
+        .is_err());
     }
 }

@@ -12,7 +12,14 @@ fn mpirun(np: usize, args: &[&str]) -> Output {
     cmd.args(["--oversubscribe", "-np", &np.to_string()])
         // Shared-memory transport without cross-process memory attach, which
         // containers often forbid.
-        .args(["--mca", "btl", "self,vader", "--mca", "btl_vader_single_copy_mechanism", "none"])
+        .args([
+            "--mca",
+            "btl",
+            "self,vader",
+            "--mca",
+            "btl_vader_single_copy_mechanism",
+            "none",
+        ])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
@@ -47,7 +54,10 @@ fn n_ranks_save_m_ranks_load() {
         ok(&out, &format!("save with {n} ranks"));
         assert_eq!(lines(&out).len(), n);
         let out = mpirun(m, &["load", &url]);
-        ok(&out, &format!("load with {m} ranks of a {n}-rank checkpoint"));
+        ok(
+            &out,
+            &format!("load with {m} ranks of a {n}-rank checkpoint"),
+        );
         let rows = lines(&out);
         assert_eq!(rows.len(), m);
         for r in rows {
@@ -64,20 +74,32 @@ fn replicated_tensors_are_stored_once_and_the_writing_is_spread() {
     let out = mpirun(4, &["save", &url, "3"]);
     ok(&out, "save");
     let rows = lines(&out);
-    let raw: Vec<u64> = rows.iter().map(|r| r["raw_bytes"].as_u64().unwrap()).collect();
+    let raw: Vec<u64> = rows
+        .iter()
+        .map(|r| r["raw_bytes"].as_u64().unwrap())
+        .collect();
     // Sizes of the job's state (see mpi_ckpt.rs): shards 24*16 + 6*48 f32, 8 replicated
     // tensors of (k+1)*3000 f32, one 64-f32 local tensor per rank.
     let shards = (24 * 16 + 6 * 48) * 4;
     let replicated: u64 = (0..8).map(|k| (k + 1) * 3000 * 4).sum();
     let locals = 4 * 64 * 4;
-    assert_eq!(raw.iter().sum::<u64>(), shards + replicated + locals, "every byte written exactly once: {raw:?}");
+    assert_eq!(
+        raw.iter().sum::<u64>(),
+        shards + replicated + locals,
+        "every byte written exactly once: {raw:?}"
+    );
     // Balanced: no rank writes much more than a quarter (the largest tensor is the slack).
     let largest = 8 * 3000 * 4;
     let fair = (shards + replicated + locals) / 4;
     assert!(raw.iter().all(|&b| b <= fair + largest), "{raw:?}");
     // What is on disk: the chunk bytes equal the unique bytes plus 16-byte chunk headers.
-    let stored: u64 = std::fs::read_dir(dir.path().join("chunks")).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
-    let chunks = std::fs::read_dir(dir.path().join("chunks")).unwrap().count() as u64;
+    let stored: u64 = std::fs::read_dir(dir.path().join("chunks"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let chunks = std::fs::read_dir(dir.path().join("chunks"))
+        .unwrap()
+        .count() as u64;
     assert_eq!(stored, shards + replicated + locals + 16 * chunks);
 }
 
@@ -85,8 +107,14 @@ fn replicated_tensors_are_stored_once_and_the_writing_is_spread() {
 fn a_rank_killed_mid_save_leaves_the_previous_checkpoint() {
     let (_dir, url) = temp_root();
     ok(&mpirun(4, &["save", &url, "1"]), "first save");
-    let out = mpirun(4, &["save", &url, "2", "--abort-rank", "2", "--timeout-s", "20"]);
-    assert!(!out.status.success(), "the job with a killed rank must fail");
+    let out = mpirun(
+        4,
+        &["save", &url, "2", "--abort-rank", "2", "--timeout-s", "20"],
+    );
+    assert!(
+        !out.status.success(),
+        "the job with a killed rank must fail"
+    );
     let out = mpirun(2, &["load", &url]);
     ok(&out, "load after the crash");
     assert!(lines(&out).iter().all(|r| r["loaded_step"] == 1));
@@ -97,7 +125,10 @@ fn an_absent_rank_makes_the_others_time_out_instead_of_hanging() {
     let (_dir, url) = temp_root();
     ok(&mpirun(2, &["save", &url, "1"]), "first save");
     let t = std::time::Instant::now();
-    let out = mpirun(3, &["save", &url, "2", "--absent-rank", "1", "--timeout-s", "3"]);
+    let out = mpirun(
+        3,
+        &["save", &url, "2", "--absent-rank", "1", "--timeout-s", "3"],
+    );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("did not complete within"), "{stderr}");

@@ -189,7 +189,10 @@ impl Format for Torch {
         // One process holds the whole state: keep its nested structure, as
         // `torch.save(state_dict)` would. A rank of a larger job writes its tensors flat.
         let root = if ctx.world_size == 1 {
-            tree::root_of(&State { tensors: tensors.to_vec(), meta: ctx.meta.clone() })
+            tree::root_of(&State {
+                tensors: tensors.to_vec(),
+                meta: ctx.meta.clone(),
+            })
         } else {
             Value::Map(
                 tensors

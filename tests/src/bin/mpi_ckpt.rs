@@ -73,28 +73,64 @@ fn replicated_len(k: usize) -> u64 {
 }
 
 fn state(step: u64, rank: usize, world: usize) -> State {
-    let mut s = State::new().with_meta(Value::map([("step", Value::Int(step as i64)), ("world", Value::Int(world as i64))]));
+    let mut s = State::new().with_meta(Value::map([
+        ("step", Value::Int(step as i64)),
+        ("world", Value::Int(world as i64)),
+    ]));
     for (name, global, dim) in [("emb", EMB, 0usize), ("blocks", BLOCKS, 1)] {
         let (off, shape) = split(&global, dim, rank, world);
-        let t = Tensor::new(name, DType::F32, shape.clone(), fill(step, name, &global, &off, &shape))
-            .and_then(|t| t.with_shard(ShardSpec { global_shape: global.to_vec(), offsets: off }))
-            .expect("valid shard");
+        let t = Tensor::new(
+            name,
+            DType::F32,
+            shape.clone(),
+            fill(step, name, &global, &off, &shape),
+        )
+        .and_then(|t| {
+            t.with_shard(ShardSpec {
+                global_shape: global.to_vec(),
+                offsets: off,
+            })
+        })
+        .expect("valid shard");
         s = s.with_tensor(t);
     }
     for k in 0..REPLICATED {
         let name = replicated_name(k);
         let n = replicated_len(k);
-        s = s.with_tensor(Tensor::new(name.clone(), DType::F32, vec![n], fill(step, &name, &[n], &[0], &[n])).expect("valid"));
+        s = s.with_tensor(
+            Tensor::new(
+                name.clone(),
+                DType::F32,
+                vec![n],
+                fill(step, &name, &[n], &[0], &[n]),
+            )
+            .expect("valid"),
+        );
     }
     let local = format!("rng.rank{rank}");
-    s.with_tensor(Tensor::new(local.clone(), DType::F32, vec![64], fill(step, &local, &[64], &[0], &[64])).expect("valid"))
+    s.with_tensor(
+        Tensor::new(
+            local.clone(),
+            DType::F32,
+            vec![64],
+            fill(step, &local, &[64], &[0], &[64]),
+        )
+        .expect("valid"),
+    )
 }
 
 fn arg(args: &[String], flag: &str) -> Option<String> {
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
-async fn save(coord: Arc<MpiCoordinator>, url: &str, step: u64, args: &[String]) -> Result<(), String> {
+async fn save(
+    coord: Arc<MpiCoordinator>,
+    url: &str,
+    step: u64,
+    args: &[String],
+) -> Result<(), String> {
     let rank = coord.rank();
     let world = coord.world_size();
     let mut opts = CheckpointerOptions::default();
@@ -102,7 +138,12 @@ async fn save(coord: Arc<MpiCoordinator>, url: &str, step: u64, args: &[String])
     if let Some(s) = arg(args, "--timeout-s") {
         opts.collective_timeout = Duration::from_secs(s.parse().map_err(|_| "bad --timeout-s")?);
     }
-    let cp = ckpt_formats::builder(url).options(opts).coordinator(coord.clone()).build().await.map_err(|e| e.to_string())?;
+    let cp = ckpt_formats::builder(url)
+        .options(opts)
+        .coordinator(coord.clone())
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
     if arg(args, "--abort-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
         // Die after this rank's third object is durable: mid-save, no clean-up.
         ckpt_core::failpoint::set("save.mid_data", "3*abort");
@@ -112,7 +153,13 @@ async fn save(coord: Arc<MpiCoordinator>, url: &str, step: u64, args: &[String])
         std::thread::sleep(Duration::from_secs(30));
         return Err("absent rank".into());
     }
-    let r = cp.save(step, state(step, rank, world)).await.map_err(|e| e.to_string())?.wait().await.map_err(|e| e.to_string())?;
+    let r = cp
+        .save(step, state(step, rank, world))
+        .await
+        .map_err(|e| e.to_string())?
+        .wait()
+        .await
+        .map_err(|e| e.to_string())?;
     println!(
         "{{\"rank\":{rank},\"world\":{world},\"raw_bytes\":{},\"stored_bytes\":{},\"committed\":\"{}\"}}",
         r.raw_bytes, r.stored_bytes, r.id
@@ -123,13 +170,28 @@ async fn save(coord: Arc<MpiCoordinator>, url: &str, step: u64, args: &[String])
 async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<(), String> {
     let rank = coord.rank();
     let world = coord.world_size();
-    let cp = ckpt_formats::builder(url).coordinator(coord.clone()).build().await.map_err(|e| e.to_string())?;
+    let cp = ckpt_formats::builder(url)
+        .coordinator(coord.clone())
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
     let id = match arg(args, "--step") {
         Some(s) => {
             let step: u64 = s.parse().map_err(|_| "bad --step")?;
-            cp.committed().await.map_err(|e| e.to_string())?.into_iter().find(|i| i.step == step).ok_or("no such step")?
+            cp.committed()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .find(|i| i.step == step)
+                .ok_or("no such step")?
         }
-        None => cp.load_latest().await.map_err(|e| e.to_string())?.ok_or("no checkpoint")?.id,
+        None => {
+            cp.load_latest()
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or("no checkpoint")?
+                .id
+        }
     };
     let step = id.step;
     let manifest = cp.manifest(&id).await.map_err(|e| e.to_string())?;
@@ -138,18 +200,34 @@ async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<
     let mut wanted = Vec::new();
     for (name, global, dim) in [("emb", EMB, 0usize), ("blocks", BLOCKS, 1)] {
         let (off, shape) = split(&global, dim, rank, world);
-        wanted.push((name, shape, ShardSpec { global_shape: global.to_vec(), offsets: off }));
+        wanted.push((
+            name,
+            shape,
+            ShardSpec {
+                global_shape: global.to_vec(),
+                offsets: off,
+            },
+        ));
     }
-    let pieces = cp.load_shards(&id, &wanted).await.map_err(|e| e.to_string())?;
+    let pieces = cp
+        .load_shards(&id, &wanted)
+        .await
+        .map_err(|e| e.to_string())?;
     for ((name, shape, spec), t) in wanted.iter().zip(&pieces) {
         let global = spec.global_shape.clone();
         if t.data[..] != fill(step, name, &global, &spec.offsets, shape)[..] {
             return Err(format!("rank {rank}: piece of `{name}` differs"));
         }
     }
-    let names: Vec<String> = (0..REPLICATED).map(replicated_name).chain((0..saved_world).map(|r| format!("rng.rank{r}"))).collect();
+    let names: Vec<String> = (0..REPLICATED)
+        .map(replicated_name)
+        .chain((0..saved_world).map(|r| format!("rng.rank{r}")))
+        .collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let plain = cp.load_tensors(&id, &refs).await.map_err(|e| e.to_string())?;
+    let plain = cp
+        .load_tensors(&id, &refs)
+        .await
+        .map_err(|e| e.to_string())?;
     for t in &plain {
         let n = t.shape[0];
         if t.data[..] != fill(step, &t.name, &[n], &[0], &[n])[..] {
@@ -163,12 +241,19 @@ async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let coord = MpiCoordinator::init().expect("MPI init");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let url = args.get(2).cloned().unwrap_or_default();
     let result = rt.block_on(async {
         match args.get(1).map(String::as_str) {
             Some("save") => {
-                let step = args.get(3).and_then(|s| s.parse().ok()).ok_or("usage: save URL STEP")?;
+                let step = args
+                    .get(3)
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("usage: save URL STEP")?;
                 save(coord.clone(), &url, step, &args).await
             }
             Some("load") => load(coord.clone(), &url, &args).await,
