@@ -111,6 +111,44 @@ impl Error {
         )
     }
 
+    /// The same error again, for reporting one failure in two places (the
+    /// variant and its fields are kept; storage and I/O sources keep their
+    /// message and kind).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::NotFound { what } => Error::NotFound { what: what.clone() },
+            Error::Corrupt {
+                object,
+                tensor,
+                reason,
+            } => Error::Corrupt {
+                object: object.clone(),
+                tensor: tensor.clone(),
+                reason: reason.clone(),
+            },
+            Error::Conflict(s) => Error::Conflict(s.clone()),
+            Error::InvalidInput(s) => Error::InvalidInput(s.clone()),
+            Error::Unsupported(s) => Error::Unsupported(s.clone()),
+            Error::Storage(object_store::Error::NotFound { path, source }) => {
+                Error::Storage(object_store::Error::NotFound {
+                    path: path.clone(),
+                    source: source.to_string().into(),
+                })
+            }
+            Error::Storage(e) => Error::Storage(object_store::Error::Generic {
+                store: "ckpt",
+                source: e.to_string().into(),
+            }),
+            Error::Io(e) => Error::Io(std::io::Error::new(e.kind(), e.to_string())),
+            Error::Timeout(s) => Error::Timeout(s.clone()),
+            Error::Skipped { step, reason } => Error::Skipped {
+                step: *step,
+                reason: reason.clone(),
+            },
+            Error::Internal(s) => Error::Internal(s.clone()),
+        }
+    }
+
     /// Attach a tensor name to a corruption error that lacks one.
     pub fn with_tensor(self, name: &str) -> Self {
         match self {

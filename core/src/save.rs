@@ -57,7 +57,7 @@ pub struct SaveReport {
 pub(crate) enum SnapState {
     Pending,
     Done(Duration),
-    Failed(String),
+    Failed(Arc<Error>),
 }
 
 /// A save in progress. Dropping it does not cancel the save.
@@ -96,7 +96,7 @@ impl SaveHandle {
             .map_err(|_| Error::Internal("snapshot task vanished".into()))?
             .clone();
         match state {
-            SnapState::Failed(reason) => Err(Error::Internal(format!("snapshot failed: {reason}"))),
+            SnapState::Failed(e) => Err(e.duplicate()),
             _ => Ok(()),
         }
     }
@@ -199,7 +199,7 @@ impl Checkpointer {
                     let r = snapshot::copy_all(tensors, bufs, threads);
                     let _ = snap_tx.send(match &r {
                         Ok(_) => SnapState::Done(t.elapsed()),
-                        Err(e) => SnapState::Failed(e.to_string()),
+                        Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
                     });
                     match r {
                         Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
@@ -220,7 +220,7 @@ impl Checkpointer {
                         let r = snapshot::copy_all(tensors, bufs, threads);
                         let _ = snap_tx.send(match &r {
                             Ok(_) => SnapState::Done(t.elapsed()),
-                            Err(e) => SnapState::Failed(e.to_string()),
+                            Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
                         });
                         r
                     }),
@@ -281,10 +281,19 @@ impl Checkpointer {
         self.inner.inflight_done.notify_waiters();
     }
 
+    /// The staging pool. With no budget set, it is sized to twice the largest save
+    /// seen so far, and replaced by a larger one when a save outgrows it (a first save
+    /// before the optimizer has state is smaller than the ones after). Buffers of a
+    /// replaced pool are freed when the saves using them finish.
     fn pool_for(&self, copied_bytes: u64) -> StagingPool {
+        let want = copied_bytes.saturating_mul(2).max(64 << 20);
         let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.get_or_insert_with(|| StagingPool::new(copied_bytes.saturating_mul(2).max(64 << 20)))
-            .clone()
+        match pool.as_ref() {
+            Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= copied_bytes => {
+                p.clone()
+            }
+            _ => pool.insert(StagingPool::new(want)).clone(),
+        }
     }
 }
 

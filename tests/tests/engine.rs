@@ -93,7 +93,11 @@ async fn debug_builds_catch_a_mutation_during_a_lazy_snapshot() {
         .unwrap();
     let cap = Capture::default().with_copy("w", DType::F32, vec![4], Arc::new(Moving(0.into())));
     let h = cp.save(1, cap).await.unwrap();
-    assert!(h.wait_snapshot().await.is_err());
+    // The snapshot's own error comes back, with its type.
+    assert!(matches!(
+        h.wait_snapshot().await,
+        Err(ckpt_core::Error::InvalidInput(_))
+    ));
     assert!(h.wait().await.is_err());
     assert!(cp.load_latest().await.unwrap().is_none());
 }
@@ -126,4 +130,30 @@ async fn concurrent_saves_stay_within_the_budget_and_all_commit() {
             assert_eq!(&t.data[..], &b[..]);
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_staging_budget_grows_with_the_state() {
+    // A first save before the optimizer has state is small; later ones are bigger.
+    let cp = ckpt_formats::builder(memory_root("grow"))
+        .build()
+        .await
+        .unwrap();
+    let (_small, cap) = mutable_state(1, 1000, 1);
+    cp.save(1, cap).await.unwrap().wait().await.unwrap();
+    let first_budget = cp.staging().unwrap().budget();
+    let (_big, cap) = mutable_state(4, 5_000_000, 2); // 80 MB, more than the first budget
+    cp.save(2, cap).await.unwrap().wait().await.unwrap();
+    assert!(cp.staging().unwrap().budget() > first_budget);
+    // A budget the user set is a limit, not a hint.
+    let fixed = ckpt_formats::builder(memory_root("fixed"))
+        .staging_budget(1 << 20)
+        .build()
+        .await
+        .unwrap();
+    let (_big, cap) = mutable_state(1, 1_000_000, 3);
+    assert!(matches!(
+        fixed.save(1, cap).await,
+        Err(ckpt_core::Error::InvalidInput(_))
+    ));
 }
