@@ -226,11 +226,30 @@ impl ModelState {
         let full = shapes(&self.model)
             .ok_or_else(|| format!("unknown model {:?} (known: {MODELS:?})", self.model))?;
         let full_bytes = layout_bytes(&layout(&full, self.mix, self.optimizer));
-        let factor = (self.bytes as f64 / full_bytes as f64).min(1.0);
-        let params: Vec<_> = full
-            .iter()
-            .map(|(n, s)| (n.clone(), scale_shape(s, factor)))
-            .collect();
+        // Dimensions of 1 (and rounding) keep the total from scaling exactly with
+        // the factor: search the factor (bisection on its logarithm) instead.
+        let scaled = |f: f64| -> Vec<(String, Vec<u64>)> {
+            full.iter()
+                .map(|(n, s)| (n.clone(), scale_shape(s, f)))
+                .collect()
+        };
+        let bytes_at = |f: f64| layout_bytes(&layout(&scaled(f), self.mix, self.optimizer)) as f64;
+        let target = self.bytes as f64;
+        let factor = if target >= full_bytes as f64 {
+            1.0
+        } else {
+            let (mut lo, mut hi) = ((1e-12f64).ln(), 0.0f64);
+            for _ in 0..40 {
+                let mid = (lo + hi) / 2.0;
+                if bytes_at(mid.exp()) > target {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            lo.exp()
+        };
+        let params = scaled(factor);
         let mut state = State::new();
         for (i, (name, dtype, shape)) in layout(&params, self.mix, self.optimizer)
             .into_iter()

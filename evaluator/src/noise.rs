@@ -81,9 +81,11 @@ impl Noise {
                         let src = vec![7u8; 64 << 20];
                         let mut dst = vec![0u8; 64 << 20];
                         while running(&s, deadline) {
-                            dst.copy_from_slice(&src);
-                            std::hint::black_box(&mut dst);
-                            w.fetch_add(src.len() as u64, Ordering::Relaxed);
+                            for (d, c) in dst.chunks_mut(8 << 20).zip(src.chunks(8 << 20)) {
+                                d.copy_from_slice(c);
+                                std::hint::black_box(&mut *d);
+                                w.fetch_add(c.len() as u64, Ordering::Relaxed);
+                            }
                         }
                     }));
                 }

@@ -197,8 +197,14 @@ impl Chart {
                 let ticks: Vec<f64> = if *log_x {
                     let mut t = Vec::new();
                     let mut d = 10f64.powf(xmin.log10().floor());
+                    let decades = (xmax / xmin).log10();
+                    let mult: &[f64] = if decades <= 2.5 {
+                        &[1.0, 2.0, 5.0]
+                    } else {
+                        &[1.0]
+                    };
                     while d <= xmax * 1.0001 {
-                        for m in [1.0, 2.0, 5.0] {
+                        for &m in mult {
                             if d * m >= xmin * 0.9999 && d * m <= xmax * 1.0001 {
                                 t.push(d * m);
                             }
@@ -347,7 +353,9 @@ impl Painter for Raster {
         }
     }
     fn text(&mut self, x: f64, y: f64, s: &str, anchor: u8, big: bool) {
-        let scale = if big { 2 } else { 1 };
+        // Titles in double size where they fit.
+        let fits = s.chars().count() * 16 + 20 <= self.w;
+        let scale = if big && fits { 2 } else { 1 };
         let adv = 8 * scale;
         let width = (s.chars().count() * adv) as f64;
         let left = match anchor {

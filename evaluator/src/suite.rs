@@ -215,7 +215,7 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
             intensity: cfg.noise_intensity,
             steps: 12,
             every: 4,
-            kernel_iters: 4_000_000,
+            kernel_iters: 12_000_000,
         };
         let small = ModelState {
             model: cfg.model.clone(),

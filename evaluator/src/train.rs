@@ -99,12 +99,17 @@ impl Trainer {
         self.step += 1;
         let t = self.step as i32;
         let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        for k in 0..self.params.len() {
-            for i in 0..self.params[k].len() {
-                let g = grads[k][i];
-                self.m[k][i] = b1 * self.m[k][i] + (1.0 - b1) * g;
-                self.v[k][i] = b2 * self.v[k][i] + (1.0 - b2) * g * g;
-                self.params[k][i] -= lr * (self.m[k][i] / c1) / ((self.v[k][i] / c2).sqrt() + eps);
+        let groups = self
+            .params
+            .iter_mut()
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+            .zip(&grads);
+        for (((p, m), v), g) in groups {
+            for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                *p -= lr * (*m / c1) / ((*v / c2).sqrt() + eps);
             }
         }
         loss

@@ -61,16 +61,15 @@ pub struct FormatsBench {
     pub zstd_levels: Vec<i32>,
 }
 
-fn row(
-    name: &str,
-    by: &str,
-    save: &[f64],
-    stall: &[f64],
-    load: &[f64],
-    bytes: u64,
-    raw: u64,
-    lim: &Limits,
-) -> FormatRow {
+/// The samples of one way to save: save, stall and load seconds.
+struct Samples<'a> {
+    save: &'a [f64],
+    stall: &'a [f64],
+    load: &'a [f64],
+}
+
+fn row(name: &str, by: &str, t: Samples<'_>, bytes: u64, raw: u64, lim: &Limits) -> FormatRow {
+    let (save, stall, load) = (t.save, t.stall, t.load);
     let (save_s, stall_s, load_s) = (Summary::of(save), Summary::of(stall), Summary::of(load));
     FormatRow {
         name: name.to_owned(),
@@ -156,7 +155,12 @@ impl FormatsBench {
                 let _ = std::fs::remove_dir_all(&dir);
                 pb.inc(1);
             }
-            rows.push(row(&display, "ckpt", &save, &stall, &load, bytes, raw, lim));
+            let t = Samples {
+                save: &save,
+                stall: &stall,
+                load: &load,
+            };
+            rows.push(row(&display, "ckpt", t, bytes, raw, lim));
         }
         let mut python_error = None;
         pb.set_message("python baselines");
@@ -187,7 +191,12 @@ impl FormatsBench {
                                 return Err(format!("baseline {name}: no timings").into());
                             }
                             let bytes = b["bytes"].as_u64().unwrap_or(0);
-                            rows.push(row(name, "python", &s, &st, &l, bytes, raw, lim));
+                            let t = Samples {
+                                save: &s,
+                                stall: &st,
+                                load: &l,
+                            };
+                            rows.push(row(name, "python", t, bytes, raw, lim));
                         }
                     }
                     Err(e) => python_error = Some(e),

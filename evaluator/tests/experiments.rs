@@ -1,0 +1,277 @@
+//! Every experiment, run at a tiny size, produces well-formed results, and the
+//! report of a whole suite run holds every table, CSV and plot. The Python
+//! baselines run where the project's interpreter is found (`$CKPT_PYTHON` or the
+//! repo's `.venv`), and their rows are then required.
+
+use std::time::Duration;
+
+use ckpt_eval::experiments::determinism::DeterminismBench;
+use ckpt_eval::experiments::formats::FormatsBench;
+use ckpt_eval::experiments::interference::InterferenceBench;
+use ckpt_eval::experiments::interval::IntervalBench;
+use ckpt_eval::experiments::overhead::OverheadBench;
+use ckpt_eval::experiments::Ctx;
+use ckpt_eval::limits::Limits;
+use ckpt_eval::models::{DtypeMix, ModelState};
+use ckpt_eval::stats::Summary;
+use ckpt_eval::suite::{Experiment, SuiteConfig};
+
+fn ctx(dir: &std::path::Path) -> Ctx {
+    Ctx {
+        scratch: dir.to_path_buf(),
+        repeats: 2,
+        python: ckpt_eval::python::interpreter(),
+        progress: false,
+    }
+}
+
+fn state(mix: DtypeMix) -> ckpt_core::State {
+    ModelState {
+        model: "bert-large".into(),
+        bytes: 2 << 20,
+        mix,
+        optimizer: true,
+        seed: 5,
+    }
+    .build()
+    .unwrap()
+}
+
+fn well_formed(s: &Summary, n: usize) {
+    assert_eq!(s.n, n);
+    assert!(s.min <= s.median && s.median <= s.max, "{s:?}");
+    assert!(s.min.is_finite() && s.min >= 0.0, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formats_rows_for_every_ckpt_format_and_every_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx(dir.path());
+    let st = state(DtypeMix::Bf16);
+    let lim = Limits::measure(&st, dir.path(), 1).unwrap();
+    let bench = FormatsBench {
+        zstd_levels: vec![0, 3],
+    };
+    let r = bench.run(&ctx, &st, &lim).await.unwrap();
+    let names: Vec<&str> = r.rows.iter().map(|x| x.name.as_str()).collect();
+    let formats = ckpt_formats::registry().names().len();
+    assert_eq!(
+        r.rows.iter().filter(|x| x.by == "ckpt").count(),
+        formats + 1,
+        "{names:?}"
+    );
+    assert!(names.contains(&"ckpt native") && names.contains(&"ckpt native zstd-3"));
+    for x in &r.rows {
+        well_formed(&x.save_s, 2);
+        well_formed(&x.load_s, 2);
+        assert!(
+            x.stall_s.median <= x.save_s.max + 1e-9,
+            "{}: stall after durable",
+            x.name
+        );
+        assert!(
+            x.bytes as f64 > 0.5 * r.state_bytes as f64,
+            "{}: {} bytes",
+            x.name,
+            x.bytes
+        );
+        assert!(x.save_gbps > 0.0 && x.save_vs_floor > 0.0);
+    }
+    if ctx.python.is_some() {
+        assert_eq!(r.python_error, None);
+        for b in [
+            "torch.save",
+            "safetensors.torch",
+            "dcp.save",
+            "dcp.async_save",
+            "h5py",
+        ] {
+            assert!(names.contains(&b), "missing baseline {b}: {names:?}");
+        }
+    } else {
+        assert!(r.python_error.is_some());
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "scratch left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overhead_rows_and_interval_plans() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx(dir.path());
+    let st = state(DtypeMix::Fp32);
+    let bench = OverheadBench {
+        steps: 4,
+        every: 2,
+        compute: Duration::from_millis(30),
+    };
+    let o = bench.run(&ctx, &st).await.unwrap();
+    assert_eq!(o.rows[0].name, "no checkpoints");
+    assert_eq!(o.rows[0].slowdown_pct, 0.0);
+    let expect = if ctx.python.is_some() { 6 } else { 4 };
+    assert_eq!(
+        o.rows.len(),
+        expect,
+        "{:?}",
+        o.rows.iter().map(|r| &r.name).collect::<Vec<_>>()
+    );
+    for r in &o.rows {
+        // 4 steps of 30 ms at least.
+        assert!(r.loop_s.min >= 0.12, "{}: {:?}", r.name, r.loop_s);
+    }
+    for r in &o.rows[1..4] {
+        assert_eq!(r.stall_s.n, 4, "{}: two saves in each of two runs", r.name);
+    }
+    let blocking = &o.rows[1];
+    assert!(blocking.stall_s.median > 0.0);
+
+    let iv = IntervalBench {
+        mtbf_s: 3600.0,
+        restart_fixed_s: 10.0,
+    }
+    .run(&o, None);
+    assert_eq!(iv.rows.len(), o.rows.len() - 1);
+    for r in &iv.rows {
+        let p = &r.plan;
+        assert_eq!(r.restart_s, 10.0, "no formats results: the fixed part only");
+        assert!((p.young_s - (2.0 * p.cost_s * 3600.0).sqrt()).abs() < 1e-9);
+        assert!(p.goodput > 0.0 && p.goodput < 1.0);
+        assert_eq!(r.curve.len(), 40);
+        // Goodput at Daly's interval is within a hair of the best point of the curve.
+        let best = r.curve.iter().map(|c| c.1).fold(0.0, f64::max);
+        assert!(
+            p.goodput >= best - 1e-3,
+            "{}: {} < {best}",
+            p.setup,
+            p.goodput
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn determinism_checks_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = DeterminismBench {
+        steps: 30,
+        stop_at: 11,
+    }
+    .run(&ctx(dir.path()), &state(DtypeMix::Bf16))
+    .await
+    .unwrap();
+    assert_eq!(r.checks.len(), ckpt_formats::registry().names().len() + 2);
+    for c in &r.checks {
+        assert!(c.identical, "{c:?}");
+        assert!(c.compared > 0);
+    }
+    assert!(r.all_identical);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interference_rows_for_quiet_and_each_noise() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ctx(dir.path());
+    c.repeats = 1;
+    let bench = InterferenceBench {
+        intensity: 1,
+        steps: 4,
+        every: 2,
+        kernel_iters: 100_000,
+    };
+    let r = bench.run(&c, &state(DtypeMix::Fp32)).await.unwrap();
+    let names: Vec<&str> = r.rows.iter().map(|x| x.noise.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "none",
+            "memory bandwidth",
+            "disk write+fsync",
+            "cpu",
+            "loopback network"
+        ]
+    );
+    assert_eq!(r.rows[0].commit_vs_quiet, 1.0);
+    assert_eq!(r.rows[0].noise_rate, 0.0);
+    for x in &r.rows[1..] {
+        assert!(x.noise_rate > 0.0, "{}: the noise did no work", x.noise);
+        assert!(x.commit_vs_quiet > 0.0);
+    }
+    well_formed(&r.compute_loop_s, 1);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "scratch left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suite_report_holds_every_table_csv_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ctx(dir.path());
+    c.repeats = 1;
+    c.python = None; // the baselines are covered above; keep this one quick
+    let cfg = SuiteConfig {
+        experiments: Experiment::ALL.to_vec(),
+        model: "resnet50".into(),
+        mib: 1,
+        mix: DtypeMix::Fp32,
+        optimizer: true,
+        engine_mib: 1,
+        engine_tensors: 8,
+        zstd_levels: vec![0, 1],
+        steps: 4,
+        every: 2,
+        compute_ms: 10,
+        noise_intensity: 1,
+        interference_mib: 1,
+        mtbf_s: 600.0,
+        restart_s: 5.0,
+    };
+    let r = ckpt_eval::suite::run(&c, &cfg).await.unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(r.engine.is_some() && r.formats.is_some() && r.overhead.is_some());
+    assert!(r.determinism.is_some() && r.interference.is_some() && r.interval.is_some());
+    assert_eq!(
+        r.not_included.len(),
+        2,
+        "scale and faults are named as missing"
+    );
+    let out = dir.path().join("run");
+    ckpt_eval::report::write_all(&r, &out).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    for k in [
+        "engine",
+        "formats",
+        "overhead",
+        "determinism",
+        "interference",
+        "interval",
+        "limits",
+    ] {
+        assert!(json[k].is_object(), "results.json lacks {k}");
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for t in [
+        "formats",
+        "limits",
+        "overhead",
+        "determinism",
+        "interference",
+        "interval",
+    ] {
+        let csv = std::fs::read_to_string(out.join(format!("{t}.csv"))).unwrap();
+        assert!(csv.lines().count() >= 2, "{t}.csv has no rows");
+    }
+    let plots: Vec<String> = std::fs::read_dir(out.join("plots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for name in plots.iter().filter(|n| n.ends_with(".png")) {
+        assert!(md.contains(&format!("plots/{name}")), "{name} not embedded");
+        assert!(plots.contains(&name.replace(".png", ".svg")));
+    }
+    assert!(plots.len() >= 14, "{plots:?}");
+}
