@@ -32,9 +32,10 @@ struct Cli {
     /// Model whose tensor shapes the state takes (resnet50, bert-large, gpt2-xl, llama3-8b).
     #[arg(long, global = true, default_value = "gpt2-xl")]
     model: String,
-    /// State size in MiB (parameters plus optimizer state), scaled from the model.
-    #[arg(long, global = true, default_value_t = 256)]
-    mib: usize,
+    /// State size in MiB: of the model-shaped state (parameters plus optimizer
+    /// state; default 256), or of the `engine` subcommand's state (default 1024).
+    #[arg(long, global = true)]
+    mib: Option<usize>,
     /// Dtype mix: fp32, or bf16 (bf16 parameters, f32 master copy and moments).
     #[arg(long, global = true, default_value = "fp32")]
     dtype: String,
@@ -84,9 +85,6 @@ enum Cmd {
     Suite,
     /// The engine benchmark: stall, time to commit, memory, incremental bytes.
     Engine {
-        /// State size in MiB.
-        #[arg(long, default_value_t = 1024)]
-        engine_mib: usize,
         /// Number of tensors.
         #[arg(long, default_value_t = 64)]
         tensors: usize,
@@ -164,10 +162,9 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
     }
     let (experiments, engine_mib, engine_tensors) = match cli.cmd {
         None | Some(Cmd::Suite) => (Experiment::ALL.to_vec(), cli.engine_mib, 64),
-        Some(Cmd::Engine {
-            engine_mib,
-            tensors,
-        }) => (vec![Experiment::Engine], engine_mib, tensors),
+        Some(Cmd::Engine { tensors }) => {
+            (vec![Experiment::Engine], cli.mib.unwrap_or(1024), tensors)
+        }
         Some(Cmd::Formats) => (vec![Experiment::Formats], 0, 0),
         Some(Cmd::Overhead) => (vec![Experiment::Overhead], 0, 0),
         Some(Cmd::Determinism) => (vec![Experiment::Determinism], 0, 0),
@@ -197,7 +194,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
     let cfg = SuiteConfig {
         experiments,
         model: cli.model.clone(),
-        mib: cli.mib,
+        mib: cli.mib.unwrap_or(256),
         mix,
         optimizer: !cli.no_optimizer,
         engine_mib,
