@@ -16,7 +16,7 @@ use crate::persist::PersistJob;
 use crate::retention::GcReport;
 use crate::snapshot::{self, Capture, TensorData};
 use crate::staging::StagingPool;
-use crate::tensor::Tensor;
+use crate::tensor::{check_layout, Tensor};
 
 /// Where the time and bytes of one save went.
 #[derive(Debug, Clone, Default)]
@@ -309,26 +309,10 @@ fn attempt_id(nonce: &str, step: u64, seq: u64) -> String {
 fn validate(capture: &Capture) -> Result<()> {
     let mut names = HashSet::with_capacity(capture.tensors.len());
     for t in &capture.tensors {
-        let probe = Tensor {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            data: bytes::Bytes::new(),
-            shard: t.shard.clone(),
-        };
-        let want = t.dtype.byte_len(probe.numel()?)?;
-        if want != t.data.len() as u64 {
+        check_layout(&t.name, t.dtype, &t.shape, t.shard.as_ref(), t.data.len())?;
+        if !names.insert(t.name.as_str()) {
             return Err(Error::InvalidInput(format!(
-                "tensor `{}`: {} {:?} needs {want} bytes, got {}",
-                t.name,
-                t.dtype,
-                t.shape,
-                t.data.len()
-            )));
-        }
-        if t.name.is_empty() || !names.insert(t.name.as_str()) {
-            return Err(Error::InvalidInput(format!(
-                "empty or duplicate tensor name `{}`",
+                "duplicate tensor name `{}`",
                 t.name
             )));
         }

@@ -77,24 +77,37 @@ impl Tensor {
 
     /// Check that the data length, shape and shard placement agree.
     pub fn validate(&self) -> Result<()> {
-        if self.name.is_empty() {
-            return Err(Error::InvalidInput("tensor name is empty".into()));
-        }
-        let want = self.dtype.byte_len(self.numel()?)?;
-        if want != self.data.len() as u64 {
-            return Err(Error::InvalidInput(format!(
-                "tensor `{}`: {} {:?} needs {want} bytes, got {}",
-                self.name,
-                self.dtype,
-                self.shape,
-                self.data.len()
-            )));
-        }
-        if let Some(shard) = &self.shard {
-            check_shard(&self.name, &self.shape, shard)?;
-        }
-        Ok(())
+        check_layout(
+            &self.name,
+            self.dtype,
+            &self.shape,
+            self.shard.as_ref(),
+            self.data.len(),
+        )
     }
+}
+
+/// Check that a tensor of this name, dtype, shape and placement can hold `len` bytes.
+pub fn check_layout(
+    name: &str,
+    dtype: DType,
+    shape: &[u64],
+    shard: Option<&ShardSpec>,
+    len: usize,
+) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidInput("tensor name is empty".into()));
+    }
+    let want = dtype.byte_len(numel(shape)?)?;
+    if want != len as u64 {
+        return Err(Error::InvalidInput(format!(
+            "tensor `{name}`: {dtype} {shape:?} needs {want} bytes, got {len}"
+        )));
+    }
+    if let Some(shard) = shard {
+        check_shard(name, shape, shard)?;
+    }
+    Ok(())
 }
 
 /// Number of elements of a shape, with overflow checked.

@@ -10,11 +10,18 @@ checkpoint and ends with bitwise the same weights as a run that was never
 interrupted. ``--digest FILE`` writes a SHA-256 of the final model and
 optimizer state so runs can be compared.
 
+The same script trains data parallel (DDP, gloo) under torchrun; every rank
+checkpoints into one logical checkpoint, coordinated through torch.distributed:
+
+    torchrun --standalone --nproc-per-node 2 examples/python/train_cnn.py --ckpt file:///tmp/run2
+
 What makes resume exact:
   * the checkpoint is taken at the top of an iteration, so it holds the state
     *before* that step: model, optimizer, and the global RNGs (dropout);
-  * batches depend only on the step number (a generator seeded per step), so
-    no data-loader position needs saving;
+  * batches depend only on the step number (and the rank: a generator seeded
+    per step), so no data-loader position needs saving;
+  * under torchrun each rank's RNG state (its own dropout masks) is saved and
+    restored per rank;
   * deterministic CPU kernels and one thread.
 """
 
@@ -51,9 +58,9 @@ class SmallCNN(nn.Module):
         return self.fc(self.drop(x.flatten(1)))
 
 
-def batch(step: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, size: int, seed: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of 16x16 images whose class is which quadrant holds a bright blob."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step + rank * 1_000_000_007)
     labels = torch.randint(0, 4, (size,), generator=g)
     images = torch.randn(size, 1, 16, 16, generator=g) * 0.3
     for i, c in enumerate(labels.tolist()):
@@ -88,17 +95,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (to watch it)")
     args = p.parse_args(argv)
 
-    torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    # Under torchrun: data parallel over gloo. ckpt sees torch.distributed
+    # initialised and coordinates every rank's save into one checkpoint.
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank() if distributed else 0
 
+    torch.manual_seed(args.seed)
     model = SmallCNN()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    net = nn.parallel.DistributedDataParallel(model) if distributed else model
+    torch.manual_seed(args.seed + rank)  # each rank its own dropout masks
     cp = ckpt.Checkpointer(args.ckpt, keep_last=args.keep_last, lazy=args.lazy)
 
     # Restores model, optimizer and RNG state in place; None on a fresh start.
     start = cp.load_latest(model=model, optimizer=opt)
-    print(f"resumed at step {start}" if start is not None else "fresh start", flush=True)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"resumed at step {start}" if start is not None else "fresh start", flush=True)
     start = start or 0
 
     model.train()
@@ -106,25 +122,33 @@ def main(argv: list[str] | None = None) -> int:
         if step % args.every == 0 and step != start:
             # The state *before* this step. In lazy mode the copy overlaps the
             # forward and backward below; opt.step() waits for it (a hook).
-            print(f"save {step}", flush=True)
+            say(f"save {step}", flush=True)
+            if distributed:
+                # A tensor every rank holds is stored once, from one of them, so
+                # replicas must agree. Batch-norm statistics drift apart per rank
+                # until DDP broadcasts rank 0's at the next forward: do it now.
+                for b in model.buffers():
+                    torch.distributed.broadcast(b, 0)
             cp.save(step, model=model, optimizer=opt)
-        x, y = batch(step, args.batch, args.seed)
-        loss = F.cross_entropy(model(x), y)
+        x, y = batch(step, args.batch, args.seed, rank)
+        loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if step % args.every == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            say(f"step {step} loss {loss.item():.4f}", flush=True)
         if args.step_delay:
             time.sleep(args.step_delay)
-    cp.close()  # every save durable, hooks removed
+    cp.close()  # every save durable, hooks removed (on every rank, before the group goes)
+    if distributed:
+        torch.distributed.destroy_process_group()
 
-    if args.digest:
+    if args.digest and rank == 0:
         tmp = args.digest + ".tmp"
         with open(tmp, "w") as f:
             f.write(digest(model, opt))
         os.replace(tmp, args.digest)
-    print("done", flush=True)
+    say("done", flush=True)
     return 0
 
 

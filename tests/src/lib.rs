@@ -1,7 +1,9 @@
 //! Shared helpers of the integration tests: generated states, comparisons, temp roots.
 
 use bytes::Bytes;
-use ckpt_core::{Checkpointer, DType, Key, State, Tensor, Value};
+use std::sync::Arc;
+
+use ckpt_core::{Capture, Checkpointer, DType, Key, SharedVec, State, Tensor, Value};
 
 /// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
 pub fn bytes_for(seed: u64, len: usize) -> Vec<u8> {
@@ -150,4 +152,19 @@ pub async fn open_small_chunks(url: &str) -> Checkpointer {
 /// Path of a stored object under a `file://` root.
 pub fn file_of(root: &std::path::Path, key: &str) -> std::path::PathBuf {
     root.join(key)
+}
+
+/// A capture of `n` mutable F32 buffers of `elems` elements (copied at snapshot
+/// time), and the buffers, which the test may mutate as a training loop would.
+pub fn mutable_state(n: usize, elems: usize, seed: u64) -> (Vec<Arc<SharedVec>>, Capture) {
+    let vecs: Vec<Arc<SharedVec>> = (0..n)
+        .map(|i| SharedVec::new(bytes_for(seed + i as u64, elems * 4)))
+        .collect();
+    let cap = vecs
+        .iter()
+        .enumerate()
+        .fold(Capture::default(), |c, (i, v)| {
+            c.with_copy(format!("p{i}"), DType::F32, vec![elems as u64], v.clone())
+        });
+    (vecs, cap)
 }

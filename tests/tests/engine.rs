@@ -6,20 +6,6 @@ use std::sync::Arc;
 use ckpt_core::{Capture, DType, SharedVec, SnapshotMode};
 use ckpt_tests::*;
 
-/// A capture of `n` mutable F32 buffers of `elems` elements (copied at snapshot time).
-fn mutable_state(n: usize, elems: usize, seed: u64) -> (Vec<Arc<SharedVec>>, Capture) {
-    let vecs: Vec<Arc<SharedVec>> = (0..n)
-        .map(|i| SharedVec::new(bytes_for(seed + i as u64, elems * 4)))
-        .collect();
-    let cap = vecs
-        .iter()
-        .enumerate()
-        .fold(Capture::default(), |c, (i, v)| {
-            c.with_copy(format!("p{i}"), DType::F32, vec![elems as u64], v.clone())
-        });
-    (vecs, cap)
-}
-
 fn contents(v: &SharedVec) -> Vec<u8> {
     v.0.read().unwrap().clone()
 }

@@ -3,25 +3,10 @@
 //! Failpoints are process-global: every test here holds `SERIAL` so that no two
 //! run at once (and no test of another file shares this process).
 
-use std::sync::Arc;
-
-use ckpt_core::{BusyPolicy, Capture, DType, Error, SharedVec};
+use ckpt_core::{BusyPolicy, Error};
 use ckpt_tests::*;
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn mutable_state(n: usize, elems: usize, seed: u64) -> (Vec<Arc<SharedVec>>, Capture) {
-    let vecs: Vec<Arc<SharedVec>> = (0..n)
-        .map(|i| SharedVec::new(bytes_for(seed + i as u64, elems * 4)))
-        .collect();
-    let cap = vecs
-        .iter()
-        .enumerate()
-        .fold(Capture::default(), |c, (i, v)| {
-            c.with_copy(format!("p{i}"), DType::F32, vec![elems as u64], v.clone())
-        });
-    (vecs, cap)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skip_policy_skips_when_the_budget_is_spent() {

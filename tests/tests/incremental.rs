@@ -174,7 +174,7 @@ async fn load_into_given_buffers() {
     .unwrap();
     assert_eq!(&a[..], &s.tensors[0].data[..]);
     assert_eq!(&c[..], &s.tensors[2].data[..]);
-    let mut short = vec![0u8; 10];
+    let mut short = [0u8; 10];
     assert!(matches!(
         cp.load_into(&id, vec![("layer1.weight", &mut short[..])])
             .await,

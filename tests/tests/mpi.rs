@@ -25,8 +25,7 @@ fn mpirun(np: usize, args: &[&str]) -> Output {
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         .arg(env!("CARGO_BIN_EXE_mpi_ckpt"))
         .args(args);
-    let out = cmd.output().expect("mpirun runs (OpenMPI installed?)");
-    out
+    cmd.output().expect("mpirun runs (OpenMPI installed?)")
 }
 
 fn lines(out: &Output) -> Vec<serde_json::Value> {

@@ -86,9 +86,11 @@ async fn train(coord: Arc<MpiCoordinator>, args: &[String]) -> Result<(), String
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let timeout = Duration::from_secs(30);
-    let mut opts = ckpt_core::CheckpointerOptions::default();
-    opts.collective_timeout = timeout;
-    opts.retention = ckpt_core::Retention::keep_last(2);
+    let opts = ckpt_core::CheckpointerOptions {
+        collective_timeout: timeout,
+        retention: ckpt_core::Retention::keep_last(2),
+        ..Default::default()
+    };
     let url = format!("file://{root}");
     let cp = ckpt_formats::builder(&url)
         .options(opts)

@@ -25,6 +25,7 @@ use ckpt_core::{
 };
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 /// The native chunked format.
@@ -211,14 +212,7 @@ async fn read_chunk_into(
     tensor: &str,
     dst: &mut [u8],
 ) -> Result<()> {
-    let key = chunk_key(&c.hash);
-    let stored = match ctx.store.get(&key).await {
-        Ok(r) => r
-            .bytes()
-            .await
-            .map_err(|e| storage_err(e, key.as_ref(), tensor))?,
-        Err(e) => return Err(storage_err(e, key.as_ref(), tensor)),
-    };
+    let (key, stored) = fetch_chunk(ctx, c, tensor).await?;
     // Decoded on this task: the destination is borrowed, so it cannot move to a
     // blocking thread without a copy (which is what `load_into` exists to avoid).
     chunk::decode_into(&stored, &c.hash, dst).map_err(|e| {
@@ -227,7 +221,8 @@ async fn read_chunk_into(
     })
 }
 
-async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
+/// The stored bytes of a chunk, and its key.
+async fn fetch_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<(Path, Bytes)> {
     let key = chunk_key(&c.hash);
     let stored = match ctx.store.get(&key).await {
         Ok(r) => r
@@ -236,6 +231,11 @@ async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Byt
             .map_err(|e| storage_err(e, key.as_ref(), tensor))?,
         Err(e) => return Err(storage_err(e, key.as_ref(), tensor)),
     };
+    Ok((key, stored))
+}
+
+async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
+    let (key, stored) = fetch_chunk(ctx, c, tensor).await?;
     let hash = c.hash.clone();
     let max = usize::try_from(c.len)
         .unwrap_or(usize::MAX)
