@@ -4,6 +4,7 @@
 //! machine's own limits and the usual alternatives, measured in the same run.
 //!
 //! - [`suite`]: which experiments run on what state, and their gathered results;
+//! - [`faults`]: fault campaigns (`ckpt-eval faults`): kill, corrupt, restart, compare;
 //! - [`experiments`]: engine, formats, overhead, determinism, interference, interval;
 //! - [`models`] / [`workload`]: generated states shaped like real models;
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod experiments;
+pub mod faults;
 pub mod interval;
 pub mod limits;
 pub mod models;

@@ -1,0 +1,247 @@
+//! One start of the victim training job (`fault_victim`), supervised: its stdout
+//! read line by line, SIGKILLed when the plan says, its report lines collected.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The training job every start of a run shares.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The `fault_victim` binary.
+    pub bin: PathBuf,
+    /// Steps to train.
+    pub steps: u64,
+    /// Checkpoint every this many steps.
+    pub every: u64,
+    /// Checkpoints kept.
+    pub keep: usize,
+    /// The training seed.
+    pub seed: u64,
+    /// `cpu` or `cuda`.
+    pub device: String,
+}
+
+/// When the supervisor SIGKILLs the process.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// Never: let it finish (or die by itself).
+    Never,
+    /// After the line `step N` with N >= `step`, plus `delay_us`.
+    AtStep {
+        /// The step.
+        step: u64,
+        /// Extra delay, microseconds.
+        delay_us: u64,
+    },
+    /// When no line came for `ms` after training started (a save parked at a failpoint).
+    OnSilence {
+        /// Silence, milliseconds.
+        ms: u64,
+    },
+    /// `extra` steps after a save failed, or at step `fallback`.
+    AfterSaveFailure {
+        /// Steps after the failure.
+        extra: u64,
+        /// Kill here if no save failed.
+        fallback: u64,
+    },
+}
+
+/// How a start ended, and what it said.
+#[derive(Debug, Clone, Default)]
+pub struct StartOut {
+    /// Stdout lines.
+    pub lines: Vec<String>,
+    /// Milliseconds from spawn to the first `step` line.
+    pub first_step_ms: Option<f64>,
+    /// Highest step reached.
+    pub reached: u64,
+    /// The supervisor sent SIGKILL.
+    pub killed: bool,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// Exit code, if it exited.
+    pub code: Option<i32>,
+    /// Printed `done`.
+    pub done: bool,
+    /// A save started and neither committed nor failed: the save the death tore.
+    pub in_flight: Option<u64>,
+    /// Steps of saves that failed.
+    pub failed_saves: Vec<(u64, String)>,
+    /// Report lines this start appended.
+    pub report: Vec<serde_json::Value>,
+    /// Ran past the watchdog.
+    pub hung: bool,
+}
+
+impl StartOut {
+    /// The `start` report line.
+    pub fn start_line(&self) -> Option<&serde_json::Value> {
+        self.report.iter().find(|v| v["event"] == "start")
+    }
+
+    /// The last fault counts reported.
+    pub fn faults(&self) -> Option<&serde_json::Value> {
+        self.report
+            .iter()
+            .rev()
+            .find_map(|v| v.get("faults").filter(|f| f.is_object()))
+    }
+
+    /// How it ended, in words.
+    pub fn ended(&self) -> String {
+        match (self.done, self.killed, self.signal, self.code) {
+            (true, _, _, _) => "done".into(),
+            (_, true, _, _) => "sigkill".into(),
+            (_, _, Some(6), _) => "abort".into(),
+            (_, _, Some(s), _) => format!("signal {s}"),
+            (_, _, _, Some(c)) => format!("exit {c}"),
+            _ => "unknown".into(),
+        }
+    }
+}
+
+fn step_of(line: &str) -> Option<u64> {
+    line.strip_prefix("step ")?.parse().ok()
+}
+
+/// Start the job once on `root` and supervise it.
+pub fn start(
+    job: &Job,
+    root: &Path,
+    out: &Path,
+    report: &Path,
+    env: &[(String, String)],
+    args: &[String],
+    stop: Stop,
+) -> std::io::Result<StartOut> {
+    let offset = std::fs::metadata(report).map(|m| m.len()).unwrap_or(0);
+    let mut cmd = Command::new(&job.bin);
+    cmd.arg("--root")
+        .arg(root)
+        .arg("--out")
+        .arg(out)
+        .arg("--report")
+        .arg(report)
+        .args(["--steps", &job.steps.to_string()])
+        .args(["--every", &job.every.to_string()])
+        .args(["--keep", &job.keep.to_string()])
+        .args(["--seed", &job.seed.to_string()])
+        .args(["--device", &job.device])
+        .args(args)
+        .env_remove("CKPT_FAILPOINTS")
+        .env("RUST_LOG", "off")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let spawned = Instant::now();
+    let mut child = cmd.spawn()?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let mut o = StartOut::default();
+    let mut last = Instant::now();
+    let mut trained = false;
+    let mut kill_at_step: Option<u64> = match stop {
+        Stop::AtStep { step, .. } => Some(step),
+        Stop::AfterSaveFailure { fallback, .. } => Some(fallback),
+        _ => None,
+    };
+    let mut open_save: Option<u64> = None;
+    let watchdog = Duration::from_secs(120);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok((at, line)) => {
+                last = at;
+                if let Some(s) = step_of(&line) {
+                    if o.first_step_ms.is_none() {
+                        o.first_step_ms = Some(at.duration_since(spawned).as_secs_f64() * 1e3);
+                    }
+                    trained = true;
+                    o.reached = o.reached.max(s);
+                } else if let Some(s) = line
+                    .strip_prefix("checkpoint ")
+                    .and_then(|r| r.strip_suffix(" started"))
+                    .and_then(|s| s.parse().ok())
+                {
+                    open_save = Some(s);
+                } else if let Some(rest) = line.strip_prefix("checkpoint ") {
+                    if let Some((s, why)) = rest.split_once(" failed: ") {
+                        let s: u64 = s.parse().unwrap_or(0);
+                        o.failed_saves.push((s, why.to_owned()));
+                        if open_save == Some(s) {
+                            open_save = None;
+                        }
+                        if let Stop::AfterSaveFailure { extra, .. } = stop {
+                            let t = o.reached + extra;
+                            kill_at_step = Some(kill_at_step.map_or(t, |k| k.min(t)));
+                        }
+                    } else if let Some(s) = rest.strip_suffix(" committed") {
+                        if open_save == s.parse().ok() {
+                            open_save = None;
+                        }
+                    }
+                } else if line.starts_with("done ") {
+                    o.done = true;
+                }
+                let hit = kill_at_step.is_some_and(|k| step_of(&line).is_some_and(|s| s >= k));
+                o.lines.push(line);
+                if hit && !o.killed {
+                    if let Stop::AtStep { delay_us, .. } = stop {
+                        std::thread::sleep(Duration::from_micros(delay_us));
+                    }
+                    o.killed = child.kill().is_ok();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Stop::OnSilence { ms } = stop {
+                    if trained && !o.killed && last.elapsed() >= Duration::from_millis(ms) {
+                        o.killed = child.kill().is_ok();
+                    }
+                }
+                if spawned.elapsed() > watchdog && !o.killed {
+                    o.hung = true;
+                    o.killed = child.kill().is_ok();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let status = child.wait()?;
+    let _ = reader.join();
+    o.signal = status.signal();
+    o.code = status.code();
+    if o.done && o.killed {
+        // The signal came after the job finished: it did not interrupt anything.
+        o.killed = false;
+    }
+    o.in_flight = if o.done { None } else { open_save };
+    o.report = read_from(report, offset);
+    Ok(o)
+}
+
+fn read_from(path: &Path, offset: u64) -> Vec<serde_json::Value> {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::Start(offset)).is_ok() {
+            let _ = f.read_to_string(&mut s);
+        }
+    }
+    s.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
