@@ -10,6 +10,7 @@
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
 //! - [`python`]: the Python baselines (torch.save, safetensors, DCP, h5py);
 //! - [`noise`]: bounded local noise generators;
+//! - [`group`]: an in-process coordinator (several ranks in one process);
 //! - [`train`]: a small real model for the bitwise resume check;
 //! - [`report`] / [`plot`]: tables, CSV, JSON, SVG/PNG plots, Markdown report;
 //! - [`interval`] / [`stats`]: Young/Daly and goodput arithmetic, medians and spread.
@@ -17,6 +18,7 @@
 
 pub mod experiments;
 pub mod faults;
+pub mod group;
 pub mod interval;
 pub mod limits;
 pub mod models;

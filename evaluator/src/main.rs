@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use ckpt_eval::experiments::engine::EngineResults;
 use ckpt_eval::experiments::Ctx;
 use ckpt_eval::models::{DtypeMix, MODELS};
 use ckpt_eval::suite::{Experiment, SuiteConfig};
@@ -101,49 +100,6 @@ enum Cmd {
     Interval,
 }
 
-fn print_engine(r: &EngineResults) {
-    let mib = r.state_bytes as f64 / (1 << 20) as f64;
-    println!(
-        "\nEngine: {mib:.0} MiB of F32 in {} tensors (median of {} runs, [min, max])",
-        r.tensors, r.memcpy_s.n
-    );
-    let row = |name: &str, s: &ckpt_eval::stats::Summary| {
-        println!(
-            "  {name:<38} {:>9.4} s  [{:.4}, {:.4}]",
-            s.median, s.min, s.max
-        );
-    };
-    row("memcpy of the state (1 thread)", &r.memcpy_s);
-    row("raw write + fsync", &r.raw_write_fsync_s);
-    row("eager save stall, cold pool", &r.eager_stall_cold_s);
-    row("eager save stall, warm pool", &r.eager_stall_s);
-    row("lazy save stall", &r.lazy_stall_s);
-    row("lazy snapshot (background)", &r.lazy_snapshot_s);
-    row("save until committed, warm pool", &r.commit_s);
-    row("save until committed, cold pool", &r.commit_cold_s);
-    println!(
-        "  {:<38} {:>9.1} MiB",
-        "peak extra memory (cold save)",
-        r.peak_extra_bytes.median / (1 << 20) as f64
-    );
-    println!(
-        "  {:<38} {:>9.1} MiB of {:.1} MiB",
-        "stored by a 10%-changed checkpoint",
-        r.incremental_stored_bytes as f64 / (1 << 20) as f64,
-        r.first_stored_bytes as f64 / (1 << 20) as f64
-    );
-    println!("\n  {:<40} {:>8} {:>8}  met", "target", "ratio", "bound");
-    for t in &r.targets {
-        println!(
-            "  {:<40} {:>8.3} {:>8.2}  {}",
-            t.what,
-            t.ratio,
-            t.bound,
-            if t.met { "yes" } else { "NO" }
-        );
-    }
-}
-
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -210,9 +166,6 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
     };
     let started = std::time::Instant::now();
     let results = ckpt_eval::suite::run(&ctx, &cfg).await?;
-    if let Some(e) = &results.engine {
-        print_engine(e);
-    }
     for t in ckpt_eval::report::tables(&results) {
         print!("{}", t.to_text());
     }

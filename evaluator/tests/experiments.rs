@@ -161,7 +161,7 @@ async fn determinism_checks_pass() {
     .run(&ctx(dir.path()), &state(DtypeMix::Bf16))
     .await
     .unwrap();
-    assert_eq!(r.checks.len(), ckpt_formats::registry().names().len() + 2);
+    assert_eq!(r.checks.len(), ckpt_formats::registry().names().len() + 3);
     for c in &r.checks {
         assert!(c.identical, "{c:?}");
         assert!(c.compared > 0);
@@ -261,9 +261,15 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         "determinism",
         "interference",
         "interval",
+        "engine",
     ] {
         let csv = std::fs::read_to_string(out.join(format!("{t}.csv"))).unwrap();
         assert!(csv.lines().count() >= 2, "{t}.csv has no rows");
+        let header = csv.lines().next().unwrap().replace(',', " | ");
+        assert!(
+            md.contains(&format!("| {header} |")),
+            "report.md lacks the {t} table"
+        );
     }
     let plots: Vec<String> = std::fs::read_dir(out.join("plots"))
         .unwrap()

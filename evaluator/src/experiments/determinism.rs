@@ -3,7 +3,8 @@
 //! - the same state saved twice (two checkpointers, two roots), in every format,
 //!   gives byte-identical data objects (blake3 of every stored object except the
 //!   manifests, which carry a random attempt id and a time) and identical tensor
-//!   records; the same for an eager and a lazy snapshot of mutable buffers;
+//!   records; the same for an eager and a lazy snapshot of mutable buffers, and
+//!   for one rank against two ranks of an in-process group holding the state;
 //! - a training run (a small real model, [`crate::train`]) resumed from a
 //!   checkpoint by a fresh checkpointer ends bitwise equal to an uninterrupted run.
 
@@ -14,6 +15,7 @@ use ckpt_core::{SnapshotMode, State};
 use serde::Serialize;
 
 use super::{file_url, BoxError, Ctx};
+use crate::group::LocalGroup;
 use crate::train::Trainer;
 use crate::workload::Params;
 
@@ -73,7 +75,8 @@ async fn compare_roots(what: &str, a: &Path, b: &Path) -> Result<Check, BoxError
     let (ha, hb) = (object_hashes(a), object_hashes(b));
     // Object keys of single-file formats contain the save's random attempt id:
     // compare the records with it replaced by a placeholder.
-    let records = |m: ckpt_core::Manifest| {
+    let records = |mut m: ckpt_core::Manifest| {
+        m.tensors.sort_by(|a, b| a.name.cmp(&b.name));
         serde_json::to_string(&m.tensors).map(|s| s.replace(&m.attempt, "<attempt>"))
     };
     let ma = ckpt_formats::builder(file_url(a)).build().await?;
@@ -114,7 +117,7 @@ impl DeterminismBench {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let pb = ctx.bar(names.len() as u64 + 2, "determinism");
+        let pb = ctx.bar(names.len() as u64 + 3, "determinism");
         let mut checks = Vec::new();
         for fmt in &names {
             pb.set_message(fmt.clone());
@@ -168,6 +171,10 @@ impl DeterminismBench {
         roots.iter().for_each(|r| drop(std::fs::remove_dir_all(r)));
         pb.inc(1);
 
+        pb.set_message("ranks");
+        checks.push(self.ranks(ctx, state).await?);
+        pb.inc(1);
+
         pb.set_message("resume");
         checks.push(self.resume(ctx).await?);
         pb.finish_and_clear();
@@ -176,6 +183,39 @@ impl DeterminismBench {
             checks,
             all_identical,
         })
+    }
+
+    /// The same state saved by one rank, and by two ranks that both hold it (data
+    /// parallelism: each writes about half) in an in-process group: same objects.
+    async fn ranks(&self, ctx: &Ctx, state: &State) -> Result<Check, BoxError> {
+        let solo = ctx.fresh_dir("determinism-rank-solo")?;
+        let cp = ckpt_formats::builder(file_url(&solo)).build().await?;
+        cp.save(7, state).await?.wait().await?;
+        drop(cp);
+        let duo = ctx.fresh_dir("determinism-rank-duo")?;
+        let tasks: Vec<_> = LocalGroup::new(2)
+            .into_iter()
+            .map(|g| {
+                let (url, st) = (file_url(&duo), state.clone());
+                tokio::spawn(async move {
+                    let cp = ckpt_formats::builder(url).coordinator(g).build().await?;
+                    cp.save(7, &st).await?.wait().await?;
+                    Ok::<_, ckpt_core::Error>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await??;
+        }
+        let c = compare_roots(
+            "native: 1 rank vs 2 ranks holding the same state",
+            &solo,
+            &duo,
+        )
+        .await?;
+        let _ = std::fs::remove_dir_all(&solo);
+        let _ = std::fs::remove_dir_all(&duo);
+        Ok(c)
     }
 
     /// Train `steps` without interruption; train `stop_at`, checkpoint, throw the
