@@ -10,6 +10,8 @@ stops, as ckpt's saves are; loads read files whose page cache was dropped
     baselines.py formats  --spec S --blob B --dir D --repeats N
     baselines.py overhead --spec S --blob B --dir D --mode {torch_save,dcp_async_save}
                           --steps N --every K --compute-ms MS
+    baselines.py resume   --spec S --blob B --dir D --phase {first,second}
+                          --steps N --stop-at K
 """
 
 import argparse
@@ -317,9 +319,107 @@ def run_overhead(args):
     return out
 
 
+# ---- bitwise resume of a real PyTorch model through a ckpt checkpoint ---------
+
+
+def resume_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.Tanh(),
+        torch.nn.Dropout(0.1),  # uses the global RNG: its state must round-trip
+        torch.nn.Linear(64, 1),
+    )
+
+
+def resume_train(model, opt, start, end):
+    for _ in range(start, end):
+        x = torch.randn(16, 32)
+        y = x.sum(1, keepdim=True).tanh()
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def resume_flat(model, opt, step):
+    """Parameters, Adam state, the global RNG state and the step, as flat tensors."""
+    st = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    for idx, s in opt.state_dict()["state"].items():
+        for name, t in s.items():
+            st[f"optim.{idx}.{name}"] = t.detach().clone().reshape(-1)
+    st["rng"] = torch.get_rng_state()
+    st["step"] = torch.tensor([step], dtype=torch.int64)
+    return st
+
+
+def resume_restore(flat):
+    model = resume_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.load_state_dict(
+        {k[len("model.") :]: v for k, v in flat.items() if k.startswith("model.")}
+    )
+    sd = opt.state_dict()
+    state = {}
+    for k, v in flat.items():
+        if k.startswith("optim."):
+            _, idx, name = k.split(".", 2)
+            state.setdefault(int(idx), {})[name] = v.reshape(()) if name == "step" else v
+    for idx, s in state.items():
+        shape = list(model.parameters())[idx].shape
+        for name in ("exp_avg", "exp_avg_sq"):
+            s[name] = s[name].reshape(shape)
+    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+    torch.set_rng_state(flat["rng"])
+    return model, opt, int(flat["step"][0])
+
+
+def write_flat(flat, prefix):
+    names = {v: k for k, v in DTYPES.items()}
+    tensors, offset = [], 0
+    with open(prefix + ".bin", "wb") as f:
+        for name, t in flat.items():
+            raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            f.write(raw)
+            tensors.append(
+                {
+                    "name": name,
+                    "dtype": names[t.dtype],
+                    "shape": list(t.shape),
+                    "offset": offset,
+                    "nbytes": len(raw),
+                }
+            )
+            offset += len(raw)
+    with open(prefix + ".json", "w") as f:
+        json.dump({"tensors": tensors}, f)
+
+
+def run_resume(args):
+    """`--phase first`: train `steps` uninterrupted (written as `straight`) and,
+    from scratch again, `stop_at` steps (written as `mid`). `--phase second`:
+    restore the state in --spec/--blob (what ckpt loaded back), finish to
+    `steps`, write `resumed`."""
+    torch.set_num_threads(1)
+    if args.phase == "first":
+        model = resume_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        resume_train(model, opt, 0, args.steps)
+        write_flat(resume_flat(model, opt, args.steps), os.path.join(args.dir, "straight"))
+        model = resume_model()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        resume_train(model, opt, 0, args.stop_at)
+        write_flat(resume_flat(model, opt, args.stop_at), os.path.join(args.dir, "mid"))
+    else:
+        model, opt, step = resume_restore(load_state(args.spec, args.blob))
+        resume_train(model, opt, step, args.steps)
+        write_flat(resume_flat(model, opt, args.steps), os.path.join(args.dir, "resumed"))
+    return {"phase": args.phase}
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["formats", "overhead"])
+    p.add_argument("what", choices=["formats", "overhead", "resume"])
     p.add_argument("--spec", required=True)
     p.add_argument("--blob", required=True)
     p.add_argument("--dir", required=True)
@@ -328,10 +428,13 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--compute-ms", type=float, default=200.0)
+    p.add_argument("--phase", choices=["first", "second"], default="first")
+    p.add_argument("--stop-at", type=int, default=10)
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    out = run_formats(args) if args.what == "formats" else run_overhead(args)
+    run = {"formats": run_formats, "overhead": run_overhead, "resume": run_resume}
+    out = run[args.what](args)
     out["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__}
     if _pg_ready:
         import torch.distributed as dist

@@ -121,3 +121,68 @@ pub fn floats(v: &Json, key: &str) -> Vec<f64> {
         .map(|a| a.iter().filter_map(Json::as_f64).collect())
         .unwrap_or_default()
 }
+
+/// Read a state written as a spec + blob (by [`export`] or by the script).
+pub fn import(spec: &Path, blob: &Path) -> Result<State, String> {
+    let spec: Json = serde_json::from_slice(&std::fs::read(spec).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("spec: {e}"))?;
+    let blob = std::fs::read(blob).map_err(|e| e.to_string())?;
+    let mut state = State::new();
+    for t in spec["tensors"].as_array().ok_or("spec without tensors")? {
+        let name = t["name"].as_str().ok_or("tensor without a name")?;
+        let dtype = match t["dtype"].as_str() {
+            Some("F32") => ckpt_core::DType::F32,
+            Some("F64") => ckpt_core::DType::F64,
+            Some("F16") => ckpt_core::DType::F16,
+            Some("BF16") => ckpt_core::DType::BF16,
+            Some("I64") => ckpt_core::DType::I64,
+            Some("I32") => ckpt_core::DType::I32,
+            Some("U8") => ckpt_core::DType::U8,
+            other => return Err(format!("{name}: dtype {other:?} not handled")),
+        };
+        let shape: Vec<u64> = t["shape"]
+            .as_array()
+            .ok_or("tensor without a shape")?
+            .iter()
+            .map(|d| d.as_u64().ok_or("bad dimension"))
+            .collect::<Result<_, _>>()?;
+        let (off, len) = (
+            t["offset"].as_u64().ok_or("no offset")? as usize,
+            t["nbytes"].as_u64().ok_or("no length")? as usize,
+        );
+        let bytes = blob
+            .get(off..off.checked_add(len).ok_or("overflow")?)
+            .ok_or_else(|| format!("{name}: outside the blob"))?;
+        let tensor =
+            ckpt_core::Tensor::new(name, dtype, shape, bytes::Bytes::copy_from_slice(bytes))
+                .map_err(|e| e.to_string())?;
+        state = state.with_tensor(tensor);
+    }
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_then_import_is_the_same_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = crate::models::ModelState {
+            model: "resnet50".into(),
+            bytes: 1 << 20,
+            mix: crate::models::DtypeMix::Bf16,
+            optimizer: true,
+            seed: 4,
+        }
+        .build()
+        .unwrap();
+        let e = export(&state, dir.path()).unwrap();
+        assert_eq!(import(&e.spec, &e.blob).unwrap(), state);
+        std::fs::write(&e.blob, b"short").unwrap();
+        assert!(
+            import(&e.spec, &e.blob).is_err(),
+            "a truncated blob is refused"
+        );
+    }
+}

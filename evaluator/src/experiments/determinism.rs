@@ -6,7 +6,9 @@
 //!   records; the same for an eager and a lazy snapshot of mutable buffers, and
 //!   for one rank against two ranks of an in-process group holding the state;
 //! - a training run (a small real model, [`crate::train`]) resumed from a
-//!   checkpoint by a fresh checkpointer ends bitwise equal to an uninterrupted run.
+//!   checkpoint by a fresh checkpointer ends bitwise equal to an uninterrupted run;
+//!   the same for a real PyTorch model trained by the Python script, its state
+//!   (with the RNG state) saved and loaded through ckpt.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,6 +18,7 @@ use serde::Serialize;
 
 use super::{file_url, BoxError, Ctx};
 use crate::group::LocalGroup;
+use crate::python;
 use crate::train::Trainer;
 use crate::workload::Params;
 
@@ -117,7 +120,7 @@ impl DeterminismBench {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let pb = ctx.bar(names.len() as u64 + 3, "determinism");
+        let pb = ctx.bar(names.len() as u64 + 4, "determinism");
         let mut checks = Vec::new();
         for fmt in &names {
             pb.set_message(fmt.clone());
@@ -177,6 +180,10 @@ impl DeterminismBench {
 
         pb.set_message("resume");
         checks.push(self.resume(ctx).await?);
+        if let Some(py) = &ctx.python {
+            pb.set_message("resume (PyTorch)");
+            checks.push(self.torch_resume(ctx, py).await?);
+        }
         pb.finish_and_clear();
         let all_identical = checks.iter().all(|c| c.identical);
         Ok(DeterminismResults {
@@ -216,6 +223,69 @@ impl DeterminismBench {
         let _ = std::fs::remove_dir_all(&solo);
         let _ = std::fs::remove_dir_all(&duo);
         Ok(c)
+    }
+
+    /// A real PyTorch model (MLP with dropout, Adam) trained in Python: its state
+    /// at `stop_at` (parameters, Adam moments and steps, the RNG state) goes through
+    /// a ckpt save and a load by a fresh checkpointer, Python resumes from what was
+    /// loaded, and the final state must equal an uninterrupted run's, bit for bit.
+    async fn torch_resume(&self, ctx: &Ctx, py: &Path) -> Result<Check, BoxError> {
+        let dir = ctx.fresh_dir("determinism-torch")?;
+        let script = dir.join("baselines.py");
+        std::fs::write(&script, python::SCRIPT)?;
+        let steps = [
+            "--steps".to_string(),
+            self.steps.to_string(),
+            "--stop-at".into(),
+            self.stop_at.to_string(),
+        ];
+        let first = python::Exported {
+            spec: dir.join("none.json"),
+            blob: dir.join("none.bin"),
+            script: script.clone(),
+            work: dir.clone(),
+        };
+        let args: Vec<String> = ["--phase".into(), "first".into()]
+            .into_iter()
+            .chain(steps.clone())
+            .collect();
+        python::run(py, &first, "resume", &args)?;
+        let mid = python::import(&dir.join("mid.json"), &dir.join("mid.bin"))?;
+        let root = dir.join("ckpt");
+        let cp = ckpt_formats::builder(file_url(&root)).build().await?;
+        cp.save(self.stop_at, &mid).await?.wait().await?;
+        drop(cp);
+        let cp = ckpt_formats::builder(file_url(&root)).build().await?;
+        let loaded = cp
+            .load_latest()
+            .await?
+            .ok_or("no checkpoint to resume from")?;
+        let mut second = python::export(&loaded.state, &dir.join("restored"))?;
+        second.work = dir.clone();
+        let args: Vec<String> = ["--phase".into(), "second".into()]
+            .into_iter()
+            .chain(steps)
+            .collect();
+        python::run(py, &second, "resume", &args)?;
+        let straight = python::import(&dir.join("straight.json"), &dir.join("straight.bin"))?;
+        let resumed = python::import(&dir.join("resumed.json"), &dir.join("resumed.bin"))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        let digest = |s: &State| {
+            let mut h = blake3::Hasher::new();
+            for t in &s.tensors {
+                h.update(&t.data);
+            }
+            h.finalize().to_hex()[..16].to_string()
+        };
+        Ok(Check {
+            what: format!(
+                "PyTorch MLP + Adam + RNG: resumed at step {} of {} vs uninterrupted",
+                self.stop_at, self.steps
+            ),
+            compared: straight.tensors.len(),
+            identical: !straight.tensors.is_empty() && straight == resumed,
+            detail: format!("final state {} vs {}", digest(&straight), digest(&resumed)),
+        })
     }
 
     /// Train `steps` without interruption; train `stop_at`, checkpoint, throw the
