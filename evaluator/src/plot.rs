@@ -92,7 +92,7 @@ pub fn nice_max(v: f64) -> f64 {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 2.5, 5.0, 10.0]
+    [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
         .iter()
         .map(|m| m * p)
         .find(|&m| m >= v)
@@ -449,8 +449,10 @@ mod tests {
 
     #[test]
     fn axis_helpers_by_hand() {
-        assert_eq!(nice_max(0.37), 0.5);
-        assert_eq!(nice_max(3.0), 5.0);
+        assert_eq!(nice_max(0.37), 0.4);
+        assert_eq!(nice_max(3.0), 3.0);
+        assert_eq!(nice_max(255.0), 300.0);
+        assert_eq!(nice_max(8.5), 10.0);
         assert_eq!(nice_max(0.0), 1.0);
         assert_eq!(fmt_num(123.4), "123");
         assert_eq!(fmt_num(0.01234), "0.012");
