@@ -3,6 +3,8 @@
 //! With no subcommand it runs the default suite: every experiment at a small
 //! size, tables on the terminal, and a run directory with `results.json`, CSVs,
 //! plots and `report.md`.
+//!
+//! `ckpt-eval faults` runs fault campaigns instead (`ckpt-eval faults --help`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,7 +18,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "ckpt-eval",
     version,
-    about = "Measure checkpointing cost, formats, determinism, interference and intervals"
+    about = "Measure checkpointing cost, formats, determinism, interference and intervals",
+    after_help = "Fault campaigns: ckpt-eval faults --help"
 )]
 struct Cli {
     /// Directory on the disk under test (checkpoints are written and deleted here).
@@ -195,6 +198,10 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
 }
 
 fn main() -> ExitCode {
+    // `ckpt-eval faults ...`: the fault campaigns, with their own options.
+    if std::env::args().nth(1).as_deref() == Some("faults") {
+        return ckpt_eval::faults::main(std::env::args().skip(1));
+    }
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

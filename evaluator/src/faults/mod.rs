@@ -230,6 +230,7 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
 #[derive(Parser, Debug)]
 #[command(
     name = "ckpt-eval faults",
+    bin_name = "ckpt-eval faults",
     about = "Fault campaigns: train, inject failures, restart, and prove nothing was lost"
 )]
 pub struct FaultsCli {
