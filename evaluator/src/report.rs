@@ -116,7 +116,7 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
         let mut t = Table::new(
             "formats",
             format!(
-                "Formats: {} MiB in {} tensors; median [min-max] of {} runs; save = until durable, load = page cache dropped",
+                "Formats: {} MiB in {} tensors; median [min-max] of {} runs; save = until durable, load = page cache dropped; ckpt stalls here with the state shared as immutable bytes (the overhead table has the copying case)",
                 mib(f.state_bytes as f64),
                 f.tensors,
                 f.rows.first().map_or(0, |x| x.save_s.n)
