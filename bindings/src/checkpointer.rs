@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ckpt_core::{
-    BusyPolicy, Capture, CheckpointId, Compression, DType, Error, Loaded, Retention, SnapshotMode,
-    SourceTensor, Status, Tensor, TensorData,
+    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, DType, Error, Loaded,
+    Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::buffer::{PySource, TensorBuffer};
+use crate::coord::PyCoordinator;
 use crate::errors::{invalid, to_py, IntoPyResult};
 use crate::handle::SaveHandle;
 use crate::runtime::{self, check_pid};
@@ -88,7 +89,8 @@ impl Checkpointer {
 impl Checkpointer {
     #[new]
     #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
-                        staging_budget=None, busy="wait", format="native"))]
+                        staging_budget=None, busy="wait", format="native", coordinator=None,
+                        collective_timeout=600.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -101,10 +103,20 @@ impl Checkpointer {
         staging_budget: Option<u64>,
         busy: &str,
         format: &str,
+        coordinator: Option<Bound<'_, PyAny>>,
+        collective_timeout: f64,
     ) -> PyResult<Self> {
         if keep_last == Some(0) {
             return Err(invalid("keep_last must be at least 1"));
         }
+        let collective_timeout = Duration::try_from_secs_f64(collective_timeout)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| {
+                invalid(format!(
+                    "collective_timeout must be a positive number of seconds, not {collective_timeout}"
+                ))
+            })?;
         let busy = match busy {
             "wait" => BusyPolicy::Wait,
             "skip" => BusyPolicy::Skip,
@@ -114,7 +126,12 @@ impl Checkpointer {
                 )))
             }
         };
+        let options = CheckpointerOptions {
+            collective_timeout,
+            ..CheckpointerOptions::default()
+        };
         let mut builder = ckpt_formats::builder(url)
+            .options(options)
             .format(ckpt_formats::by_name(format).py()?)
             .retention(Retention {
                 keep_last,
@@ -130,6 +147,9 @@ impl Checkpointer {
         if let Some(b) = staging_budget {
             builder = builder.staging_budget(b);
         }
+        if let Some(c) = coordinator.filter(|c| !c.is_none()) {
+            builder = builder.coordinator(PyCoordinator::new(&c)?);
+        }
         let inner = runtime::wait(py, move || builder.build()).and_then(IntoPyResult::py)?;
         Ok(Checkpointer {
             inner: ManuallyDrop::new(inner),
@@ -142,6 +162,18 @@ impl Checkpointer {
     #[getter]
     fn url(&self) -> &str {
         self.inner.url()
+    }
+
+    /// This process's rank in the job (0 without a coordinator).
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    /// Number of ranks of the job (1 without a coordinator).
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
     }
 
     /// True when snapshots are lazy (copied in the background after `save` returned).
@@ -334,7 +366,13 @@ impl Checkpointer {
     }
 
     fn __repr__(&self) -> String {
-        format!("Checkpointer({:?}, lazy={})", self.inner.url(), self.lazy)
+        format!(
+            "Checkpointer({:?}, lazy={}, rank={}, world_size={})",
+            self.inner.url(),
+            self.lazy,
+            self.inner.rank(),
+            self.inner.world_size()
+        )
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod buffer;
 pub mod checkpointer;
+pub mod coord;
 pub mod errors;
 pub mod handle;
 pub mod runtime;
@@ -27,6 +28,29 @@ fn dtypes() -> Vec<&'static str> {
     ckpt_core::DType::ALL.iter().map(|d| d.name()).collect()
 }
 
+/// Encode a plain-data tree (the types `save` accepts as metadata, with
+/// `TensorRef` leaves) as bytes, exactly as a manifest stores it. The Python
+/// package stores each rank's own state (its RNG) this way, inside a tensor,
+/// because only rank 0's metadata reaches the manifest.
+#[pyfunction]
+fn encode_tree<'py>(
+    py: Python<'py>,
+    tree: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let v = value::to_value(tree)?;
+    let bytes = serde_json::to_vec(&v)
+        .map_err(|e| errors::to_py(ckpt_core::Error::Internal(e.to_string())))?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes))
+}
+
+/// Decode bytes made by [`encode_tree`].
+#[pyfunction]
+fn decode_tree(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
+    let v: ckpt_core::Value = serde_json::from_slice(data)
+        .map_err(|e| errors::invalid(format!("not an encoded tree: {e}")))?;
+    value::from_value(py, &v)
+}
+
 /// The native module.
 #[pymodule]
 fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -36,6 +60,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<value::TensorRef>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
