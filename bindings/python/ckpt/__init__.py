@@ -12,13 +12,16 @@
 The engine is Rust (``ckpt._ckpt``); tensors cross as CPU buffers, so the same
 wheel works with any PyTorch version and with numpy alone. See
 :class:`Checkpointer` for the options (lazy snapshots, compression, retention).
+The same script works under ``torchrun`` or ``mpirun``: every rank saves into
+one logical checkpoint, coordinated through ``torch.distributed`` or mpi4py
+(:mod:`ckpt.distributed`).
 """
 
 from __future__ import annotations
 
 import os as _os
 
-from . import _ckpt
+from . import _ckpt, distributed
 from ._ckpt import TensorRef
 from .checkpointer import Checkpoint, Checkpointer, SaveHandle
 from .errors import (
@@ -55,6 +58,7 @@ __all__ = [
     "CheckpointTimeoutError",
     "SkippedError",
     "InternalError",
+    "distributed",
 ]
 
 # A forked child (e.g. a DataLoader worker) must not use the parent's runtime

@@ -1,6 +1,6 @@
 """Type stubs of the native module ``ckpt._ckpt`` (a thin layer over the Rust engine)."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 __version__: str
 
@@ -10,6 +10,14 @@ TensorArg = Tuple[str, str, Sequence[int], Any, bool]
 LoadedTensor = Tuple[str, List[int], "TensorBuffer"]
 #: ``(step, attempt, tensors, meta, skipped)``.
 LoadedCheckpoint = Tuple[int, str, Dict[str, LoadedTensor], Any, List[Tuple[int, str, Exception]]]
+
+class Coordinator(Protocol):
+    """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
+
+    rank: int
+    world_size: int
+    def all_gather(self, data: bytes) -> List[bytes]: ...
+    def broadcast(self, data: bytes, root: int) -> bytes: ...
 
 class TensorRef:
     """The place of a tensor inside a state tree, by name."""
@@ -52,9 +60,15 @@ class Checkpointer:
         staging_budget: Optional[int] = None,
         busy: str = "wait",
         format: str = "native",
+        coordinator: Optional[Coordinator] = None,
+        collective_timeout: float = 600.0,
     ) -> None: ...
     @property
     def url(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
     @property
     def lazy(self) -> bool: ...
     def save(self, step: int, tensors: Sequence[TensorArg], meta: Any) -> SaveHandle: ...
@@ -70,4 +84,6 @@ class Checkpointer:
     def gc(self) -> Dict[str, Any]: ...
 
 def dtypes() -> List[str]: ...
+def encode_tree(tree: Any) -> bytes: ...
+def decode_tree(data: bytes) -> Any: ...
 def _after_fork_child() -> None: ...

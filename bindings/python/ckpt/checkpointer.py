@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ckpt
 from .errors import CheckpointError, InvalidInputError, NotFoundError, UnsupportedError
+from .distributed import resolve
 from .rng import RNGState
 from .tree import flatten, is_stateful, tensor_maker, unflatten
 
@@ -30,6 +31,7 @@ class SaveHandle:
     def __init__(self, native: _ckpt.SaveHandle, on_snapshot: Callable[[], None]) -> None:
         self._native = native
         self._on_snapshot: Optional[Callable[[], None]] = on_snapshot
+        self._observed = False  # its outcome reached the caller through wait()
 
     @property
     def step(self) -> int:
@@ -70,10 +72,16 @@ class SaveHandle:
         (seconds: ``stall``, ``snapshot``, ``persist``, ``commit``, ``total``, ...;
         bytes: ``raw_bytes``, ``stored_bytes``, ``reused_bytes``, ...)."""
         try:
-            return self._native.wait(timeout)
+            report = self._native.wait(timeout)
+        except CheckpointError:
+            # The save's own failure (not this wait running out) has been seen.
+            self._observed = self._native.done()
+            raise
         finally:
             if self._native.snapshot_done():
                 self._release()
+        self._observed = True
+        return report
 
     def _release(self) -> None:
         cb, self._on_snapshot = self._on_snapshot, None
@@ -120,10 +128,34 @@ class Checkpointer:
             (:class:`~ckpt.RNGState`) under the key ``"rng"``.
         format: on-storage format for new checkpoints (``"native"``,
             ``"safetensors"``, ``"torch"``); any of them can be loaded.
+        coordinate: how the ranks of a job agree on each checkpoint:
+            ``"auto"`` (default): ``torch.distributed`` when it is initialised
+            with more than one rank, else MPI (mpi4py) when the process was
+            started by ``mpirun`` with more than one rank, else none;
+            ``"torch"``, ``"mpi"``: insist on one; ``"none"``: this process
+            alone. A coordinator object (see :mod:`ckpt.distributed`) is used
+            as given.
+        process_group: with ``torch.distributed``, the ranks that checkpoint
+            together (default: the whole job). ckpt creates a gloo group of its
+            own over them, so its background collectives never interleave
+            with the training loop's.
+        collective_timeout: seconds a rank waits for the others at each step
+            of a coordinated save (and when the checkpointer is created);
+            past it the save fails with :class:`~ckpt.CheckpointTimeoutError`
+            (a rank died) and this checkpointer cannot save again.
 
-    Distributed training is not coordinated yet: under ``torch.distributed``
-    with more than one rank this raises :class:`~ckpt.UnsupportedError` rather
-    than letting ranks overwrite each other.
+    **Several ranks** (``torchrun``, ``mpirun``): create the checkpointer on
+    every rank with the same URL (creating it is a collective), call ``save``
+    for the same steps in the same order on every rank, and ``wait``/``close``
+    on every rank before the process group is destroyed. Each rank writes its
+    share in the background; rank 0 publishes the checkpoint once every share
+    is durable, so a rank that dies mid-save leaves the previous checkpoint as
+    the newest. The semantics are data parallel: a tensor of the same name on
+    several ranks (a DDP model's parameters, its optimizer state) is the same
+    replicated tensor, stored once, its writing spread over the ranks; plain
+    data (step, epoch, config) is taken from rank 0. Each rank's RNG state is
+    its own and is restored to the same rank. ``load_latest`` works on every
+    rank, with any number of ranks.
     """
 
     def __init__(
@@ -139,8 +171,15 @@ class Checkpointer:
         busy: str = "wait",
         rng: bool = True,
         format: str = "native",  # noqa: A002 - matches the engine's option
+        coordinate: Any = "auto",
+        process_group: Any = None,
+        collective_timeout: float = 600.0,
     ) -> None:
-        _refuse_multi_rank()
+        if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
+            raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
+        if not collective_timeout > 0:
+            raise InvalidInputError(f"collective_timeout must be positive, not {collective_timeout!r}")
+        coordinator = resolve(coordinate, process_group, collective_timeout)
         self._native = _ckpt.Checkpointer(
             url,
             keep_last=keep_last,
@@ -151,7 +190,10 @@ class Checkpointer:
             staging_budget=staging_budget,
             busy=busy,
             format=format,
+            coordinator=coordinator,
+            collective_timeout=float(collective_timeout),
         )
+        self._coordinator = coordinator
         self._rng = rng
         self._pending: List[SaveHandle] = []  # snapshots possibly still copying
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
@@ -170,6 +212,16 @@ class Checkpointer:
         """Whether snapshots are lazy."""
         return self._native.lazy
 
+    @property
+    def rank(self) -> int:
+        """This process's rank among the ranks that checkpoint together (0 alone)."""
+        return self._native.rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks checkpoint together (1 alone)."""
+        return self._native.world_size
+
     def save(self, step: int, state: Optional[Mapping] = None, /, **named: Any) -> SaveHandle:
         """Start saving the checkpoint of ``step``; returns once the snapshot is
         taken (eager) or started (lazy). Persisting continues in the background.
@@ -184,11 +236,20 @@ class Checkpointer:
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         entries = self._entries(state, named)
-        if self._rng:
-            entries["rng"] = RNGState()
         self._reap()
-        flat = flatten(entries, self.lazy, self._exporter())
-        meta = {"ckpt": {"version": META_VERSION, "numpy": flat.numpy_names}, "state": flat.tree}
+        prefix = _local_name(self.rank)
+        local = {"rng": RNGState()} if self._rng else None
+        flat = flatten(entries, self.lazy, self._exporter(), local, prefix)
+        info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
+        if local is not None:
+            # Only rank 0's metadata reaches the manifest, so each rank's own tree
+            # travels as a tensor of its own (a rank-specific name: never replicated).
+            if any(t[0] == prefix for t in flat.tensors):
+                raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
+            blob = _ckpt.encode_tree({"tree": flat.local_tree, "numpy": flat.local_numpy_names})
+            flat.tensors.append((prefix, "U8", (len(blob),), blob, False))
+            info["local"] = {"ranks": self.world_size}
+        meta = {"ckpt": info, "state": flat.tree}
         give_back = self._giver(flat.pinned)
         try:
             native = self._native.save(step, flat.tensors, meta)
@@ -219,7 +280,8 @@ class Checkpointer:
         handles, self._unwaited = self._unwaited, []
         self._pending.clear()
         for h in handles:
-            h.wait(timeout)
+            if not h._observed:
+                h.wait(timeout)
 
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
@@ -264,11 +326,11 @@ class Checkpointer:
         arrays as numpy) unless ``framework`` is ``"np"`` or ``"pt"``.
         """
         loaded = self._native.load_latest()
-        return None if loaded is None else _to_checkpoint(loaded, framework)
+        return None if loaded is None else _to_checkpoint(loaded, framework, self.rank)
 
     def read(self, step: int, framework: Optional[str] = None) -> Checkpoint:
         """The checkpoint of ``step`` as data (see :meth:`read_latest`)."""
-        return _to_checkpoint(self._native.load(step), framework)
+        return _to_checkpoint(self._native.load(step), framework, self.rank)
 
     def steps(self) -> List[int]:
         """Steps of the committed checkpoints, oldest first."""
@@ -316,15 +378,36 @@ class Checkpointer:
                         f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
                         "dict (load_latest(state)) or read it with read_latest()"
                     )
-        if self._rng and "rng" in saved:
-            RNGState().load_state_dict(saved["rng"])
+        if self._rng:
+            self._restore_local(step, tensors, meta, saved)
         return step
+
+    def _restore_local(self, step: int, tensors: Dict[str, Any], meta: Any, saved: Dict[str, Any]) -> None:
+        """Restore this rank's own RNG state (saved by the rank of the same number)."""
+        local = _local_state(tensors, self.rank)
+        if local is not None:
+            if "rng" in local:
+                RNGState().load_state_dict(local["rng"])
+            return
+        if "rng" in saved:  # written before RNG states were kept per rank
+            if self.rank == 0:
+                RNGState().load_state_dict(saved["rng"])
+            return
+        ranks = meta["ckpt"].get("local", {}).get("ranks")
+        if ranks is not None:
+            warnings.warn(
+                f"ckpt: the checkpoint of step {step} was saved by {ranks} rank(s) and holds no RNG state for "
+                f"rank {self.rank}; this rank keeps its current random generators",
+                stacklevel=4,
+            )
 
     def _reap(self) -> None:
         """Forget finished saves; raise the error of one that failed in the background."""
         self._pending = [h for h in self._pending if not h.snapshot_done()]
         still, failed = [], None
         for h in self._unwaited:
+            if h._observed:
+                continue
             if not h.done():
                 still.append(h)
                 continue
@@ -379,9 +462,33 @@ def _decode(meta: Any, tensors: Dict[str, Any], framework: Optional[str]) -> Dic
     return unflatten(meta["state"], make)
 
 
-def _to_checkpoint(loaded: Tuple[Any, ...], framework: Optional[str]) -> Checkpoint:
+def _to_checkpoint(loaded: Tuple[Any, ...], framework: Optional[str], rank: int) -> Checkpoint:
     step, attempt, tensors, meta, skipped = loaded
-    return Checkpoint(step, attempt, _decode(meta, tensors, framework), list(skipped))
+    state = _decode(meta, tensors, framework)
+    local = _local_state(tensors, rank, framework)
+    if local:
+        state.update(local)  # this rank's RNG state under "rng", as saved
+    return Checkpoint(step, attempt, state, list(skipped))
+
+
+def _local_name(rank: int) -> str:
+    """Name of the tensor holding rank ``rank``'s own state (and prefix of its tensors)."""
+    return f"__rank{rank}__"
+
+
+def _local_state(tensors: Dict[str, Any], rank: int, framework: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The state rank ``rank`` saved for itself alone (``{"rng": ...}``), or None."""
+    entry = tensors.get(_local_name(rank))
+    if entry is None:
+        return None
+    dtype, _shape, buf = entry
+    if dtype != "U8":
+        raise UnsupportedError(f"tensor {_local_name(rank)!r} is {dtype}, not the U8 of a rank's own state")
+    local = _ckpt.decode_tree(bytes(memoryview(buf)))
+    if not isinstance(local, dict) or "tree" not in local:
+        raise UnsupportedError(f"tensor {_local_name(rank)!r} does not hold a rank's own state")
+    make = tensor_maker(tensors, set(local.get("numpy", [])), framework)
+    return unflatten(local["tree"], make)
 
 
 def _restore_into(target: Any, value: Any, where: str) -> bool:
@@ -419,15 +526,3 @@ def _restore_into(target: Any, value: Any, where: str) -> bool:
         target[:] = value
         return True
     return False
-
-
-def _refuse_multi_rank() -> None:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    dist = getattr(torch, "distributed", None)
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise UnsupportedError(
-            "ckpt does not coordinate multi-rank saves yet; every rank would write its own checkpoint. "
-            "Save from one rank with a per-rank URL until the MPI/torch.distributed coordination lands."
-        )

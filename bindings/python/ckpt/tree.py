@@ -64,6 +64,10 @@ class Flattened:
     stateful: List[Any] = field(default_factory=list)
     #: Pinned host buffers to give back once the snapshot is done.
     pinned: List[Any] = field(default_factory=list)
+    #: The tree of the rank-local part (see :func:`flatten`), or None.
+    local_tree: Any = None
+    #: Names of the rank-local part's numpy arrays.
+    local_numpy_names: List[str] = field(default_factory=list)
 
 
 class _Flattener:
@@ -153,12 +157,18 @@ class _NumpyExporter:
         pass
 
 
-def flatten(state: Mapping, lazy: bool, exporter: Any = None) -> Flattened:
+def flatten(
+    state: Mapping, lazy: bool, exporter: Any = None, local: Optional[Mapping] = None, local_prefix: str = ""
+) -> Flattened:
     """Flatten a state mapping for one save.
 
     In lazy mode, tensors that may change before the optimizer step (module
     buffers, loose tensors, numpy arrays) are marked ``copy_now``; module
     parameters and optimizer state are copied in the background.
+
+    ``local`` is state that belongs to this rank alone (its RNG): it is walked
+    separately, its tensors named under ``local_prefix``, and its tree returned
+    apart (``local_tree``) so the caller can store it per rank.
     """
     if exporter is None:
         if _torch() is not None:
@@ -170,6 +180,11 @@ def flatten(state: Mapping, lazy: bool, exporter: Any = None) -> Flattened:
     f = _Flattener(lazy, exporter)
     try:
         f.out.tree = f.walk(state, [], set())
+        if local is not None:
+            shared_numpy = len(f.out.numpy_names)
+            f.out.local_tree = f.walk(local, [local_prefix], set())
+            f.out.local_numpy_names = f.out.numpy_names[shared_numpy:]
+            del f.out.numpy_names[shared_numpy:]
     finally:
         exporter.finish()
         f.out.pinned = list(exporter.pinned)

@@ -1,0 +1,243 @@
+"""Coordination of the ranks of a job: ``torch.distributed``, mpi4py, or your own.
+
+A checkpoint of a job of several ranks is one logical checkpoint: every rank
+calls ``save`` for the same steps, writes its share in the background, and
+rank 0 publishes the manifest once every share is durable. The engine needs
+two collectives for that, on small byte messages; a *coordinator* provides them:
+
+* ``rank`` and ``world_size`` (ints);
+* ``all_gather(data: bytes) -> list[bytes]``: every rank's ``data``, in rank order;
+* ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank.
+
+The engine calls them from one background thread of its own (never from the
+training loop's thread), one call at a time, with a deadline
+(``collective_timeout``): a rank that died makes the others fail with
+:class:`~ckpt.CheckpointTimeoutError` instead of hanging. Both coordinators here
+run on a communicator of their own (a new gloo group; a duplicated MPI
+communicator), so these background collectives never interleave with the
+training loop's own collectives on the default group.
+
+:func:`resolve` picks one for ``Checkpointer(coordinate=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from array import array
+from datetime import timedelta
+from typing import Any, List, Optional
+
+from .errors import InvalidInputError, UnsupportedError
+
+__all__ = ["TorchCoordinator", "MPICoordinator", "resolve", "mpi_world_size"]
+
+#: How much longer than ckpt's own deadline the transport may wait before it
+#: gives up by itself (ckpt's deadline should be the one that fires).
+_TRANSPORT_SLACK = 30.0
+
+
+class TorchCoordinator:
+    """Collectives over ``torch.distributed``, on a gloo group of ckpt's own.
+
+    Creating it is a collective: every rank of ``process_group`` (default: the
+    whole job) must create it, in the same order relative to other
+    ``new_group`` calls. The group is always gloo (CPU), whatever backend the
+    training uses (NCCL included), so messages never touch the GPU.
+
+    Args:
+        process_group: the ranks that checkpoint together (default: the world).
+        timeout: seconds the gloo transport itself waits before failing.
+    """
+
+    def __init__(self, process_group: Any = None, timeout: float = 600.0 + _TRANSPORT_SLACK) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise InvalidInputError(
+                "torch.distributed is not initialised: call torch.distributed.init_process_group() first "
+                '(or use coordinate="none" for a job of one process)'
+            )
+        self._torch = torch
+        self._dist = dist
+        limit = timedelta(seconds=timeout)
+        if process_group is None:
+            self.group = dist.new_group(backend="gloo", timeout=limit)
+        else:
+            ranks = dist.get_process_group_ranks(process_group)
+            # Only the members take part in creating it (they are the ones that build a Checkpointer).
+            self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=limit, use_local_synchronization=True)
+        self.rank: int = dist.get_rank(self.group)
+        self.world_size: int = dist.get_world_size(self.group)
+
+    def _tensor(self, data: bytes, length: int) -> Any:
+        torch = self._torch
+        out = torch.zeros(length, dtype=torch.uint8)
+        if data:
+            out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return out
+
+    def all_gather(self, data: bytes) -> List[bytes]:
+        """Every rank's ``data``, in rank order (lengths first, then the padded bytes)."""
+        torch, dist = self._torch, self._dist
+        n = self.world_size
+        lens = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+        dist.all_gather(lens, torch.tensor([len(data)], dtype=torch.int64), group=self.group)
+        sizes = [int(x.item()) for x in lens]
+        longest = max(sizes)
+        if longest == 0:
+            return [b""] * n
+        parts = [torch.empty(longest, dtype=torch.uint8) for _ in range(n)]
+        dist.all_gather(parts, self._tensor(data, longest), group=self.group)
+        return [p[:s].numpy().tobytes() for p, s in zip(parts, sizes)]
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        """``root``'s ``data`` on every rank (its length first, then the bytes)."""
+        torch, dist = self._torch, self._dist
+        src = dist.get_global_rank(self.group, root)
+        n = torch.tensor([len(data) if self.rank == root else 0], dtype=torch.int64)
+        dist.broadcast(n, src=src, group=self.group)
+        length = int(n.item())
+        if length == 0:
+            return b""
+        buf = self._tensor(data if self.rank == root else b"", length)
+        dist.broadcast(buf, src=src, group=self.group)
+        return buf.numpy().tobytes()
+
+    def __repr__(self) -> str:
+        return f"TorchCoordinator(rank={self.rank}, world_size={self.world_size})"
+
+
+class MPICoordinator:
+    """Collectives over MPI through mpi4py, on a duplicate of ``comm``.
+
+    Creating it is a collective over ``comm`` (``MPI_Comm_dup``). Messages go as
+    raw bytes (``Allgatherv``, ``Bcast``), never pickled. mpi4py initialises MPI
+    with ``MPI_THREAD_MULTIPLE`` by default, which this needs: the calls come
+    from ckpt's background thread.
+
+    Args:
+        comm: the communicator whose ranks checkpoint together (default:
+            ``MPI.COMM_WORLD``).
+    """
+
+    def __init__(self, comm: Any = None) -> None:
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise UnsupportedError(f"MPI coordination needs mpi4py ({e})") from None
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise UnsupportedError(
+                "MPI was initialised without MPI_THREAD_MULTIPLE; ckpt calls MPI from a background thread "
+                '(leave mpi4py.rc.thread_level at its default, "multiple")'
+            )
+        self._MPI = MPI
+        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.rank: int = self.comm.Get_rank()
+        self.world_size: int = self.comm.Get_size()
+
+    def all_gather(self, data: bytes) -> List[bytes]:
+        """Every rank's ``data``, in rank order."""
+        MPI = self._MPI
+        lens = array("q", [0]) * self.world_size
+        self.comm.Allgather([array("q", [len(data)]), MPI.INT64_T], [lens, MPI.INT64_T])
+        displs, total = [], 0
+        for n in lens:
+            displs.append(total)
+            total += n
+        buf = bytearray(total)
+        self.comm.Allgatherv([bytes(data), len(data), MPI.BYTE], [buf, (list(lens), displs), MPI.BYTE])
+        return [bytes(buf[d : d + n]) for d, n in zip(displs, lens)]
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        """``root``'s ``data`` on every rank."""
+        MPI = self._MPI
+        n = array("q", [len(data) if self.rank == root else 0])
+        self.comm.Bcast([n, MPI.INT64_T], root=root)
+        buf = bytearray(data) if self.rank == root else bytearray(n[0])
+        if n[0]:
+            self.comm.Bcast([buf, MPI.BYTE], root=root)
+        return bytes(buf)
+
+    def close(self) -> None:
+        """Free the duplicated communicator (a collective; optional)."""
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def __repr__(self) -> str:
+        return f"MPICoordinator(rank={self.rank}, world_size={self.world_size})"
+
+
+def mpi_world_size() -> int:
+    """The size of the MPI job this process was launched in, from the launcher's
+    environment (OpenMPI, MPICH/PMI, Slurm's PMI2), or 1."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        v = os.environ.get(var)
+        if v and v.isdigit():
+            return int(v)
+    return 1
+
+
+def _torch_world(process_group: Any) -> int:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 1
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(process_group)
+
+
+_NAMES = ("auto", "torch", "mpi", "none")
+
+
+def resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> Optional[Any]:
+    """The coordinator for ``Checkpointer(coordinate=...)``, or ``None`` for one process.
+
+    ``"auto"``: ``torch.distributed`` when it is initialised with more than one
+    rank (in ``process_group``); else mpi4py when the process was launched by
+    ``mpirun`` with more than one rank; else a job of one process. ``"torch"``
+    and ``"mpi"`` insist on one; ``"none"`` checkpoints this process alone.
+    Anything else must be a coordinator object (see the module docs).
+    """
+    if not isinstance(coordinate, str):
+        if process_group is not None:
+            raise InvalidInputError("process_group applies to coordinate=\"torch\"/\"auto\", not to a coordinator object")
+        for m in ("all_gather", "broadcast"):
+            if not callable(getattr(coordinate, m, None)):
+                raise InvalidInputError(
+                    f"coordinate must be one of {_NAMES} or an object with all_gather(data) and "
+                    f"broadcast(data, root); {type(coordinate).__name__} has no {m}()"
+                )
+        return coordinate
+    if coordinate not in _NAMES:
+        raise InvalidInputError(f"coordinate must be one of {_NAMES} or a coordinator object, not {coordinate!r}")
+    transport = float(collective_timeout) + _TRANSPORT_SLACK
+    if coordinate == "none":
+        return None
+    if coordinate == "torch":
+        return TorchCoordinator(process_group, transport)
+    if process_group is not None and coordinate == "mpi":
+        raise InvalidInputError('process_group is a torch.distributed group; it does not apply to coordinate="mpi"')
+    if coordinate == "mpi":
+        return MPICoordinator()
+    # auto
+    if _torch_world(process_group) > 1:
+        return TorchCoordinator(process_group, transport)
+    if process_group is not None:
+        return None  # a group of one rank
+    n = mpi_world_size()
+    if n > 1:
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            raise UnsupportedError(
+                f"this process is one of {n} MPI ranks, but mpi4py is not installed and torch.distributed is "
+                "not initialised, so the ranks cannot agree on a checkpoint: install mpi4py, initialise "
+                'torch.distributed, or pass coordinate="none" to checkpoint each process on its own '
+                "(each to its own URL)"
+            ) from None
+        return MPICoordinator()
+    return None
