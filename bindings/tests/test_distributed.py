@@ -1,0 +1,314 @@
+"""Distributed checkpoints from Python: real multi-process jobs, no mocks.
+
+Ranks are separate processes (``dist_worker.py``) that rendezvous like torchrun
+sets them up (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT) and train a
+small DDP model over gloo; the MPI test runs the same worker under ``mpirun``
+with mpi4py; the example runs under ``torchrun`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import pytest
+import torch
+
+import ckpt
+from conftest import PYTHON, REPO, python_env
+
+WORKER = str(Path(__file__).with_name("dist_worker.py"))
+LIMIT = 120  # seconds for any one job (they take a few)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, args: List[str], timeout: float = LIMIT) -> List[subprocess.CompletedProcess]:
+    """Start ``world`` ranks of dist_worker.py with a torchrun-style environment; wait for all."""
+    port = str(free_port())
+    procs = []
+    for r in range(world):
+        env = python_env()
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        if world == 1:
+            env.pop("WORLD_SIZE")
+        procs.append(
+            subprocess.Popen([PYTHON, WORKER, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    deadline = time.monotonic() + timeout
+    done = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"a rank did not finish within {timeout} s (hang?)")
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out))
+    return done
+
+
+def rows(out: Path, world: int) -> List[Dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def ok(procs: List[subprocess.CompletedProcess]) -> None:
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{p.stdout}"
+
+
+def chunk_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in (root / "chunks").iterdir())
+
+
+def fresh_draws(seed: int) -> list:
+    """What dist_worker's draws() gives right after seed_all(seed)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        struct.pack("<d", random.Random(seed).random()).hex(),
+        struct.pack("<d", float(np.random.RandomState(seed).rand())).hex(),
+        torch.rand(3, generator=g).view(torch.int32).tolist(),
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict:
+    """Two DDP ranks train 5 steps and checkpoint at steps 2 and 4."""
+    base = tmp_path_factory.mktemp("ddp2")
+    root, out = base / "ckpts", base / "out"
+    out.mkdir()
+    ok(launch(2, ["train", root.as_uri(), str(out), "--steps", "5", "--save-at", "2,4"]))
+    return {"root": root, "url": root.as_uri(), "rows": rows(out, 2)}
+
+
+def test_two_ranks_make_one_checkpoint_with_replicas_stored_once(trained: Dict) -> None:
+    r0, r1 = trained["rows"]
+    root = trained["root"]
+    for step in ("2", "4"):
+        # DDP kept the replicas identical, bit for bit.
+        assert r0["saves"][step]["digest"] == r1["saves"][step]["digest"]
+    # One logical checkpoint per step, not one per rank.
+    cp = ckpt.Checkpointer(trained["url"], coordinate="none")
+    assert cp.steps() == [2, 4]
+    assert len(list((root / "manifests").iterdir())) == 2
+    assert cp.read(4).state["extra"] == {"step": 4, "world": 2}
+
+    state = r0["saves"]["4"]["state_bytes"]  # model + Adam state of one replica
+    written = [r0["saves"]["4"]["raw_bytes"], r1["saves"]["4"]["raw_bytes"]]
+    rng = sum(written) - state
+    # The ranks together wrote one copy plus each rank's own RNG state
+    # (a few KiB + the Python generator's 625 words).
+    assert 0 < rng < 2 * 64 * 1024, (written, state)
+    # ... and each wrote a fair share of it.
+    assert min(written) > 0.3 * state, written
+    # On disk: two checkpoints of one copy each, not two of world_size copies.
+    on_disk = chunk_bytes(root)
+    assert 1.8 * state < on_disk < 2 * state + 2 * rng, (on_disk, state)
+    print(f"\n2 ranks: state {state} B per replica; written per rank {written}; chunks/ {on_disk} B for 2 checkpoints")
+
+
+def test_loads_bitwise_into_one_process(trained: Dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    ok(launch(1, ["load", trained["url"], str(out)]))
+    (row,) = rows(out, 1)
+    r0 = trained["rows"][0]
+    assert (row["step"], row["cp_world"]) == (4, 1)
+    assert row["digest"] == r0["saves"]["4"]["digest"]
+    assert row["draws"] == r0["draws"]  # rank 0's own generators, restored
+    assert row["warnings"] == []
+
+
+def test_loads_bitwise_into_three_processes(trained: Dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    ok(launch(3, ["load", trained["url"], str(out)]))
+    got = rows(out, 3)
+    saved = trained["rows"]
+    for r, row in enumerate(got):
+        assert (row["step"], row["cp_world"]) == (4, 3)
+        assert row["digest"] == saved[0]["saves"]["4"]["digest"]
+    # Ranks 0 and 1 continue their own random streams; rank 2 had none saved:
+    # it keeps the generators it had (seeded 1000 + rank) and says so.
+    assert got[0]["draws"] == saved[0]["draws"]
+    assert got[1]["draws"] == saved[1]["draws"]
+    assert got[0]["draws"] != got[1]["draws"]
+    assert got[2]["draws"] == fresh_draws(1002)
+    assert got[0]["warnings"] == got[1]["warnings"] == []
+    assert len(got[2]["warnings"]) == 1 and "no RNG state for rank 2" in got[2]["warnings"][0]
+
+
+def test_a_rank_that_dies_mid_save_leaves_the_previous_checkpoint_and_nobody_hangs(tmp_path: Path) -> None:
+    root, out = tmp_path / "ckpts", tmp_path / "out"
+    out.mkdir()
+    timeout = 3.0
+    t0 = time.monotonic()
+    procs = launch(
+        3,
+        ["train", root.as_uri(), str(out), "--save-at", "2,4", "--die-rank", "1", "--die-at", "4"]
+        + ["--timeout", str(timeout)],
+    )
+    elapsed = time.monotonic() - t0
+    assert procs[1].returncode == 3, procs[1].stdout  # os._exit inside the save of step 4
+    assert not (out / "rank1.json").exists()
+    for r in (0, 2):
+        assert procs[r].returncode == 0, procs[r].stdout
+        row = json.loads((out / f"rank{r}.json").read_text())
+        # The typed error, within the deadline (a closed connection may say so sooner).
+        assert row["error"] == "CheckpointTimeoutError", row
+        assert row["wait_s"] < timeout + 10, row
+        assert row["latest_after_failure"] == 2, row
+    assert ckpt.Checkpointer(root.as_uri(), coordinate="none").steps() == [2]
+    assert elapsed < LIMIT
+
+
+def have_mpi4py() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("mpirun") is not None
+
+
+@pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
+def test_mpi4py_under_mpirun(tmp_path: Path) -> None:
+    root, out, out1 = tmp_path / "ckpts", tmp_path / "out", tmp_path / "out1"
+    out.mkdir()
+    out1.mkdir()
+    env = python_env()
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = ["mpirun", "--oversubscribe", "-np", "2", "--mca", "btl", "self,vader"]
+    cmd += ["--mca", "btl_vader_single_copy_mechanism", "none", PYTHON, WORKER]
+    cmd += ["train", root.as_uri(), str(out), "--mpi", "--steps", "3", "--save-at", "2"]
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+    assert p.returncode == 0, p.stdout
+    r0, r1 = rows(out, 2)
+    assert (r0["world"], r1["world"]) == (2, 2)
+    assert r0["saves"]["2"]["digest"] == r1["saves"]["2"]["digest"]
+    state = r0["saves"]["2"]["state_bytes"]
+    written = r0["saves"]["2"]["raw_bytes"] + r1["saves"]["2"]["raw_bytes"]
+    assert state < written < state + 2 * 64 * 1024  # one copy of the replicas in all
+    assert chunk_bytes(root) < state + 2 * 64 * 1024
+    # A plain single process (no mpirun) loads it bitwise, with rank 0's generators.
+    ok(launch(1, ["load", root.as_uri(), str(out1)]))
+    (row,) = rows(out1, 1)
+    assert row["step"] == 2 and row["digest"] == r0["saves"]["2"]["digest"]
+    assert row["draws"] == r0["draws"] != r1["draws"]
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(PYTHON).parent)) is None, reason="needs torchrun")
+def test_cnn_example_under_torchrun_resumes_bitwise(tmp_path: Path) -> None:
+    """The example, unchanged, under torchrun: a run stopped after its step-4
+    checkpoint and restarted ends bitwise where an uninterrupted run ends."""
+    torchrun = str(Path(PYTHON).parent / "torchrun")
+    script = str(REPO / "examples/python/train_cnn.py")
+
+    def run(url: str, steps: int, digest: Optional[Path] = None) -> str:
+        cmd = [torchrun, "--standalone", "--nproc-per-node", "2", script, "--ckpt", url]
+        cmd += ["--steps", str(steps), "--every", "4", "--batch", "8"]
+        if digest is not None:
+            cmd += ["--digest", str(digest)]
+        p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+        assert p.returncode == 0, p.stdout
+        return p.stdout
+
+    straight, resumed = tmp_path / "straight.sha", tmp_path / "resumed.sha"
+    run((tmp_path / "a").as_uri(), 10, straight)
+    first = run((tmp_path / "b").as_uri(), 6)  # as if killed after the step-4 checkpoint
+    assert "save 4" in first
+    second = run((tmp_path / "b").as_uri(), 10, resumed)
+    assert "resumed at step 4" in second
+    assert resumed.read_text() == straight.read_text()
+
+
+# ---------------------------------------------------------------------------
+# Coordinator objects in one process: the engine's collectives through a Python
+# object, called on ckpt's own thread, with the deadline.
+
+
+class Loopback:
+    """A job of one rank, recording what the engine asks of it and from which thread."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, delay: float = 0.0, fail: Optional[str] = None, reply: Optional[list] = None) -> None:
+        self.calls: list = []
+        self.threads: set = set()
+        self.delay, self.fail, self.reply = delay, fail, reply
+
+    def all_gather(self, data: bytes) -> list:
+        import threading
+
+        self.calls.append("all_gather")
+        self.threads.add(threading.get_ident())
+        time.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return self.reply if self.reply is not None else [data]
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        self.calls.append(f"broadcast({root})")
+        return data
+
+
+def test_a_coordinator_object_is_called_on_a_thread_of_its_own(url: str) -> None:
+    import threading
+
+    coord = Loopback()
+    cp = ckpt.Checkpointer(url, coordinate=coord)
+    assert coord.calls == ["broadcast(0)"]  # the job nonce, agreed at creation
+    assert (cp.rank, cp.world_size) == (0, 1)
+    cp.save(1, w=torch.arange(6.0))
+    cp.wait()
+    assert coord.calls == ["broadcast(0)", "all_gather", "all_gather", "broadcast(0)"]  # plan, commit, outcome
+    assert threading.get_ident() not in coord.threads and len(coord.threads) == 1
+    assert torch.equal(ckpt.Checkpointer(url, coordinate="none").read(1).state["w"], torch.arange(6.0))
+
+
+def test_a_failed_or_late_collective_fails_the_save_typed_and_breaks_the_coordinator(url: str) -> None:
+    w = torch.ones(4)
+    for coord, timeout in [(Loopback(fail="Connection closed by peer"), 30.0), (Loopback(delay=2.0), 0.3)]:
+        cp = ckpt.Checkpointer(url, coordinate=coord, collective_timeout=timeout, rng=False)
+        t0 = time.monotonic()
+        with pytest.raises(ckpt.CheckpointTimeoutError):
+            cp.save(1, w=w).wait()
+        assert time.monotonic() - t0 < 1.5
+        # Broken from now on: the next save fails at once, without calling it again.
+        n = len(coord.calls)
+        with pytest.raises(ckpt.CheckpointTimeoutError, match="broken"):
+            cp.save(2, w=w).wait()
+        assert len(coord.calls) == n
+        assert ckpt.Checkpointer(url, coordinate="none").steps() == []
+
+
+def test_bad_coordination_arguments_are_typed_errors(url: str) -> None:
+    with pytest.raises(ckpt.InvalidInputError, match="coordinate must be"):
+        ckpt.Checkpointer(url, coordinate="nccl")
+    with pytest.raises(ckpt.InvalidInputError, match="has no all_gather"):
+        ckpt.Checkpointer(url, coordinate=object())
+    with pytest.raises(ckpt.InvalidInputError, match="not initialised"):
+        ckpt.Checkpointer(url, coordinate="torch")
+    with pytest.raises(ckpt.InvalidInputError, match="collective_timeout"):
+        ckpt.Checkpointer(url, collective_timeout=0)
+    bad_rank = Loopback()
+    bad_rank.rank = 1  # of a world of 1
+    with pytest.raises(ckpt.InvalidInputError, match="rank 1 of world size 1"):
+        ckpt.Checkpointer(url, coordinate=bad_rank)
+    cp = ckpt.Checkpointer(url, coordinate=Loopback(reply=[b"{}", b"{}"]), rng=False)
+    with pytest.raises(ckpt.InvalidInputError, match="returned 2 items in a job of 1 ranks"):
+        cp.save(1, w=torch.ones(1)).wait()
