@@ -110,7 +110,8 @@ fn tail(o: &Output) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
-/// Start `cmd`, SIGKILL rank `rank` `delay` after it appears, wait for the job.
+/// Start `cmd`, SIGKILL rank `rank` `delay` after it appears (or after the save's
+/// first object is written, with `after_first_object`), wait for the job.
 /// Returns (the job's output, where the kill landed, whether it was sent).
 fn kill_rank(
     mut cmd: Command,
@@ -118,6 +119,7 @@ fn kill_rank(
     rank: usize,
     delay: Duration,
     root: &Path,
+    after_first_object: bool,
 ) -> Result<(Output, String, bool), String> {
     let chunks_before = count(&root.join("chunks"));
     let manifests_before = count(&root.join("manifests"));
@@ -137,6 +139,15 @@ fn kill_rank(
     let mut sent = false;
     let mut phase = "the rank never started".to_owned();
     if let Some(pid) = pid {
+        if after_first_object {
+            // Start the clock when the save's first object is durable.
+            let t = Instant::now();
+            while count(&root.join("chunks")) <= chunks_before
+                && t.elapsed() < Duration::from_secs(20)
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         std::thread::sleep(delay);
         let (c, m) = (count(&root.join("chunks")), count(&root.join("manifests")));
         sent = sigkill(pid);
@@ -175,7 +186,7 @@ pub fn rank_kill(bin: &Path, work: &Path, index: usize, rng: &mut Rng) -> RunRec
             .collect::<Vec<_>>(),
     );
     let rank = rng.range(0, n - 1) as usize;
-    let delay = Duration::from_millis(rng.range(0, 900));
+    let delay = Duration::from_millis(rng.range(0, 500));
     let mut rec = RunRecord {
         index,
         job: "mpi-rank".into(),
@@ -204,7 +215,7 @@ pub fn rank_kill(bin: &Path, work: &Path, index: usize, rng: &mut Rng) -> RunRec
     // Slow every object write down a little so the kill lands inside the save.
     let mut cmd = mpirun(n, bin, &token, "save.mid_data=sleep(12)");
     cmd.args(["save", &url, "2", "--timeout-s", "20"]);
-    let (out, phase, sent) = match kill_rank(cmd, &token, rank, delay, &dir) {
+    let (out, phase, sent) = match kill_rank(cmd, &token, rank, delay, &dir, true) {
         Ok(x) => x,
         Err(e) => {
             rec.problems.push(e);
@@ -335,7 +346,7 @@ pub fn train_kill(
         &root,
         &out,
     );
-    let (o, phase, sent) = match kill_rank(cmd, &token, rank, delay, &root) {
+    let (o, phase, sent) = match kill_rank(cmd, &token, rank, delay, &root, false) {
         Ok(x) => x,
         Err(e) => {
             rec.problems.push(e);
