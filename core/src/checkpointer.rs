@@ -13,7 +13,7 @@ use crate::error::{CheckpointId, Error, Result};
 use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
 use crate::retention::Retention;
 use crate::staging::{BusyPolicy, StagingPool};
-use crate::store::{self, Durability};
+use crate::store;
 
 /// When the snapshot copy happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -93,8 +93,6 @@ pub(crate) struct Inner {
     pub unobserved: Mutex<Vec<(u64, String)>>,
     /// The ranks of the job.
     pub coord: Arc<dyn Coordinator>,
-    /// Makes a rank's writes durable, for stores that defer flushing.
-    pub durability: Option<Arc<dyn Durability>>,
     /// A random value every rank of the job shares (agreed at build time).
     pub nonce: String,
     /// Saves started (that reached the persist phase); every rank counts the same.
@@ -112,7 +110,6 @@ pub struct CheckpointerBuilder {
     registry: FormatRegistry,
     opts: CheckpointerOptions,
     coord: Arc<dyn Coordinator>,
-    durability: Option<Arc<dyn Durability>>,
 }
 
 impl Checkpointer {
@@ -125,7 +122,6 @@ impl Checkpointer {
             registry: FormatRegistry::new(),
             opts: CheckpointerOptions::default(),
             coord: Arc::new(Solo),
-            durability: None,
         }
     }
 
@@ -212,18 +208,8 @@ impl CheckpointerBuilder {
     }
 
     /// Use this store instead of opening the URL (wrappers, tests, custom backends).
-    /// Its puts must be durable when they return, unless a [`Durability`] is given too.
     pub fn store(mut self, store: Arc<dyn ObjectStore>) -> Self {
         self.store = Some(store);
-        self
-    }
-
-    /// How to make writes to a custom store durable (e.g. a wrapped [`LocalStore`]):
-    /// called on each rank once its share is written, before the commit.
-    ///
-    /// [`LocalStore`]: crate::store::LocalStore
-    pub fn durability(mut self, durability: Arc<dyn Durability>) -> Self {
-        self.durability = Some(durability);
         self
     }
 
@@ -291,12 +277,9 @@ impl CheckpointerBuilder {
                 )));
             }
         }
-        let (store, durability) = match self.store {
-            Some(s) => (s, self.durability),
-            None => {
-                let opened = store::open(&self.url)?;
-                (opened.store, opened.durability)
-            }
+        let store = match self.store {
+            Some(s) => s,
+            None => store::open_url(&self.url)?,
         };
         if self.coord.world_size() > 1 && self.opts.busy == BusyPolicy::Skip {
             return Err(Error::InvalidInput(
@@ -330,7 +313,6 @@ impl CheckpointerBuilder {
                 inflight_done: tokio::sync::Notify::new(),
                 unobserved: Mutex::new(Vec::new()),
                 coord: self.coord,
-                durability,
                 nonce,
                 seq: AtomicU64::new(0),
                 turn: tokio::sync::watch::channel(0).0,

@@ -182,12 +182,6 @@ impl Checkpointer {
             failpoint::hit("save.before_data")?;
             let ctx = self.write_context(&id, &job.meta, stats.clone());
             let out = inner.format.write(&ctx, &mine).await?;
-            if let Some(d) = &inner.durability {
-                // Everything this rank wrote is on stable storage before it reports.
-                let t = Instant::now();
-                d.sync().await?;
-                WriteStats::add(&stats.write_ns, t.elapsed().as_nanos() as u64);
-            }
             failpoint::hit("save.after_data")?;
             Ok(out)
         }

@@ -59,20 +59,6 @@ async fn conformance_file() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_file_deferred_flush() -> Result<()> {
-    // The store the engine opens for file:// URLs: flushes once per save.
-    let dir = tempfile::tempdir()?;
-    let mut n = 0;
-    let fresh = || -> Result<Arc<dyn ObjectStore>> {
-        n += 1;
-        Ok(Arc::new(store::LocalStore::new(
-            &dir.path().join(format!("s{n}")),
-        )?))
-    };
-    conformance::check_all(fresh, ckpt_formats::native()).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_tiered() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut made: Vec<TieredStore> = Vec::new();

@@ -18,7 +18,6 @@
 
 pub mod counting;
 pub mod fault;
-pub mod local;
 pub mod retry;
 pub mod s3;
 pub mod tiered;
@@ -34,7 +33,6 @@ use crate::error::{Error, Result};
 
 pub use counting::{CountingStore, OpCounts};
 pub use fault::{FaultPlan, FaultStore};
-pub use local::{Durability, LocalStore};
 pub use retry::{RetryOptions, RetryStore};
 pub use s3::S3Options;
 pub use tiered::{FlushReport, TieredOptions, TieredStore};
@@ -64,45 +62,6 @@ pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
             "storage scheme `{scheme}://` is not supported (file://, memory://, s3://, tiered+...)"
         ))),
     }
-}
-
-/// A store opened for the engine, with the barrier that makes its writes durable
-/// when the store defers flushing (local disk).
-#[derive(Debug, Clone)]
-pub struct Opened {
-    /// The store.
-    pub store: Arc<dyn ObjectStore>,
-    /// Called by the engine once a rank's share is written, before it reports it.
-    pub durability: Option<Arc<dyn Durability>>,
-}
-
-/// Open a URL for the engine. Local directories get a [`LocalStore`], which flushes
-/// once per save instead of once per object; every other URL is [`open_url`]'s
-/// store, whose puts are durable when they return.
-pub fn open(url: &str) -> Result<Opened> {
-    let dir = match url.split_once("://") {
-        None => Some(std::path::PathBuf::from(url)),
-        Some(("file", _)) => Some(
-            url::Url::parse(url)
-                .map_err(|e| Error::InvalidInput(format!("bad URL `{url}`: {e}")))?
-                .to_file_path()
-                .map_err(|_| Error::InvalidInput(format!("`{url}` is not an absolute file URL")))?,
-        ),
-        _ => None,
-    };
-    Ok(match dir {
-        Some(dir) => {
-            let local = Arc::new(LocalStore::new(&dir)?);
-            Opened {
-                store: local.clone(),
-                durability: Some(local),
-            }
-        }
-        None => Opened {
-            store: open_url(url)?,
-            durability: None,
-        },
-    })
 }
 
 /// Local directory store with fsync of files and directories.
