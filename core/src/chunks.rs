@@ -6,13 +6,18 @@
 //! next save writes it again.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, Shared};
+use futures::FutureExt;
 
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::manifest::is_hash;
 use crate::paths::CHUNKS;
 
@@ -71,5 +76,43 @@ impl ChunkIndex {
     /// True when no chunk is known.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+type Fetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<Error>>>>;
+
+/// Decoded chunks kept for the length of one load, so a chunk that several small
+/// tensors share is fetched and verified once, however many of them are read.
+#[derive(Default)]
+pub struct ChunkCache {
+    fetches: Mutex<HashMap<String, Fetch>>,
+}
+
+impl std::fmt::Debug for ChunkCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.fetches.lock().map(|m| m.len()).unwrap_or(0);
+        write!(f, "ChunkCache({n} chunks)")
+    }
+}
+
+impl ChunkCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The decoded chunk `hash`, from `load` the first time it is asked for.
+    /// Concurrent askers share one fetch; an error is returned to all of them.
+    pub async fn get_or_load<F>(&self, hash: &str, load: F) -> Result<Bytes>
+    where
+        F: Future<Output = Result<Bytes>> + Send + 'static,
+    {
+        let fetch = {
+            let mut map = self.fetches.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(hash.to_owned())
+                .or_insert_with(|| async move { load.await.map_err(Arc::new) }.boxed().shared())
+                .clone()
+        };
+        fetch.await.map_err(|e| e.duplicate())
     }
 }

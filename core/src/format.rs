@@ -15,7 +15,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::chunks::ChunkIndex;
+use crate::chunks::{ChunkCache, ChunkIndex};
 use crate::error::{Error, Result};
 use crate::manifest::{Layout, TensorRecord};
 use crate::tensor::Tensor;
@@ -119,6 +119,8 @@ pub struct ReadContext {
     pub store: Arc<dyn ObjectStore>,
     /// Chunks index, so a chunk found corrupt is forgotten and rewritten by the next save.
     pub chunks: Arc<ChunkIndex>,
+    /// Chunks decoded during this load (shared chunks are fetched once).
+    pub cache: Arc<ChunkCache>,
 }
 
 /// An on-storage layout of tensors.

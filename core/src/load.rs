@@ -61,6 +61,7 @@ impl Checkpointer {
         ReadContext {
             store: self.inner.store.clone(),
             chunks: self.inner.chunks.clone(),
+            cache: Default::default(),
         }
     }
 

@@ -28,14 +28,21 @@ pub const MAX_MANIFEST_BYTES: usize = 256 << 20;
 const MAGIC: &str = "ckpt-manifest";
 
 /// One stored piece of a chunked tensor, named by the blake3 hash of its raw bytes.
+///
+/// A large tensor is split over whole chunks (`offset` is `None`); small tensors
+/// are packed together into shared chunks, each referring to its slice
+/// `[offset, offset + len)` of the chunk's raw bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
-    /// blake3 of the raw (uncompressed) bytes, hex; also the chunk's key.
+    /// blake3 of the chunk's raw (uncompressed) bytes, hex; also the chunk's key.
     pub hash: String,
-    /// Raw length in bytes.
+    /// Bytes of the tensor in this chunk (the whole chunk unless packed).
     pub len: u64,
     /// Length of the stored object (after compression and framing).
     pub stored: u64,
+    /// For a packed chunk, where this tensor's bytes start in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
 }
 
 /// Where a tensor's bytes are stored.
@@ -277,6 +284,9 @@ impl Manifest {
                         if !is_hash(&c.hash) {
                             return Err(bad(format!("tensor `{}`: bad chunk hash", t.name)));
                         }
+                        if c.offset.is_some_and(|o| o.checked_add(c.len).is_none()) {
+                            return Err(bad(format!("tensor `{}`: chunk slice overflows", t.name)));
+                        }
                     }
                 }
                 Layout::Range {
@@ -343,6 +353,7 @@ mod tests {
                         hash: "a".repeat(64),
                         len: 8,
                         stored: 24,
+                        offset: None,
                     }],
                 },
             }],

@@ -149,3 +149,53 @@ proptest! {
         });
     }
 }
+
+#[tokio::test]
+async fn small_tensors_are_packed_and_each_shared_chunk_is_read_once() {
+    use ckpt_core::store::CountingStore;
+    use std::sync::Arc;
+    // 300 tensors of 1 KiB and one of 1 MiB, 256 KiB chunks: the small ones share
+    // two chunks instead of being 300 objects.
+    let mut state = f32_state(300, 256, 7);
+    state = state.with_tensor(tensor("big", DType::F32, &[1 << 18], 1));
+    let counting = Arc::new(CountingStore::new(ckpt_core::store::memory_store(
+        &memory_root("pack"),
+    )));
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 256 << 10;
+    let cp = ckpt_formats::builder("memory://unused")
+        .store(counting.clone())
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
+    let r = cp.save(1, &state).await.unwrap().wait().await.unwrap();
+    assert_eq!(
+        r.objects,
+        2 + 4 + 1,
+        "2 packs, 4 pieces of the big tensor, the manifest"
+    );
+    let before = counting.counts();
+    let loaded = cp.load_latest().await.unwrap().unwrap();
+    assert_same(&state, &loaded.state);
+    let gets = counting.counts().gets - before.gets;
+    assert_eq!(
+        gets,
+        1 + 2 + 4,
+        "the manifest, each pack once, each piece once"
+    );
+    // One small tensor alone reads one pack.
+    let before = counting.counts();
+    let one = cp
+        .load_tensors(&loaded.id, &["layer150.weight"])
+        .await
+        .unwrap();
+    assert_eq!(one[0].data, state.tensors[150].data);
+    assert_eq!(counting.counts().gets - before.gets, 2);
+    // A damaged pack is reported for the tensor that reads it, and load_into works on packs.
+    let mut buf = vec![0u8; 1024];
+    cp.load_into(&loaded.id, vec![("layer3.weight", &mut buf[..])])
+        .await
+        .unwrap();
+    assert_eq!(&buf[..], &state.tensors[3].data[..]);
+}

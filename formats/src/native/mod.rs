@@ -10,6 +10,7 @@
 //! `concurrency` chunks in flight, so hashing overlaps writing.
 
 pub mod chunk;
+pub mod pack;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -55,7 +56,12 @@ async fn write_chunk(
 
     if let Some(stored) = ctx.chunks.get(&hash) {
         WriteStats::add(&ctx.stats.reused_bytes, len);
-        return Ok(ChunkRef { hash, len, stored });
+        return Ok(ChunkRef {
+            hash,
+            len,
+            stored,
+            offset: None,
+        });
     }
     // The same content twice in one save: the first writer uploads, the rest wait for it.
     let (fut, first) = {
@@ -81,7 +87,12 @@ async fn write_chunk(
     } else {
         WriteStats::add(&ctx.stats.reused_bytes, len);
     }
-    Ok(ChunkRef { hash, len, stored })
+    Ok(ChunkRef {
+        hash,
+        len,
+        stored,
+        offset: None,
+    })
 }
 
 async fn upload(ctx: &WriteContext, hash: &str, data: Bytes) -> Result<u64> {
@@ -105,24 +116,28 @@ impl Format for Native {
 
     async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput> {
         let size = ctx.options.chunk_size.clamp(1, MAX_CHUNK_BYTES);
-        let jobs: Vec<(usize, Bytes)> = tensors
-            .iter()
-            .enumerate()
-            .flat_map(|(i, t)| {
-                (0..t.data.len())
-                    .step_by(size)
-                    .map(move |off| (i, t.data.slice(off..(off + size).min(t.data.len()))))
-            })
-            .collect();
+        let pieces = pack::plan(tensors, size);
         let inflight = Mutex::new(HashMap::new());
-        let refs: Vec<(usize, ChunkRef)> = futures::stream::iter(jobs)
-            .map(|(i, data)| {
+        let written: Vec<(pack::Piece, ChunkRef)> = futures::stream::iter(pieces)
+            .map(|p| {
                 let inflight = &inflight;
-                async move { write_chunk(ctx, data, inflight).await.map(|r| (i, r)) }
+                async move {
+                    write_chunk(ctx, p.data.clone(), inflight)
+                        .await
+                        .map(|r| (p, r))
+                }
             })
             .buffered(ctx.options.concurrency.max(1))
             .try_collect()
             .await?;
+        let refs = written.into_iter().flat_map(|(p, r)| {
+            p.members.into_iter().map(move |m| {
+                let mut r = r.clone();
+                r.len = m.len as u64;
+                r.offset = p.packed.then_some(m.offset as u64);
+                (m.tensor, r)
+            })
+        });
         let mut per_tensor: Vec<Vec<ChunkRef>> = vec![Vec::new(); tensors.len()];
         for (i, r) in refs {
             per_tensor[i].push(r);
@@ -150,7 +165,7 @@ impl Format for Native {
         };
         let reads: Vec<_> = chunks
             .iter()
-            .map(|c| read_chunk(ctx, c, &record.name))
+            .map(|c| read_ref(ctx, c, &record.name))
             .collect();
         let parts: Vec<Bytes> = futures::stream::iter(reads)
             .buffered(4)
@@ -195,7 +210,15 @@ impl Format for Native {
             }
             let (head, tail) = rest.split_at_mut(len);
             rest = tail;
-            reads.push(read_chunk_into(ctx, c, &record.name, head));
+            reads.push(async move {
+                match c.offset {
+                    None => read_chunk_into(ctx, c, &record.name, head).await,
+                    Some(_) => {
+                        head.copy_from_slice(&read_ref(ctx, c, &record.name).await?);
+                        Ok(())
+                    }
+                }
+            });
         }
         futures::stream::iter(reads)
             .buffer_unordered(4)
@@ -212,7 +235,7 @@ async fn read_chunk_into(
     tensor: &str,
     dst: &mut [u8],
 ) -> Result<()> {
-    let (key, stored) = fetch_chunk(ctx, c, tensor).await?;
+    let (key, stored) = fetch_chunk(ctx, &c.hash, tensor).await?;
     // Decoded on this task: the destination is borrowed, so it cannot move to a
     // blocking thread without a copy (which is what `load_into` exists to avoid).
     chunk::decode_into(&stored, &c.hash, dst).map_err(|e| {
@@ -221,9 +244,41 @@ async fn read_chunk_into(
     })
 }
 
+/// A tensor's bytes in one chunk: the whole chunk, or its slice of a packed chunk
+/// (fetched and verified once per load, whichever tensor asks first).
+async fn read_ref(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
+    let Some(offset) = c.offset else {
+        return read_chunk(ctx, c, tensor).await;
+    };
+    let (ctx2, hash, name) = (ctx.clone(), c.hash.clone(), tensor.to_owned());
+    let whole = ctx
+        .cache
+        .get_or_load(&c.hash, async move {
+            read_whole(&ctx2, &hash, &name, None).await
+        })
+        .await?;
+    let range = usize::try_from(offset)
+        .ok()
+        .zip(usize::try_from(c.len).ok())
+        .and_then(|(o, l)| Some(o..o.checked_add(l)?))
+        .filter(|r| r.end <= whole.len())
+        .ok_or_else(|| {
+            Error::corrupt(
+                chunk_key(&c.hash).as_ref(),
+                Some(tensor),
+                format!(
+                    "slice {offset}+{} is outside the chunk of {} bytes",
+                    c.len,
+                    whole.len()
+                ),
+            )
+        })?;
+    Ok(whole.slice(range))
+}
+
 /// The stored bytes of a chunk, and its key.
-async fn fetch_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<(Path, Bytes)> {
-    let key = chunk_key(&c.hash);
+async fn fetch_chunk(ctx: &ReadContext, hash: &str, tensor: &str) -> Result<(Path, Bytes)> {
+    let key = chunk_key(hash);
     let stored = match ctx.store.get(&key).await {
         Ok(r) => r
             .bytes()
@@ -235,25 +290,41 @@ async fn fetch_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<(P
 }
 
 async fn read_chunk(ctx: &ReadContext, c: &ChunkRef, tensor: &str) -> Result<Bytes> {
-    let (key, stored) = fetch_chunk(ctx, c, tensor).await?;
-    let hash = c.hash.clone();
-    let max = usize::try_from(c.len)
-        .unwrap_or(usize::MAX)
-        .min(MAX_CHUNK_BYTES);
-    let raw = blocking(move || chunk::decode(stored, &hash, max)).await?;
+    read_whole(ctx, &c.hash, tensor, Some(c.len)).await
+}
+
+/// Fetch, decode and verify a whole chunk; `expect` is its raw length when known.
+async fn read_whole(
+    ctx: &ReadContext,
+    hash: &str,
+    tensor: &str,
+    expect: Option<u64>,
+) -> Result<Bytes> {
+    let (key, stored) = fetch_chunk(ctx, hash, tensor).await?;
+    let h = hash.to_owned();
+    let max = expect.map_or(MAX_CHUNK_BYTES, |l| {
+        usize::try_from(l)
+            .unwrap_or(usize::MAX)
+            .min(MAX_CHUNK_BYTES)
+    });
+    let raw = blocking(move || chunk::decode(stored, &h, max)).await?;
     match raw {
-        Ok(raw) if raw.len() as u64 == c.len => Ok(raw),
+        Ok(raw) if expect.is_none_or(|l| raw.len() as u64 == l) => Ok(raw),
         Ok(raw) => {
-            ctx.chunks.remove(&c.hash);
+            ctx.chunks.remove(hash);
             Err(Error::corrupt(
                 key.as_ref(),
                 Some(tensor),
-                format!("chunk has {} bytes, manifest says {}", raw.len(), c.len),
+                format!(
+                    "chunk has {} bytes, manifest says {}",
+                    raw.len(),
+                    expect.unwrap_or(0)
+                ),
             ))
         }
         Err(e) => {
             // Forget it, so the next save writes a good copy instead of reusing this one.
-            ctx.chunks.remove(&c.hash);
+            ctx.chunks.remove(hash);
             Err(e.into_corrupt(key.as_ref(), Some(tensor)))
         }
     }
