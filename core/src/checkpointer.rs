@@ -91,6 +91,8 @@ pub(crate) struct Inner {
     pub inflight_done: tokio::sync::Notify,
     /// Background failures nobody has seen yet; the next `save` reports them.
     pub unobserved: Mutex<Vec<(u64, String)>>,
+    /// Checkpoints a load found damaged: their steps may be saved again.
+    pub damaged: Mutex<HashSet<CheckpointId>>,
     /// The ranks of the job.
     pub coord: Arc<dyn Coordinator>,
     /// A random value every rank of the job shares (agreed at build time).
@@ -312,6 +314,7 @@ impl CheckpointerBuilder {
                 inflight: Mutex::new(HashSet::new()),
                 inflight_done: tokio::sync::Notify::new(),
                 unobserved: Mutex::new(Vec::new()),
+                damaged: Mutex::new(HashSet::new()),
                 coord: self.coord,
                 nonce,
                 seq: AtomicU64::new(0),

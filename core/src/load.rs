@@ -116,6 +116,11 @@ impl Checkpointer {
                     return Ok(Some(loaded));
                 }
                 Err(e) if e.is_damage() => {
+                    self.inner
+                        .damaged
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.clone());
                     tracing::warn!("skipping damaged checkpoint {id}: {e}");
                     skipped.push((id, e));
                 }

@@ -151,8 +151,18 @@ impl Checkpointer {
         }
         validate(&capture)?;
         // A step is taken if a readable manifest commits it (a torn manifest, on a
-        // store that does not write objects whole, commits nothing).
+        // store that does not write objects whole, commits nothing), unless a load
+        // of this checkpointer found that checkpoint damaged and fell back past it:
+        // then the job is redoing that step and saves it again beside the old one.
         for existing in catalog::committed_at(inner.store.as_ref(), step).await? {
+            if inner
+                .damaged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&existing)
+            {
+                continue;
+            }
             match catalog::read_manifest(inner.store.as_ref(), &existing).await {
                 Ok(_) => {
                     return Err(Error::Conflict(format!(

@@ -76,6 +76,26 @@ async fn flipped_byte_in_chunk() {
     assert!(cp.verify(&id).await.is_err());
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
+    // The job falls back to step 10 and redoes step 20: the damaged checkpoint of
+    // step 20 does not block the new save, and the new one is what loads.
+    let restarted = open_small_chunks(&format!("file://{}", dir.path().display())).await;
+    assert_eq!(restarted.load_latest().await.unwrap().unwrap().id.step, 10);
+    let redone = f32_state(3, 2000, 4000);
+    restarted
+        .save(20, &redone)
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let latest = restarted.load_latest().await.unwrap().unwrap();
+    assert_eq!(latest.id.step, 20);
+    assert_same(&redone, &latest.state);
+    // A checkpointer that has not seen the damage still refuses to save step 20 again.
+    assert!(matches!(
+        cp.save(20, &redone).await,
+        Err(Error::Conflict(_))
+    ));
 }
 
 #[tokio::test]
