@@ -25,7 +25,8 @@ use hdf5_sys::h5l::{H5L_info1_t, H5L_type_t};
 use hdf5_sys::h5o::H5Oopen;
 use hdf5_sys::h5p::{
     H5Pcreate, H5Pset_alloc_time, H5Pset_fapl_core, H5Pset_file_image, H5Pset_fill_time,
-    H5Pset_layout, H5Pset_libver_bounds, H5P_CLS_DATASET_CREATE, H5P_CLS_FILE_ACCESS, H5P_DEFAULT,
+    H5Pset_layout, H5Pset_libver_bounds, H5Pset_obj_track_times, H5P_CLS_DATASET_CREATE,
+    H5P_CLS_FILE_ACCESS, H5P_CLS_FILE_CREATE, H5P_CLS_GROUP_CREATE, H5P_DEFAULT,
 };
 use hdf5_sys::h5s::{
     H5S_class_t, H5Screate, H5Screate_simple, H5Sget_simple_extent_dims,
@@ -332,8 +333,12 @@ pub fn create_file(path: &Path) -> Result<Hid> {
             ),
             "library version bounds",
         )?;
+        // No modification times in object headers: the same state gives the same
+        // bytes (determinism, and content-addressed reuse downstream).
+        let fcpl = Hid::new(H5Pcreate(*H5P_CLS_FILE_CREATE), "file create list")?;
+        check(H5Pset_obj_track_times(fcpl.0, 0), "no object times")?;
         Hid::new(
-            H5Fcreate(p.as_ptr(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.0),
+            H5Fcreate(p.as_ptr(), H5F_ACC_TRUNC, fcpl.0, fapl.0),
             "create file",
         )
     }
@@ -387,8 +392,10 @@ pub fn create_group(loc: &Hid, name: &str) -> Result<Hid> {
     let n = cstr(name)?;
     // SAFETY: plain libhdf5 call; the lock is held by the caller.
     unsafe {
+        let gcpl = Hid::new(H5Pcreate(*H5P_CLS_GROUP_CREATE), "group create list")?;
+        check(H5Pset_obj_track_times(gcpl.0, 0), "no object times")?;
         Hid::new(
-            H5Gcreate2(loc.0, n.as_ptr(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+            H5Gcreate2(loc.0, n.as_ptr(), H5P_DEFAULT, gcpl.0, H5P_DEFAULT),
             "create group",
         )
     }
@@ -450,6 +457,7 @@ pub fn create_dataset(
             H5Pset_fill_time(dcpl.0, H5D_fill_time_t::H5D_FILL_TIME_NEVER),
             "fill time",
         )?;
+        check(H5Pset_obj_track_times(dcpl.0, 0), "no object times")?;
         let d = Hid::new(
             H5Dcreate2(
                 loc.0,
