@@ -234,7 +234,12 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
         };
         FaultStore::new(base.clone(), plan)
     });
+    // 4 KiB chunks: the 4 KiB frozen projection is a chunk of its own (shared by
+    // every checkpoint, as a pretrained layer would be), the small tensors are packed.
+    let mut opts = ckpt_core::CheckpointerOptions::default();
+    opts.write.chunk_size = 4 << 10;
     let builder = ckpt_formats::builder(format!("file://{}", a.root.display()))
+        .options(opts)
         .retention(Retention::keep_last(a.keep));
     let mut builder = match (&faults, a.store_faults) {
         (Some(f), Some((_, Some(_)))) => builder.store(Arc::new(RetryStore::new(

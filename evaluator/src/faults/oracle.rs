@@ -87,7 +87,13 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
                             for c in chunks {
                                 let key = format!("{}/{}", ckpt_core::paths::CHUNKS, c.hash);
                                 if damage.is_none() {
-                                    damage = check_chunk(&root.join(&key), &c.hash, c.len)
+                                    // A packed chunk holds more than this tensor's slice.
+                                    let cap = if c.offset.is_some() {
+                                        ckpt_core::MAX_CHUNK_BYTES as u64
+                                    } else {
+                                        c.len
+                                    };
+                                    damage = check_chunk(&root.join(&key), &c.hash, cap)
                                         .map(|why| format!("`{key}`: {why}"));
                                 }
                                 objects.insert(key);
@@ -139,7 +145,8 @@ mod tests {
             .build()
             .await
             .unwrap();
-        let frozen = Tensor::from_f32("frozen", vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        // Large enough to be a chunk of its own rather than packed with `w`.
+        let frozen = Tensor::from_f32("frozen", vec![1 << 20], &vec![1.5; 1 << 20]).unwrap();
         for step in [1, 2] {
             let s = State::new()
                 .with_tensor(frozen.clone())
