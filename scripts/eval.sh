@@ -9,5 +9,5 @@ export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
 export CKPT_PYTHON="$PWD/.venv/bin/python"
 # What the `torch` feature (tch on the venv's libtorch) needs to build and run.
 source scripts/env.sh
-cargo build --release -q -p ckpt-eval
+cargo build --release -q -p ckpt-eval --features mpi,hdf5
 exec ./target/release/ckpt-eval "$@"

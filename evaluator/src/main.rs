@@ -77,6 +77,12 @@ struct Cli {
     /// Interval: fixed restart cost (before loading), seconds.
     #[arg(long, global = true, default_value_t = 60.0)]
     restart: f64,
+    /// Scale: rank counts to run under mpirun.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "1,2,4,8")]
+    ranks: Vec<usize>,
+    /// Scale: state size in MiB (every rank holds all of it).
+    #[arg(long, global = true, default_value_t = 128)]
+    scale_mib: usize,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -101,6 +107,8 @@ enum Cmd {
     Interference,
     /// Young/Daly interval and goodput from measured costs (runs formats and overhead).
     Interval,
+    /// 1 to 8 ranks under mpirun, with and without dedup (needs the `mpi` feature).
+    Scale,
 }
 
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
@@ -128,6 +136,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         Some(Cmd::Overhead) => (vec![Experiment::Overhead], 0, 0),
         Some(Cmd::Determinism) => (vec![Experiment::Determinism], 0, 0),
         Some(Cmd::Interference) => (vec![Experiment::Interference], 0, 0),
+        Some(Cmd::Scale) => (vec![Experiment::Scale], 0, 0),
         Some(Cmd::Interval) => (
             vec![
                 Experiment::Formats,
@@ -166,6 +175,8 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         interference_mib: cli.interference_mib,
         mtbf_s: cli.mtbf,
         restart_s: cli.restart,
+        scale_ranks: cli.ranks.clone(),
+        scale_mib: cli.scale_mib,
     };
     let started = std::time::Instant::now();
     let results = ckpt_eval::suite::run(&ctx, &cfg).await?;

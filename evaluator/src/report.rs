@@ -259,6 +259,30 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
         }
         out.push(t);
     }
+    if let Some(sc) = &r.scale {
+        let mut t = Table::new(
+            "scale",
+            format!(
+                "Scale: {} MiB of data-parallel state held by every rank, fsynced; slowest rank per save, median [min-max] of {} saves; this machine has {} cores and one disk (ranks beyond that share them)",
+                mib(sc.state_bytes as f64),
+                sc.rows.first().map_or(0, |x| x.commit_s.n),
+                sc.cores
+            ),
+            &["ranks", "dedup", "stall s", "commit s", "written MiB", "aggregate GB/s", "min rank GB/s"],
+        );
+        for x in &sc.rows {
+            t.rows.push(vec![
+                x.ranks.to_string(),
+                if x.dedup { "yes" } else { "no" }.into(),
+                secs(&x.stall_s),
+                secs(&x.commit_s),
+                mib(x.written_bytes as f64),
+                format!("{:.2}", x.aggregate_gbps),
+                format!("{:.3}", x.min_rank_gbps),
+            ]);
+        }
+        out.push(t);
+    }
     out
 }
 
@@ -456,6 +480,28 @@ pub fn charts(r: &SuiteResults) -> Vec<(String, Chart)> {
                     .iter()
                     .map(|x| (x.plan.setup.clone(), x.curve.clone()))
                     .collect(),
+            },
+        ));
+    }
+    if let Some(sc) = &r.scale {
+        let series = |dedup: bool| -> Vec<(f64, f64)> {
+            sc.rows
+                .iter()
+                .filter(|x| x.dedup == dedup)
+                .map(|x| (x.ranks as f64, x.aggregate_gbps))
+                .collect()
+        };
+        out.push((
+            "scale_throughput".into(),
+            Chart::Lines {
+                title: "Checkpoint throughput by ranks (state / time to commit)".into(),
+                x_label: "ranks".into(),
+                y_label: "GB/s".into(),
+                log_x: true,
+                series: vec![
+                    ("dedup".into(), series(true)),
+                    ("no dedup".into(), series(false)),
+                ],
             },
         ));
     }

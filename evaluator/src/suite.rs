@@ -11,6 +11,7 @@ use crate::experiments::formats::{FormatResults, FormatsBench};
 use crate::experiments::interference::{InterferenceBench, InterferenceResults};
 use crate::experiments::interval::{IntervalBench, IntervalResults};
 use crate::experiments::overhead::{OverheadBench, OverheadResults};
+use crate::experiments::scale::{ScaleBench, ScaleResults};
 use crate::experiments::{BoxError, Ctx};
 use crate::limits::Limits;
 use crate::models::{DtypeMix, ModelState};
@@ -30,17 +31,20 @@ pub enum Experiment {
     Interference,
     /// Young/Daly interval and goodput (needs formats and overhead).
     Interval,
+    /// 1 to 8 ranks under mpirun.
+    Scale,
 }
 
 impl Experiment {
     /// Every experiment of the default suite, in order.
-    pub const ALL: [Experiment; 6] = [
+    pub const ALL: [Experiment; 7] = [
         Experiment::Engine,
         Experiment::Formats,
         Experiment::Overhead,
         Experiment::Determinism,
         Experiment::Interference,
         Experiment::Interval,
+        Experiment::Scale,
     ];
 }
 
@@ -77,6 +81,10 @@ pub struct SuiteConfig {
     pub mtbf_s: f64,
     /// Fixed restart cost, seconds.
     pub restart_s: f64,
+    /// Rank counts of the scale experiment.
+    pub scale_ranks: Vec<usize>,
+    /// State size of the scale experiment, MiB (every rank holds all of it).
+    pub scale_mib: usize,
 }
 
 /// Everything a suite run measured.
@@ -102,6 +110,8 @@ pub struct SuiteResults {
     pub interference: Option<InterferenceResults>,
     /// Interval.
     pub interval: Option<IntervalResults>,
+    /// Scale.
+    pub scale: Option<ScaleResults>,
     /// Experiments that failed, with the error.
     pub errors: Vec<(String, String)>,
     /// Experiments of the issue that are not in this suite, and why.
@@ -128,10 +138,6 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         config: Some(cfg.clone()),
         not_included: vec![
             (
-                "scale".into(),
-                "1-8 ranks under mpirun: not written yet".into(),
-            ),
-            (
                 "faults".into(),
                 "its own command, `ckpt-eval faults` (it drives a tch job built with the `faults` feature)".into(),
             ),
@@ -153,7 +159,24 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         let out = bench.run(&ctx.scratch).await.map_err(BoxError::from);
         r.engine = record(&mut r, "engine", t, out);
     }
-    let needs_state = cfg.experiments.iter().any(|e| *e != Experiment::Engine);
+    if has(Experiment::Scale) {
+        let t = Instant::now();
+        eprintln!(
+            "scale: {} MiB on {:?} ranks",
+            cfg.scale_mib, cfg.scale_ranks
+        );
+        let bench = ScaleBench {
+            ranks: cfg.scale_ranks.clone(),
+            mib: cfg.scale_mib,
+            tensors: 32,
+        };
+        let out = bench.run(ctx);
+        r.scale = record(&mut r, "scale", t, out);
+    }
+    let needs_state = cfg
+        .experiments
+        .iter()
+        .any(|e| !matches!(e, Experiment::Engine | Experiment::Scale));
     if !needs_state {
         return Ok(r);
     }

@@ -162,7 +162,12 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
             );
             Ok(true)
         }
-        Cmd::Convert { src, dst, format, step } => {
+        Cmd::Convert {
+            src,
+            dst,
+            format,
+            step,
+        } => {
             let opts = ckpt_formats::convert::ConvertOptions { format, step };
             let r = ckpt_formats::convert::convert(&src, &dst, &opts).await?;
             println!(
