@@ -213,11 +213,6 @@ def test_mpi4py_under_mpirun(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(PYTHON).parent)) is None, reason="needs torchrun")
-@pytest.mark.skipif(
-    os.environ.get("CKPT_TORCHRUN_EXAMPLE") != "1",
-    reason="known intermittent hang of the DDP example under torchrun (about 2 runs in 7, "
-    "after the first checkpoint); opt in with CKPT_TORCHRUN_EXAMPLE=1 while it is investigated",
-)
 def test_cnn_example_under_torchrun_resumes_bitwise(tmp_path: Path) -> None:
     """The example, unchanged, under torchrun: a run stopped after its step-4
     checkpoint and restarted ends bitwise where an uninterrupted run ends."""

@@ -82,6 +82,10 @@ def digest(model: nn.Module, opt: torch.optim.Optimizer) -> str:
     return h.hexdigest()
 
 
+# The DDP wrapper outlives main() so that it is never torn down (see the end).
+_KEEP_ALIVE: list = []
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint root URL (file:///dir)")
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     model = SmallCNN()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     net = nn.parallel.DistributedDataParallel(model) if distributed else model
+    _KEEP_ALIVE.append(net)  # see the end of the file
     torch.manual_seed(args.seed + rank)  # each rank its own dropout masks
     cp = ckpt.Checkpointer(args.ckpt, keep_last=args.keep_last, lazy=args.lazy)
 
@@ -153,4 +158,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        # Under torchrun, leave without tearing the DDP model down: PyTorch can
+        # deadlock there (the Reducer's gloo group joins a worker thread that waits
+        # for the GIL the dealloc holds), so the model is kept alive past main() and
+        # the process exits directly. Every checkpoint is durable and the process
+        # group is destroyed by now, so nothing is lost.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
