@@ -3,21 +3,10 @@
 //! that was never interrupted. (That replicated tensors are written once is
 //! measured in `tests/tests/mpi.rs`.)
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn mpirun(np: usize, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .args(["--oversubscribe", "-np", &np.to_string()])
-        .args([
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "btl_vader_single_copy_mechanism",
-            "none",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    ckpt_core::mpi::mpirun(np)
         .arg(env!("CARGO_BIN_EXE_mpi_train"))
         .args(args)
         .output()

@@ -3,29 +3,16 @@
 //! previous checkpoint as the latest, and nobody hangs.
 #![cfg(feature = "mpi")]
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use ckpt_tests::temp_root;
 
 fn mpirun(np: usize, args: &[&str]) -> Output {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-np", &np.to_string()])
-        // Shared-memory transport without cross-process memory attach, which
-        // containers often forbid.
-        .args([
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "btl_vader_single_copy_mechanism",
-            "none",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    ckpt_core::mpi::mpirun(np)
         .arg(env!("CARGO_BIN_EXE_mpi_ckpt"))
-        .args(args);
-    cmd.output().expect("mpirun runs (OpenMPI installed?)")
+        .args(args)
+        .output()
+        .expect("mpirun runs (OpenMPI installed?)")
 }
 
 fn lines(out: &Output) -> Vec<serde_json::Value> {

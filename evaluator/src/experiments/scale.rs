@@ -13,7 +13,6 @@
 //! protocol's overhead and the effect of dedup, not a cluster's scaling.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::Serialize;
 
@@ -82,18 +81,7 @@ pub fn rank_binary() -> Result<PathBuf, BoxError> {
 }
 
 fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, BoxError> {
-    let out = Command::new("mpirun")
-        .args(["--oversubscribe", "-np", &np.to_string()])
-        .args([
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "btl_vader_single_copy_mechanism",
-            "none",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    let out = ckpt_core::mpi::mpirun(np)
         .arg(bin)
         .args(args)
         .output()

@@ -52,14 +52,8 @@ pub fn unavailable(bin: &Option<PathBuf>, name: &str) -> Option<String> {
 }
 
 fn mpirun(np: u64, bin: &Path, token: &str, failpoints: &str) -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-np", &np.to_string()])
-        .args(["--mca", "btl", "self,vader"])
-        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-        .args(["-x", "CKPT_FAILPOINTS", "-x", TOKEN])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    let mut cmd = ckpt_core::mpi::mpirun(np as usize);
+    cmd.args(["-x", "CKPT_FAILPOINTS", "-x", TOKEN])
         .env("CKPT_FAILPOINTS", failpoints)
         .env(TOKEN, token)
         .env("RUST_LOG", "off")
