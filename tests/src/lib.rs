@@ -168,3 +168,33 @@ pub fn mutable_state(n: usize, elems: usize, seed: u64) -> (Vec<Arc<SharedVec>>,
         });
     (vecs, cap)
 }
+
+/// A name no other test run uses (process id, time, counter).
+pub fn unique(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{name}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `s3://bucket/<unique prefix>`, or `None` (skip) when no S3 server is configured.
+/// Under CI (`CI=true`) a missing configuration fails the test instead.
+pub fn s3_url(name: &str) -> Option<String> {
+    let have = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT"]
+        .iter()
+        .all(|k| std::env::var(k).is_ok());
+    if !have {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        assert!(!ci, "S3 tests need AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT (scripts/test.sh starts Garage and sets them)");
+        eprintln!("skipping S3 test `{name}`: no AWS_* variables (run scripts/test.sh, or eval \"$(scripts/garage.sh start)\")");
+        return None;
+    }
+    let bucket = std::env::var("CKPT_S3_BUCKET").unwrap_or_else(|_| "ckpt-test".into());
+    Some(format!("s3://{bucket}/{}", unique(name)))
+}

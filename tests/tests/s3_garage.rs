@@ -9,36 +9,13 @@
 //! scripts/garage.sh stop
 //! ```
 
+use ckpt_tests::s3_url;
 use std::sync::Arc;
 use std::time::Instant;
 
 use ckpt_core::store::{self, CountingStore, S3Options};
 use ckpt_core::{CheckpointerOptions, Error, Result, State, Tensor};
 use object_store::ObjectStore;
-
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-/// `s3://bucket/<unique prefix>`, or `None` (skip) when no S3 server is configured.
-/// Under CI (`CI=true`) a missing configuration fails the test instead.
-fn s3_url(name: &str) -> Option<String> {
-    let have = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT"]
-        .iter()
-        .all(|k| std::env::var(k).is_ok());
-    if !have {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-        assert!(!ci, "S3 tests need AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_ENDPOINT (scripts/test.sh starts Garage and sets them)");
-        eprintln!("skipping S3 test `{name}`: no AWS_* variables (run scripts/test.sh, or eval \"$(scripts/garage.sh start)\")");
-        return None;
-    }
-    let bucket = std::env::var("CKPT_S3_BUCKET").unwrap_or_else(|_| "ckpt-test".into());
-    Some(format!("s3://{bucket}/{}", unique(name)))
-}
 
 fn big_state(tensors: usize, floats: usize, seed: u32) -> State {
     let mut s = State::new();
