@@ -10,27 +10,50 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ckpt_core::pieces::BoxTarget;
 use ckpt_core::{
     BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, DType, Error, Loaded,
-    Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData,
+    Retention, ShardSpec, SnapshotMode, SourceTensor, Status, Tensor, TensorData,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::buffer::{PySource, TensorBuffer};
 use crate::coord::PyCoordinator;
+use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
 use crate::handle::SaveHandle;
 use crate::runtime::{self, check_pid};
 use crate::value::{from_value, to_value};
+use ckpt_core::store::CountingStore;
 
-/// One tensor handed to `save`: name, dtype name, shape, buffer, copy now.
-type TensorArg<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>, bool);
+/// One tensor handed to `save`: name, dtype name, shape, buffer, copy now, and
+/// for a piece of a sharded tensor `(global_shape, offsets)`.
+type TensorArg<'py> = (
+    String,
+    String,
+    Vec<u64>,
+    Bound<'py, PyAny>,
+    bool,
+    Option<(Vec<u64>, Vec<u64>)>,
+);
+
+/// One destination of `load_into`: name, dtype name, the box's shape, its
+/// `(global_shape, offsets)` (`None`: the whole tensor), writable buffer.
+type DestArg<'py> = (
+    String,
+    String,
+    Vec<u64>,
+    Option<(Vec<u64>, Vec<u64>)>,
+    Bound<'py, PyAny>,
+);
 
 /// Saves and loads checkpoints under one root URL (`file:///dir`, `memory://name`).
 #[pyclass(frozen, module = "ckpt._ckpt")]
 pub struct Checkpointer {
     inner: ManuallyDrop<ckpt_core::Checkpointer>,
+    // The store as the engine sees it, counting what passes (see `io_counts`).
+    counting: Arc<CountingStore>,
     pid: u32,
     lazy: bool,
 }
@@ -130,7 +153,9 @@ impl Checkpointer {
             collective_timeout,
             ..CheckpointerOptions::default()
         };
+        let counting = Arc::new(CountingStore::new(ckpt_core::store::open_url(&url).py()?));
         let mut builder = ckpt_formats::builder(url)
+            .store(counting.clone())
             .options(options)
             .format(ckpt_formats::by_name(format).py()?)
             .retention(Retention {
@@ -153,6 +178,7 @@ impl Checkpointer {
         let inner = runtime::wait(py, move || builder.build()).and_then(IntoPyResult::py)?;
         Ok(Checkpointer {
             inner: ManuallyDrop::new(inner),
+            counting,
             pid: std::process::id(),
             lazy,
         })
@@ -200,8 +226,12 @@ impl Checkpointer {
         let meta = to_value(&meta)?;
         let mut out = Vec::with_capacity(tensors.len());
         let mut now: Vec<(usize, PySource)> = Vec::new();
-        for (i, (name, dtype, shape, obj, copy_now)) in tensors.into_iter().enumerate() {
+        for (i, (name, dtype, shape, obj, copy_now, shard)) in tensors.into_iter().enumerate() {
             let dtype: DType = dtype.parse().py()?;
+            let shard = shard.map(|(global_shape, offsets)| ShardSpec {
+                global_shape,
+                offsets,
+            });
             let src = PySource::new(&obj, &name)?;
             let data = if copy_now {
                 now.push((i, src));
@@ -213,7 +243,7 @@ impl Checkpointer {
                 name,
                 dtype,
                 shape,
-                shard: None,
+                shard,
                 data,
             });
         }
@@ -298,6 +328,118 @@ impl Checkpointer {
         })
         .and_then(IntoPyResult::py)?;
         tensors_to_py(py, tensors)
+    }
+
+    /// Load tensors, or boxes of sharded ones, straight into caller buffers.
+    ///
+    /// `targets` are `(name, dtype, shape, shard, buffer)`: `shard` is
+    /// `(global_shape, offsets)` of the box of extent `shape` (`None`: the whole
+    /// tensor of that shape), `buffer` a writable C-contiguous buffer of exactly
+    /// its bytes. Only stored pieces that overlap a box are read. Every target is
+    /// checked against the manifest before anything is written.
+    #[pyo3(signature = (step, attempt, targets))]
+    fn load_into(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        attempt: String,
+        targets: Vec<DestArg<'_>>,
+    ) -> PyResult<()> {
+        let cp = self.core()?.clone();
+        let id = CheckpointId { step, attempt };
+        let mut held = Vec::with_capacity(targets.len());
+        let mut plan = Vec::with_capacity(targets.len());
+        for (name, dtype, shape, shard, obj) in targets {
+            let dtype: DType = dtype.parse().py()?;
+            let dest = PyDest::new(&obj, &name)?;
+            let spec = match shard {
+                Some((global_shape, offsets)) => ShardSpec {
+                    global_shape,
+                    offsets,
+                },
+                None => ShardSpec {
+                    offsets: vec![0; shape.len()],
+                    global_shape: shape.clone(),
+                },
+            };
+            plan.push((name, dtype, shape, spec, dest.raw()));
+            held.push(dest);
+        }
+        let done = runtime::wait(py, move || async move {
+            let targets = plan
+                .iter()
+                .map(|(name, dtype, shape, spec, raw)| BoxTarget {
+                    name,
+                    dtype: Some(*dtype),
+                    shape: shape.clone(),
+                    spec: spec.clone(),
+                    // SAFETY: the buffers are held (`held`) until this wait
+                    // returns, the Python side passes disjoint memory, and the
+                    // future is driven to completion or dropped inside the wait.
+                    dst: unsafe { slice_mut(*raw) },
+                })
+                .collect();
+            cp.load_boxes_into(&id, targets).await.map(|_| ())
+        });
+        drop(held);
+        done.and_then(IntoPyResult::py)
+    }
+
+    /// The metadata tree and tensor table of a checkpoint, without reading any
+    /// tensor: `(meta, {name: (dtype, global_shape, pieces, nbytes)})`.
+    #[pyo3(signature = (step, attempt))]
+    fn contents<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        attempt: String,
+    ) -> PyResult<(Py<PyAny>, Bound<'py, PyDict>)> {
+        let cp = self.core()?.clone();
+        let id = CheckpointId { step, attempt };
+        let m = runtime::wait(py, move || async move { cp.manifest(&id).await })
+            .and_then(IntoPyResult::py)?;
+        let mut table: std::collections::BTreeMap<&str, (&'static str, Vec<u64>, usize, u64)> =
+            Default::default();
+        for r in &m.tensors {
+            let global = r
+                .shard
+                .as_ref()
+                .map_or_else(|| r.shape.clone(), |s| s.global_shape.clone());
+            let nbytes = ckpt_core::tensor::numel(&global)
+                .and_then(|n| r.dtype.byte_len(n))
+                .py()?;
+            table
+                .entry(r.name.as_str())
+                .or_insert((r.dtype.name(), global, 0, nbytes))
+                .2 += 1;
+        }
+        let d = PyDict::new(py);
+        for (name, (dtype, global, pieces, nbytes)) in table {
+            d.set_item(name, (dtype, global, pieces, nbytes))?;
+        }
+        Ok((from_value(py, &m.meta)?, d))
+    }
+
+    /// What this process sent to and read from storage so far, as a dict:
+    /// `read_bytes`, `written_bytes`, `gets`, `puts` (single puts and parts),
+    /// `deletes`, `lists`. Subtract two readings to measure one operation.
+    fn io_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.counting.counts();
+        let d = PyDict::new(py);
+        d.set_item("read_bytes", c.get_bytes)?;
+        d.set_item("written_bytes", c.written_bytes())?;
+        d.set_item("gets", c.gets)?;
+        d.set_item("puts", c.puts + c.parts)?;
+        d.set_item("deletes", c.deletes)?;
+        d.set_item("lists", c.lists)?;
+        Ok(d)
+    }
+
+    /// Record that checkpoint `(step, attempt)` was found damaged by a load, so
+    /// its step may be saved again.
+    fn note_damaged(&self, step: u64, attempt: String) -> PyResult<()> {
+        self.core()?.note_damaged(&CheckpointId { step, attempt });
+        Ok(())
     }
 
     /// The metadata tree of a checkpoint, without reading any tensor.

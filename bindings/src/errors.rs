@@ -37,6 +37,8 @@ pub fn to_py_ref(err: &Error) -> PyErr {
         Error::Conflict(_) => ConflictError::new_err(msg),
         Error::InvalidInput(_) => InvalidInputError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
+        // A stored object that is gone: the data is missing, not the store failing.
+        Error::Storage(_) if err.is_damage() => NotFoundError::new_err(msg),
         Error::Storage(_) => StorageError::new_err(msg),
         Error::Io(_) => CheckpointIOError::new_err(msg),
         Error::Timeout(_) => CheckpointTimeoutError::new_err(msg),

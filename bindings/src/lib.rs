@@ -8,6 +8,7 @@
 pub mod buffer;
 pub mod checkpointer;
 pub mod coord;
+pub mod dest;
 pub mod errors;
 pub mod handle;
 pub mod runtime;

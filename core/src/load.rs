@@ -57,7 +57,7 @@ pub struct CheckpointInfo {
 }
 
 impl Checkpointer {
-    fn read_ctx(&self) -> ReadContext {
+    pub(crate) fn read_ctx(&self) -> ReadContext {
         ReadContext {
             store: self.inner.store.clone(),
             chunks: self.inner.chunks.clone(),
@@ -131,6 +131,17 @@ impl Checkpointer {
             tracing::warn!("no intact checkpoint; newest failure: {first}");
         }
         Ok(None)
+    }
+
+    /// Record that a load found checkpoint `id` damaged (as [`Self::load_latest`]
+    /// does when it skips one), so that its step may be saved again. For callers
+    /// that walk the checkpoints themselves (partial, per-rank loads).
+    pub fn note_damaged(&self, id: &CheckpointId) {
+        self.inner
+            .damaged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
     }
 
     /// Load only the named tensors of a checkpoint (reads only their objects).

@@ -147,6 +147,7 @@ impl Checkpointer {
                             name: t.name.clone(),
                             bytes: t.data.len() as u64,
                             sharded: t.shard.is_some(),
+                            offsets: t.shard.as_ref().map(|s| s.offsets.clone()),
                         })
                         .collect()
                 })
@@ -171,7 +172,10 @@ impl Checkpointer {
         let tensors = local?;
         let mine: Vec<Tensor> = tensors
             .into_iter()
-            .filter(|t| plan.writes(rank, &t.name, t.shard.is_some()))
+            .filter(|t| {
+                let offsets = t.shard.as_ref().map(|s| s.offsets.as_slice());
+                plan.writes(rank, &t.name, t.shard.is_some(), offsets)
+            })
             .collect();
         let raw_bytes: u64 = mine.iter().map(|t| t.data.len() as u64).sum();
 

@@ -5,10 +5,15 @@
 //! its offsets in the global tensor. A job of M ranks asks for the piece each rank
 //! needs ([`Checkpointer::load_shards`]); only the stored pieces that overlap it are
 //! read, and their overlap is copied into place ([`crate::reshard::copy_overlap`]).
+//! [`Checkpointer::load_boxes_into`] does the same straight into caller buffers
+//! (a live model's parameters, a DTensor's local shard), for many tensors at once.
 
 use std::collections::HashMap;
 
 use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::dtype::DType;
 
 use crate::checkpointer::Checkpointer;
 use crate::error::{CheckpointId, Error, Result};
@@ -174,6 +179,172 @@ impl Checkpointer {
             data: Bytes::from(buf),
             shard: None,
         })
+    }
+}
+
+/// One destination of [`Checkpointer::load_boxes_into`]: the box `spec.offsets`
+/// + `shape` of tensor `name`, whose global shape is `spec.global_shape`, into
+/// `dst` (row-major, exactly the box's bytes). A whole tensor is the box at
+/// offset zero with `shape == spec.global_shape`.
+#[derive(Debug)]
+pub struct BoxTarget<'a> {
+    /// Tensor name in the checkpoint.
+    pub name: &'a str,
+    /// The dtype the caller expects (checked against the checkpoint when given).
+    pub dtype: Option<DType>,
+    /// Extent of the box.
+    pub shape: Vec<u64>,
+    /// Global shape and the box's offsets in it.
+    pub spec: ShardSpec,
+    /// Where the bytes go.
+    pub dst: &'a mut [u8],
+}
+
+/// A stored record's box in its global tensor: (offsets, shape, global shape).
+fn placement(r: &TensorRecord) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    match &r.shard {
+        Some(s) => (s.offsets.clone(), r.shape.clone(), s.global_shape.clone()),
+        None => (vec![0; r.shape.len()], r.shape.clone(), r.shape.clone()),
+    }
+}
+
+impl Checkpointer {
+    /// Load boxes of tensors (whole tensors, or any piece of a sharded one)
+    /// straight into caller buffers, reading only the stored pieces that overlap
+    /// each box, verifying every object read, with up to `load_concurrency`
+    /// tensors in flight.
+    ///
+    /// Every target is checked against the manifest before anything is read
+    /// (the tensor exists, its dtype and global shape match, the box fits, the
+    /// buffer has the box's length), so a mismatch leaves every buffer as it was
+    /// and names the tensor. Returns the manifest.
+    pub async fn load_boxes_into(
+        &self,
+        id: &CheckpointId,
+        targets: Vec<BoxTarget<'_>>,
+    ) -> Result<Manifest> {
+        let manifest = self.manifest(id).await?;
+        let mut by_name: HashMap<&str, Vec<&TensorRecord>> = HashMap::new();
+        for r in &manifest.tensors {
+            by_name.entry(r.name.as_str()).or_default().push(r);
+        }
+        let mut jobs = Vec::with_capacity(targets.len());
+        for t in targets {
+            let records = by_name.get(t.name).ok_or_else(|| Error::NotFound {
+                what: format!("tensor `{}` in {id}", t.name),
+            })?;
+            let stored = records[0];
+            let (_, _, global) = placement(stored);
+            if let Some(want) = t.dtype {
+                if want != stored.dtype {
+                    return Err(Error::InvalidInput(format!(
+                        "tensor `{}` is {} in the checkpoint, {want} here",
+                        t.name, stored.dtype
+                    )));
+                }
+            }
+            if global != t.spec.global_shape {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{}` has shape {global:?} in the checkpoint, {:?} here",
+                    t.name, t.spec.global_shape
+                )));
+            }
+            let fits = t.spec.offsets.len() == t.shape.len()
+                && t.shape.len() == global.len()
+                && t.spec
+                    .offsets
+                    .iter()
+                    .zip(&t.shape)
+                    .zip(&global)
+                    .all(|((o, l), g)| o.checked_add(*l).is_some_and(|e| e <= *g));
+            if !fits {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{}`: the box at {:?} of extent {:?} does not fit its shape {global:?}",
+                    t.name, t.spec.offsets, t.shape
+                )));
+            }
+            let len = stored.dtype.byte_len(numel(&t.shape)?)?;
+            if len != t.dst.len() as u64 {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{}` needs a buffer of {len} bytes, got {}",
+                    t.name,
+                    t.dst.len()
+                )));
+            }
+            if stored.dtype.bits() % 8 != 0 && (records.len() > 1 || t.shape != global) {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{}`: {} cannot be resharded",
+                    t.name, stored.dtype
+                )));
+            }
+            jobs.push((t, records.clone(), len));
+        }
+        let format = self.inner.registry.get(&manifest.format)?;
+        let ctx = self.read_ctx();
+        let key = manifest_key(&manifest);
+        let loads = jobs.into_iter().map(|(t, records, len)| {
+            let (format, ctx, key) = (format.clone(), ctx.clone(), key.clone());
+            async move {
+                let want = Region {
+                    offsets: &t.spec.offsets,
+                    shape: &t.shape,
+                };
+                // Each distinct stored box once (identical replicas are the same data).
+                let mut seen = std::collections::HashSet::new();
+                let overlapping: Vec<(&TensorRecord, Vec<u64>)> = records
+                    .iter()
+                    .map(|r| (*r, placement(r)))
+                    .filter(|(_, (off, shape, _))| {
+                        intersect(
+                            &Region {
+                                offsets: off,
+                                shape,
+                            },
+                            &want,
+                        )
+                        .is_some()
+                            && seen.insert((off.clone(), shape.clone()))
+                    })
+                    .map(|(r, (off, _, _))| (r, off))
+                    .collect();
+                if let [(r, off)] = overlapping.as_slice() {
+                    if *off == t.spec.offsets && r.shape == t.shape {
+                        // The stored piece is exactly the box: decode in place.
+                        return format
+                            .read_into(&ctx, r, t.dst)
+                            .await
+                            .map_err(|e| e.with_tensor(t.name));
+                    }
+                }
+                let elem = (records[0].dtype.bits() / 8).max(1);
+                let mut copied = 0u64;
+                for (r, off) in &overlapping {
+                    let data = format
+                        .read(&ctx, r)
+                        .await
+                        .map_err(|e| e.with_tensor(t.name))?;
+                    let src = Region {
+                        offsets: off,
+                        shape: &r.shape,
+                    };
+                    copied += copy_overlap(&data, &src, t.dst, &want, elem)
+                        .map_err(|e| Error::corrupt(key.clone(), Some(t.name), e.to_string()))?;
+                }
+                if copied != len {
+                    return Err(Error::corrupt(
+                        key,
+                        Some(t.name),
+                        format!("the stored pieces cover {copied} of the {len} bytes asked for"),
+                    ));
+                }
+                Ok(())
+            }
+        });
+        futures::stream::iter(loads)
+            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(manifest)
     }
 }
 

@@ -1,6 +1,6 @@
 //! The two phases of a save: snapshot (the stall), then persist and commit in the background.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -317,10 +317,22 @@ fn attempt_id(nonce: &str, step: u64, seq: u64) -> String {
 }
 
 fn validate(capture: &Capture) -> Result<()> {
-    let mut names = HashSet::with_capacity(capture.tensors.len());
+    // A name is one whole tensor, or several pieces of one sharded tensor at
+    // distinct offsets (a DTensor whose local shard is not one box).
+    let mut names: HashMap<&str, Option<&[u64]>> = HashMap::with_capacity(capture.tensors.len());
+    let mut pieces = HashSet::new();
     for t in &capture.tensors {
         check_layout(&t.name, t.dtype, &t.shape, t.shard.as_ref(), t.data.len())?;
-        if !names.insert(t.name.as_str()) {
+        let global = t.shard.as_ref().map(|s| s.global_shape.as_slice());
+        let fresh = match names.insert(t.name.as_str(), global) {
+            None => true,
+            Some(prev) => prev.is_some() && prev == global,
+        };
+        let distinct = t
+            .shard
+            .as_ref()
+            .is_none_or(|s| pieces.insert((t.name.as_str(), s.offsets.clone())));
+        if !fresh || !distinct {
             return Err(Error::InvalidInput(format!(
                 "duplicate tensor name `{}`",
                 t.name

@@ -61,3 +61,14 @@ def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> "np.ndarray[Any
             f"dtype {dtype} has no numpy equivalent; load with framework=\"pt\" (PyTorch)"
         ) from None
     return np.frombuffer(buf, dtype=np_dtype).reshape(shape)
+
+
+def empty(dtype: str, shape: Tuple[int, ...]) -> "np.ndarray[Any, Any]":
+    """A new C-contiguous, little-endian array to load a tensor into."""
+    try:
+        np_dtype = np.dtype(_BY_NAME[dtype]).newbyteorder("<")
+    except KeyError:
+        raise UnsupportedError(
+            f"dtype {dtype} has no numpy equivalent; load with framework=\"pt\" (PyTorch)"
+        ) from None
+    return np.empty(shape, dtype=np_dtype)

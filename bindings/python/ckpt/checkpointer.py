@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ckpt
-from .errors import CheckpointError, InvalidInputError, NotFoundError, UnsupportedError
-from .distributed import resolve
+from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
+from .distributed import agree, resolve
 from .rng import RNGState
+from .restore import RestorePlan, live_state
 from .tree import flatten, is_stateful, tensor_maker, unflatten
 
 __all__ = ["Checkpointer", "SaveHandle", "Checkpoint"]
@@ -247,7 +248,7 @@ class Checkpointer:
             if any(t[0] == prefix for t in flat.tensors):
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             blob = _ckpt.encode_tree({"tree": flat.local_tree, "numpy": flat.local_numpy_names})
-            flat.tensors.append((prefix, "U8", (len(blob),), blob, False))
+            flat.tensors.append((prefix, "U8", (len(blob),), blob, False, None))
             info["local"] = {"ranks": self.world_size}
         meta = {"ckpt": info, "state": flat.tree}
         give_back = self._giver(flat.pinned)
@@ -305,19 +306,63 @@ class Checkpointer:
         ``None`` when there is none (a fresh start).
 
         Objects with ``load_state_dict`` get their state dict back, tensors and
-        arrays are copied into, dicts and lists are updated in place, and other
-        values of a ``state`` dict are replaced. The global RNGs are restored too
-        (unless ``rng=False``). Damaged newer checkpoints are skipped with a
-        warning.
+        arrays are filled in place, dicts and lists are updated in place, and
+        other values of a ``state`` dict are replaced. The global RNGs are
+        restored too (unless ``rng=False``).
+
+        Tensor data goes straight into the live tensors (CPU memory is handed to
+        the engine; CUDA tensors are filled through host buffers). A sharded
+        tensor (DTensor: FSDP2, tensor parallel) gets the part of the global
+        tensor its local shard covers, whatever the mesh was at save, and only
+        the stored pieces that overlap it are read; an optimizer that has not
+        stepped yet gets its state with its parameters' layout. A checkpoint
+        saved by N ranks loads into M ranks, or into one plain process.
+
+        Damaged newer checkpoints are skipped with a warning; with several ranks
+        every rank skips the same ones (a checkpoint counts as intact only if
+        every rank read its part intact). If every checkpoint is damaged after
+        some data was already written into the live tensors, this raises
+        :class:`~ckpt.CorruptError` instead of returning ``None``.
+
+        Raises :class:`~ckpt.InvalidInputError` naming the tensor when a shape
+        or dtype does not match the checkpoint, before anything is written.
         """
-        loaded = self._native.load_latest()
-        if loaded is None:
-            return None
-        return self._restore(loaded, state, named)
+        targets = self._targets(state, named)
+        self._native.flush(None)  # no save of ours is using the coordinator now
+        skipped: List[Tuple[int, str, CheckpointError]] = []
+        wrote = False
+        for step, attempt in reversed(self._native.committed()):
+            error, started = self._attempt(step, attempt, state, targets)
+            wrote = wrote or started
+            if error is None:
+                for s, a, err in skipped:
+                    warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
+                return step
+            skipped.append((step, attempt, error))
+        if skipped and wrote:
+            s, a, err = skipped[0]
+            raise CorruptError(
+                f"no intact checkpoint to restore, and the live state was partly overwritten while trying "
+                f"({len(skipped)} damaged; the newest, step {s} attempt {a}: {err})"
+            )
+        for s, a, err in skipped:
+            warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
+        return None
 
     def load(self, step: int, state: Optional[MutableMapping] = None, /, **named: Any) -> int:
-        """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`)."""
-        return self._restore(self._native.load(step), state, named)
+        """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
+        a damaged checkpoint raises its error (on every rank)."""
+        if type(step) is not int or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
+        targets = self._targets(state, named)
+        self._native.flush(None)
+        found = [a for s, a in self._native.committed() if s == step]
+        if not found:
+            raise NotFoundError(f"no committed checkpoint of step {step}")
+        error, _ = self._attempt(step, found[-1], state, targets)
+        if error is not None:
+            raise error
+        return step
 
     def read_latest(self, framework: Optional[str] = None) -> Optional[Checkpoint]:
         """The newest intact checkpoint as data, or ``None``.
@@ -340,6 +385,12 @@ class Checkpointer:
         """Every checkpoint under the root with its status (``verify`` reads all data)."""
         return self._native.list(verify)
 
+    def io_counts(self) -> Dict[str, int]:
+        """What this process has read from and written to storage so far:
+        ``read_bytes``, ``written_bytes``, ``gets``, ``puts``, ``deletes``,
+        ``lists``. Subtract two readings to measure one save or load."""
+        return dict(self._native.io_counts())
+
     def __repr__(self) -> str:
         return f"ckpt.Checkpointer({self.url!r}, lazy={self.lazy})"
 
@@ -359,39 +410,102 @@ class Checkpointer:
             raise InvalidInputError('the key "rng" is reserved for the RNG state (open with rng=False to use it)')
         return entries
 
-    def _restore(self, loaded: Tuple[Any, ...], state: Optional[MutableMapping], named: Dict[str, Any]) -> int:
-        step, attempt, tensors, meta, skipped = loaded
-        for s, a, err in skipped:
-            warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=3)
-        saved = _decode(meta, tensors, None)
+    def _targets(self, state: Optional[MutableMapping], named: Dict[str, Any]) -> List[Tuple[str, Any]]:
         if state is not None and not isinstance(state, MutableMapping):
             raise InvalidInputError(f"state must be a mutable mapping, not {type(state).__name__}")
         targets = list((state or {}).items()) + list(named.items())
+        keys = [k for k, _ in targets]
+        if len(set(keys)) != len(keys):
+            raise InvalidInputError("an entry was given both in state and as a keyword")
+        return targets
+
+    def _attempt(
+        self, step: int, attempt: str, state: Optional[MutableMapping], targets: List[Tuple[str, Any]]
+    ) -> Tuple[Optional[CheckpointError], bool]:
+        """Restore one checkpoint; ``(None, True)`` when done, ``(damage, started)``
+        when it is damaged (on any rank). Other errors are raised on every rank."""
+        error: Optional[BaseException] = None
+        started = False
+        prepared: Any = None
+        try:
+            meta, table = self._native.contents(step, attempt)
+            prepared = self._prepare(step, meta, table, targets)
+            started = bool(prepared[0].requests)
+            self._native.load_into(step, attempt, prepared[0].requests)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            error = e
+        verdict = agree(self._coordinator, error)
+        if verdict is not None:
+            if isinstance(verdict, CheckpointError) and _is_damage(verdict):
+                self._native.note_damaged(step, attempt)
+                return verdict, started
+            raise verdict
+        self._apply(step, attempt, meta, state, targets, prepared)
+        return None, started
+
+    def _prepare(self, step: int, meta: Any, table: Dict[str, Any], targets: List[Tuple[str, Any]]) -> Any:
+        """Destinations for every tensor the targets (and this rank's RNG) need."""
+        if not isinstance(meta, dict) or "ckpt" not in meta or "state" not in meta:
+            raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
+        version = meta["ckpt"].get("version")
+        if version != META_VERSION:
+            raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
+        saved = meta["state"]
+        plan = RestorePlan(table, set(meta["ckpt"].get("numpy", [])))
+        values: Dict[str, Any] = {}
         for key, target in targets:
             if key not in saved:
                 raise NotFoundError(f"checkpoint of step {step} has no entry {key!r} (it has {sorted(saved)})")
-            if not _restore_into(target, saved[key], key):
+            live, hint = live_state(target)
+            values[key] = plan.value(saved[key], live, key, hint)
+        local = None
+        if self._rng:
+            name = _local_name(self.rank)
+            if name in table:
+                # This rank's own tree and its tensors (named under the same
+                # prefix), read in the same load as everything else.
+                local = {}
+                for n, (dtype, shape, _, nbytes) in table.items():
+                    if n == name or n.startswith(name + "."):
+                        buf = bytearray(nbytes)
+                        if nbytes:
+                            plan.requests.append((n, dtype, tuple(shape), None, buf))
+                        local[n] = (dtype, tuple(shape), buf)
+                if local[name][0] != "U8" or len(local[name][1]) != 1:
+                    raise UnsupportedError(f"tensor {name!r} is {local[name][0]}, not the U8 of a rank's own state")
+            elif "rng" in saved:  # written before RNG states were kept per rank
+                values.setdefault("rng", plan.value(saved["rng"], None, "rng"))
+        return plan, values, local
+
+    def _apply(
+        self, step: int, attempt: str, meta: Any, state: Optional[MutableMapping], targets: List[Tuple[str, Any]], prepared: Any
+    ) -> None:
+        plan, values, local = prepared
+        values, local = plan.finish((values, local))
+        for key, target in targets:
+            if not _restore_into(target, values[key], key):
                 if state is not None and key in state:
-                    state[key] = saved[key]
+                    state[key] = values[key]
                 else:
                     raise InvalidInputError(
                         f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
                         "dict (load_latest(state)) or read it with read_latest()"
                     )
-        if self._rng:
-            self._restore_local(step, tensors, meta, saved)
-        return step
-
-    def _restore_local(self, step: int, tensors: Dict[str, Any], meta: Any, saved: Dict[str, Any]) -> None:
-        """Restore this rank's own RNG state (saved by the rank of the same number)."""
-        local = _local_state(tensors, self.rank)
-        if local is not None:
-            if "rng" in local:
-                RNGState().load_state_dict(local["rng"])
+        if not self._rng:
             return
-        if "rng" in saved:  # written before RNG states were kept per rank
+        if local is not None:
+            tree = _ckpt.decode_tree(bytes(local[_local_name(self.rank)][2]))
+            if not isinstance(tree, dict) or "tree" not in tree:
+                raise UnsupportedError(f"tensor {_local_name(self.rank)!r} does not hold a rank's own state")
+            own = unflatten(tree["tree"], tensor_maker(local, set(tree.get("numpy", [])), None))
+            if "rng" in own:
+                RNGState().load_state_dict(own["rng"])
+            return
+        if "rng" in values:
             if self.rank == 0:
-                RNGState().load_state_dict(saved["rng"])
+                RNGState().load_state_dict(values["rng"])
             return
         ranks = meta["ckpt"].get("local", {}).get("ranks")
         if ranks is not None:
@@ -471,6 +585,11 @@ def _to_checkpoint(loaded: Tuple[Any, ...], framework: Optional[str], rank: int)
     return Checkpoint(step, attempt, state, list(skipped))
 
 
+def _is_damage(e: CheckpointError) -> bool:
+    """Stored data damaged or missing (as opposed to a failing store or bad input)."""
+    return isinstance(e, (CorruptError, NotFoundError, UnsupportedError))
+
+
 def _local_name(rank: int) -> str:
     """Name of the tensor holding rank ``rank``'s own state (and prefix of its tensors)."""
     return f"__rank{rank}__"
@@ -495,6 +614,8 @@ def _restore_into(target: Any, value: Any, where: str) -> bool:
     """Restore ``value`` into ``target`` in place; False when that is impossible."""
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
+    if value is target and not is_stateful(target):
+        return True  # filled in place by the load
     if is_stateful(target):
         target.load_state_dict(value)
         return True

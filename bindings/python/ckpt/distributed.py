@@ -22,6 +22,7 @@ training loop's own collectives on the default group.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from array import array
@@ -30,7 +31,7 @@ from typing import Any, List, Optional
 
 from .errors import InvalidInputError, UnsupportedError
 
-__all__ = ["TorchCoordinator", "MPICoordinator", "resolve", "mpi_world_size"]
+__all__ = ["TorchCoordinator", "MPICoordinator", "resolve", "mpi_world_size", "agree"]
 
 #: How much longer than ckpt's own deadline the transport may wait before it
 #: gives up by itself (ckpt's deadline should be the one that fires).
@@ -241,3 +242,36 @@ def resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> O
             ) from None
         return MPICoordinator()
     return None
+
+
+def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optional[BaseException]:
+    """Agree across ranks on the outcome of a step every rank took (a load).
+
+    Every rank passes its own failure, or ``None``; every rank gets the same
+    verdict: ``None`` when all succeeded, else the failure to raise. A rank
+    that failed gets its own exception back; the others get one of the same
+    ckpt class (a :class:`~ckpt.CorruptError` on rank 1 is a ``CorruptError``
+    on rank 0 too), naming the rank. Failures that are not damage (bad input, a
+    failing store) win over damage, so ranks never disagree on whether to fall
+    back to an older checkpoint.
+    """
+    from . import errors as errs
+
+    if coordinator is None or getattr(coordinator, "world_size", 1) <= 1:
+        return error
+    mine: dict = {"ok": error is None}
+    if error is not None:
+        cls = type(error).__name__ if isinstance(error, errs.CheckpointError) else "InternalError"
+        mine.update(cls=cls, msg=str(error), damage=isinstance(error, (errs.CorruptError, errs.NotFoundError, errs.UnsupportedError)))
+    everyone = [json.loads(b.decode()) for b in coordinator.all_gather(json.dumps(mine).encode())]
+    failed = [(r, m) for r, m in enumerate(everyone) if not m["ok"]]
+    if not failed:
+        return None
+    hard = [(r, m) for r, m in failed if not m["damage"]]
+    r, first = (hard or failed)[0]
+    if error is not None and (not hard or not mine["damage"]):
+        return error
+    cls = getattr(errs, first["cls"], errs.InternalError)
+    if not (isinstance(cls, type) and issubclass(cls, errs.CheckpointError)):
+        cls = errs.InternalError
+    return cls(f"rank {r}: {first['msg']}")

@@ -176,5 +176,8 @@ def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
     if isinstance(obj, torch.optim.Optimizer):
         return None
     if isinstance(obj, torch.nn.Module):
-        return {p.data_ptr() for p in obj.parameters() if p.device.type == "cpu"}
+        from .dtensor import local_tensor
+
+        locals_ = (local_tensor(p) for p in obj.parameters())
+        return {t.data_ptr() for t in locals_ if t.device.type == "cpu"}
     return set()

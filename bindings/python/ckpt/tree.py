@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._ckpt import TensorRef
+from .dtensor import is_dtensor, local_pieces
 from .errors import InvalidInputError
 
 __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
@@ -32,8 +33,10 @@ TAG = "__ckpt__"
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
 
-#: A tensor of one save: ``(name, dtype, shape, buffer, copy_now)``.
-TensorEntry = Tuple[str, str, Tuple[int, ...], Any, bool]
+#: A tensor of one save: ``(name, dtype, shape, buffer, copy_now, shard)``;
+#: ``shard`` is ``(global_shape, offsets)`` for a piece of a sharded tensor
+#: (a DTensor's local shard), else ``None``.
+TensorEntry = Tuple[str, str, Tuple[int, ...], Any, bool, Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]]
 
 
 def is_stateful(obj: Any) -> bool:
@@ -92,19 +95,21 @@ class _Flattener:
         if type(obj) in _PLAIN:
             return obj
         torch, np = _torch(), _numpy()
+        if torch is not None and isinstance(obj, torch.Tensor) and is_dtensor(obj):
+            return self.walk_dtensor(obj, path, lazy_ptrs, where)
         if torch is not None and isinstance(obj, torch.Tensor):
             may_defer = lazy_ptrs is None or (obj.device.type == "cpu" and obj.data_ptr() in lazy_ptrs)
             copy_now = self.lazy and not may_defer
             dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
             name = self.name_for(path)
-            self.out.tensors.append((name, dtype, shape, buf, copy_now))
+            self.out.tensors.append((name, dtype, shape, buf, copy_now, None))
             return TensorRef(name)
         if np is not None and isinstance(obj, np.ndarray):
             from . import _numpy as npg
 
             dtype, shape, arr = npg.export(obj, where)
             name = self.name_for(path)
-            self.out.tensors.append((name, dtype, shape, arr, self.lazy))
+            self.out.tensors.append((name, dtype, shape, arr, self.lazy, None))
             self.out.numpy_names.append(name)
             return TensorRef(name)
         if np is not None and isinstance(obj, np.generic):
@@ -134,6 +139,25 @@ class _Flattener:
             "(tensors, arrays, objects with state_dict(), and plain data: None, bool, int, float, str, "
             "bytes, list, tuple, dict)"
         )
+
+
+    def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: str) -> Any:
+        """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
+        global_shape, pieces = local_pieces(obj, where)
+        local = obj.to_local()
+        may_defer = lazy_ptrs is None or (local.device.type == "cpu" and local.data_ptr() in lazy_ptrs)
+        copy_now = self.lazy and not may_defer
+        name = self.name_for(path)
+        whole = len(pieces) == 1 and pieces[0].shape == global_shape
+        if whole or (not pieces and 0 in global_shape):
+            # Replicated everywhere (or empty): a plain tensor of that name, stored once.
+            dtype, shape, buf, now = self.exporter.export(local, where, copy_now)
+            self.out.tensors.append((name, dtype, global_shape, buf, now, None))
+            return TensorRef(name)
+        for piece in pieces:
+            dtype, shape, buf, now = self.exporter.export(piece.view(local), where, copy_now)
+            self.out.tensors.append((name, dtype, shape, buf, now, (global_shape, piece.offsets)))
+        return TensorRef(name)
 
 
 def _stateful_lazy_ptrs(obj: Any) -> Optional[Set[int]]:

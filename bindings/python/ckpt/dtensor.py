@@ -1,0 +1,180 @@
+"""Sharded tensors (``torch.distributed.tensor.DTensor``) as pieces of global tensors.
+
+A DTensor's placements on its device mesh say which part of the global tensor
+each rank holds: ``Shard(d)`` splits dimension ``d`` (unevenly where it does not
+divide: the last ranks hold less, or nothing), ``Replicate()`` copies it, and the
+``_StridedShard`` that FSDP2 and tensor parallelism produce together on a 2-D
+mesh interleaves the split. ckpt stores each rank's local tensor as one or more
+*pieces*: boxes of the global tensor, each with its global shape and offsets.
+A piece several ranks hold (a mesh dimension with ``Replicate()``) is the same
+data and is written once; on load, each rank asks for the boxes its own local
+tensor covers, whatever the mesh was at save, and reads only the stored pieces
+that overlap them.
+
+``Partial`` placements (pending reductions) have no global value to store and
+are refused with :class:`~ckpt.UnsupportedError`.
+
+This module never imports torch by itself: a value is a DTensor only if
+``torch.distributed.tensor`` is already imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .errors import UnsupportedError
+
+__all__ = ["Piece", "is_dtensor", "local_pieces", "local_tensor"]
+
+#: Most boxes one rank's local tensor may split into (interleaved shards).
+MAX_PIECES = 4096
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A box of the global tensor held by this rank.
+
+    ``local`` gives, per dimension, ``(start, length)`` in the local tensor;
+    ``offsets`` where the box starts in the global tensor; its extent is the
+    lengths.
+    """
+
+    local: Tuple[Tuple[int, int], ...]
+    offsets: Tuple[int, ...]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(n for _, n in self.local)
+
+    def view(self, t: Any) -> Any:
+        """The part of local tensor ``t`` this piece covers (a view)."""
+        for d, (start, n) in enumerate(self.local):
+            if start != 0 or n != t.shape[d]:
+                t = t.narrow(d, start, n)
+        return t
+
+
+def _dtensor_type() -> Any:
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def is_dtensor(obj: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor``."""
+    dt = _dtensor_type()
+    return dt is not None and isinstance(obj, dt)
+
+
+def local_tensor(obj: Any) -> Any:
+    """The rank-local tensor of a DTensor (no copy), or ``obj`` itself."""
+    return obj.to_local() if is_dtensor(obj) else obj
+
+
+def _runs(index: Sequence[int]) -> List[Tuple[int, int, int]]:
+    """Split global indices into runs of consecutive ones: ``(local_start, global_start, length)``."""
+    runs: List[Tuple[int, int, int]] = []
+    for i, g in enumerate(index):
+        if runs and runs[-1][1] + runs[-1][2] == g:
+            ls, gs, n = runs[-1]
+            runs[-1] = (ls, gs, n + 1)
+        else:
+            runs.append((i, g, 1))
+    return runs
+
+
+def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
+    """Per dimension, the global indices this rank holds (``None``: all of them),
+    or ``None`` when this rank is not part of the mesh."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    try:
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        sharded: tuple = (Shard, _StridedShard)
+    except ImportError:  # pragma: no cover - older torch
+        sharded = (Shard,)
+    placements = tuple(obj.placements)
+    for p in placements:
+        if isinstance(p, Partial) or (not isinstance(p, (Replicate, *sharded)) and getattr(p, "is_partial", lambda: False)()):
+            raise UnsupportedError(
+                f"{where}: DTensor placement {p} cannot be stored (a partial value pending a reduction); "
+                "redistribute it to Shard or Replicate first"
+            )
+        if not isinstance(p, (Replicate, *sharded)):
+            raise UnsupportedError(f"{where}: DTensor placement {p} is not supported (Shard and Replicate are)")
+    mesh = obj.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return None
+    shape = [int(s) for s in obj.shape]
+    if all(isinstance(p, Replicate) for p in placements):
+        return [None] * len(shape)
+    try:
+        from torch.distributed.tensor._utils import _get_shard_size_and_offsets
+    except ImportError:  # pragma: no cover - other torch versions
+        _get_shard_size_and_offsets = None
+    if _get_shard_size_and_offsets is None:
+        # Public API: the first offset only, which is exact for plain shards.
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        if any(type(p).__name__ == "_StridedShard" for p in placements):
+            raise UnsupportedError(f"{where}: strided DTensor shards need a newer PyTorch")
+        local, offsets = compute_local_shape_and_global_offset(obj.shape, mesh, placements)
+        return [
+            None if (o == 0 and n == g) else list(range(o, o + n)) for o, n, g in zip(offsets, local, shape)
+        ]
+    local_shape = list(shape)
+    sets: dict = {}
+    for mesh_dim, p in enumerate(placements):
+        if isinstance(p, Replicate):
+            continue
+        d = p.dim
+        size, index = _get_shard_size_and_offsets(
+            local_shape[d], mesh.size(mesh_dim), coord[mesh_dim], p, sets.get(d), shape[d], False
+        )
+        local_shape[d] = int(size)
+        sets[d] = index  # a tensor: the next placement on this dimension indexes into it
+    out: List[Optional[List[int]]] = []
+    for d in range(len(shape)):
+        idx = sets.get(d)
+        out.append(None if idx is None else [int(i) for i in idx.tolist()][: local_shape[d]])
+    return out
+
+
+def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
+    """The global shape of DTensor ``obj`` and the boxes its local tensor covers.
+
+    An empty list means this rank holds nothing of it (an uneven split, or a
+    rank outside the mesh). A local tensor that is the whole global tensor (all
+    placements ``Replicate``) is one piece at offset zero.
+    """
+    shape = tuple(int(s) for s in obj.shape)
+    sets = _index_sets(obj, where)
+    if sets is None:
+        return shape, []
+    local = obj.to_local()
+    per_dim: List[List[Tuple[int, int, int]]] = []
+    for d, idx in enumerate(sets):
+        runs = [(0, 0, shape[d])] if idx is None else _runs(idx)
+        held = sum(n for _, _, n in runs)
+        if held != int(local.shape[d]):
+            raise UnsupportedError(
+                f"{where}: DTensor local shard has {int(local.shape[d])} entries in dimension {d}, "
+                f"its placements {tuple(obj.placements)} say {held}"
+            )
+        if held == 0:
+            return shape, []
+        per_dim.append(runs)
+    count = 1
+    for runs in per_dim:
+        count *= len(runs)
+    if count > MAX_PIECES:
+        raise UnsupportedError(f"{where}: DTensor local shard splits into {count} boxes (at most {MAX_PIECES})")
+    pieces = [
+        Piece(local=tuple((ls, n) for ls, _, n in combo), offsets=tuple(gs for _, gs, _ in combo))
+        for combo in itertools.product(*per_dim)
+    ]
+    return shape, pieces

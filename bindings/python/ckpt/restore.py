@@ -1,0 +1,276 @@
+"""Restoring a checkpoint straight into the live objects of a training job.
+
+For each entry to restore (a module, an optimizer, a state dict, a tensor, a
+dict), the stored tree is walked beside the live object's own state, and every
+stored tensor gets a destination:
+
+* a live CPU tensor of the same shape and dtype is filled in place (its memory
+  is handed to the engine through the buffer protocol: no intermediate copy);
+* a live DTensor asks for the boxes of the global tensor its local shard
+  covers, whatever the mesh was at save; only the stored pieces that overlap
+  them are read;
+* a CUDA, non-contiguous or aliased tensor is filled through a host buffer and
+  copied once the load is complete;
+* where the live object has no tensor yet (an optimizer that has not stepped),
+  one is made with the layout of its parameter (a DTensor for a sharded
+  parameter), so optimizer state comes back keyed and placed as the optimizer
+  expects it.
+
+Shapes and dtypes are checked against the checkpoint's table before anything
+is read, so a mismatch raises :class:`~ckpt.InvalidInputError` naming the
+tensor and leaves every live tensor as it was. The objects themselves are only
+updated (``load_state_dict``, RNG) by :meth:`RestorePlan.apply`, which the
+checkpointer calls once every rank has read its part intact.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ._ckpt import TensorRef
+from .dtensor import is_dtensor, local_pieces
+from .errors import CorruptError, InvalidInputError, UnsupportedError
+from .tree import TAG, is_stateful
+
+__all__ = ["RestorePlan"]
+
+#: ``(name, dtype, shape, (global_shape, offsets) | None, buffer)``, as the native ``load_into`` takes them.
+Request = Tuple[str, str, Tuple[int, ...], Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]], Any]
+
+
+class _Deferred:
+    """A value known only once the tensors are loaded (a numpy scalar)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _get(live: Any, key: Any) -> Any:
+    if isinstance(live, Mapping):
+        return live.get(key)
+    return None
+
+
+class RestorePlan:
+    """Destinations for the tensors of one checkpoint (see the module docs).
+
+    Args:
+        table: ``{name: (dtype, global_shape, pieces)}`` of the checkpoint.
+        numpy_names: tensors saved as numpy arrays.
+    """
+
+    def __init__(self, table: Dict[str, Tuple[str, List[int], int]], numpy_names: Set[str]) -> None:
+        self.table = table
+        self.numpy_names = numpy_names
+        self.requests: List[Request] = []
+        self._after: List[Callable[[], None]] = []
+        self._memory: Dict[Tuple[int, int], str] = {}
+        self._spans: List[Tuple[int, int]] = []
+        self._cuda = False
+
+    # ------------------------------------------------------------ the walk
+
+    def value(self, saved: Any, live: Any, where: str, hint: Callable[[List[Any]], Any] = lambda p: None) -> Any:
+        """The value of stored tree ``saved`` with tensors placed in or beside ``live``."""
+        return self._walk(saved, live, where, [], hint)
+
+    def _walk(self, saved: Any, live: Any, where: str, path: List[Any], hint: Callable[[List[Any]], Any]) -> Any:
+        if isinstance(saved, TensorRef):
+            return self._tensor(saved.name, live, where, hint(path))
+        if type(saved) is dict:
+            tag = saved.get(TAG)
+            if tag == "odict":
+                out: Any = OrderedDict(
+                    (k, self._walk(v, _get(live, k), f"{where}.{k}", path + [k], hint))
+                    for k, v in saved["items"].items()
+                )
+                if saved.get("metadata") is not None:
+                    out._metadata = self._walk(saved["metadata"], None, where, path + ["_metadata"], hint)
+                return out
+            if tag == "np_scalar":
+                arr = self._walk(saved["value"], None, where, path, hint)
+                return _Deferred(lambda: arr[()])
+            if tag is not None:
+                raise UnsupportedError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
+            return {k: self._walk(v, _get(live, k), f"{where}.{k}", path + [k], hint) for k, v in saved.items()}
+        if type(saved) in (list, tuple):
+            same = isinstance(live, Sequence) and not isinstance(live, (str, bytes)) and len(live) == len(saved)
+            items = [
+                self._walk(v, live[i] if same else None, f"{where}[{i}]", path + [i], hint)
+                for i, v in enumerate(saved)
+            ]
+            return items if type(saved) is list else tuple(items)
+        return saved
+
+    # ---------------------------------------------------------- one tensor
+
+    def _info(self, name: str, where: str) -> Tuple[str, Tuple[int, ...]]:
+        info = self.table.get(name)
+        if info is None:
+            raise CorruptError(f"{where}: the checkpoint's metadata names tensor {name!r}, which it does not hold")
+        return info[0], tuple(int(d) for d in info[1])
+
+    def _tensor(self, name: str, live: Any, where: str, hint: Any) -> Any:
+        dtype, shape = self._info(name, where)
+        torch = _torch()
+        np = sys.modules.get("numpy")
+        if torch is not None and isinstance(live, torch.Tensor):
+            self._check(where, name, dtype, shape, _torch_dtype_name(live), tuple(int(d) for d in live.shape))
+            self._fill_torch(name, dtype, shape, live)
+            return live
+        if np is not None and isinstance(live, np.ndarray):
+            from . import _numpy as npg
+
+            self._check(where, name, dtype, shape, npg.dtype_name(live.dtype), tuple(live.shape))
+            self._fill_numpy(name, dtype, shape, live)
+            return live
+        # Nothing live to fill: make the tensor (with its parameter's layout, if any).
+        if name in self.numpy_names or torch is None:
+            from . import _numpy as npg
+
+            arr = npg.empty(dtype, shape)
+            self._fill_numpy(name, dtype, shape, arr)
+            return arr
+        from .torch import torch_dtype
+
+        td = torch_dtype(dtype)
+        if hint is not None and isinstance(hint, torch.Tensor) and tuple(hint.shape) == shape:
+            with torch.no_grad():
+                t = torch.empty_like(hint.detach(), dtype=td)
+        else:
+            t = torch.empty(shape, dtype=td)
+        self._fill_torch(name, dtype, shape, t)
+        return t
+
+    @staticmethod
+    def _check(where: str, name: str, dtype: str, shape: Tuple[int, ...], have_dtype: str, have: Tuple[int, ...]) -> None:
+        if shape != have:
+            raise InvalidInputError(f"{where}: tensor {name!r} has shape {shape} in the checkpoint, {have} here")
+        if dtype != have_dtype:
+            raise InvalidInputError(f"{where}: tensor {name!r} is {dtype} in the checkpoint, {have_dtype} here")
+
+    def _fill_torch(self, name: str, dtype: str, shape: Tuple[int, ...], t: Any) -> None:
+        if is_dtensor(t):
+            _, pieces = local_pieces(t, name)
+            local = t.to_local()
+            whole = len(pieces) == 1 and pieces[0].shape == shape
+            for p in pieces:
+                self._into_torch(name, dtype, p.shape, None if whole else (shape, p.offsets), p.view(local))
+        else:
+            self._into_torch(name, dtype, shape, None, t)
+
+    def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Any, t: Any) -> None:
+        torch = _torch()
+        t = t.detach()
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            return
+        direct = t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+        if direct and self._claim(t.data_ptr(), nbytes, name) == "same":
+            return  # tied to a tensor already being filled (the same memory)
+        if direct and self._free_span(t.data_ptr(), nbytes):
+            self.requests.append((name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy()))
+            return
+        pin = t.device.type == "cuda"
+        self._cuda = self._cuda or pin
+        host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pin)
+        self.requests.append((name, dtype, shape, shard, host.reshape(-1).view(torch.uint8).numpy()))
+
+        def copy_back(dst: Any = t, src: Any = host) -> None:
+            with torch.no_grad():
+                dst.copy_(src, non_blocking=dst.device.type == "cuda")
+
+        self._after.append(copy_back)
+
+    def _fill_numpy(self, name: str, dtype: str, shape: Tuple[int, ...], arr: Any) -> None:
+        np = sys.modules["numpy"]
+        if arr.nbytes == 0:
+            return
+        from . import _numpy as npg
+
+        direct = arr.flags.c_contiguous and arr.flags.writeable and arr.dtype.byteorder != ">"
+        ptr = arr.__array_interface__["data"][0]
+        if direct and self._claim(ptr, arr.nbytes, name) == "same":
+            return
+        if direct and self._free_span(ptr, arr.nbytes):
+            self.requests.append((name, dtype, shape, None, arr.reshape(-1).view(np.uint8)))
+            return
+        host = npg.empty(dtype, shape)
+        self.requests.append((name, dtype, shape, None, host.reshape(-1).view(np.uint8)))
+        self._after.append(lambda: np.copyto(arr, host))
+
+    def _claim(self, ptr: int, nbytes: int, name: str) -> str:
+        """``"same"`` when exactly this memory is already a destination."""
+        if (ptr, nbytes) in self._memory:
+            return "same"
+        return "new"
+
+    def _free_span(self, ptr: int, nbytes: int) -> bool:
+        """Take ``[ptr, ptr + nbytes)`` as a destination unless it overlaps one already taken."""
+        end = ptr + nbytes
+        if any(ptr < e and s < end for s, e in self._spans):
+            return False
+        self._spans.append((ptr, end))
+        self._memory[(ptr, nbytes)] = ""
+        return True
+
+    # --------------------------------------------------------------- after
+
+    def finish(self, value: Any) -> Any:
+        """Copy host buffers into their live tensors; resolve deferred values."""
+        for f in self._after:
+            f()
+        if self._cuda:
+            _torch().cuda.synchronize()
+        self._after.clear()
+        return _resolve(value)
+
+
+def _resolve(v: Any) -> Any:
+    if isinstance(v, _Deferred):
+        return v.make()
+    if type(v) is OrderedDict:
+        meta = getattr(v, "_metadata", None)
+        out: Any = OrderedDict((k, _resolve(x)) for k, x in v.items())
+        if meta is not None:
+            out._metadata = _resolve(meta)
+        return out
+    if type(v) is dict:
+        return {k: _resolve(x) for k, x in v.items()}
+    if type(v) is list:
+        return [_resolve(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_resolve(x) for x in v)
+    return v
+
+
+def _torch_dtype_name(t: Any) -> str:
+    from .torch import dtype_name
+
+    return dtype_name(t.dtype)
+
+
+def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
+    """The live state of a restore target and, for an optimizer, where to find
+    the parameter whose layout a missing state tensor takes."""
+    if not is_stateful(target):
+        return target, lambda p: None
+    torch = _torch()
+    live = target.state_dict()
+    if torch is not None and isinstance(target, torch.optim.Optimizer):
+        params = [p for g in target.param_groups for p in g["params"]]
+
+        def hint(path: List[Any]) -> Any:
+            if len(path) == 3 and path[0] == "state" and isinstance(path[1], int) and 0 <= path[1] < len(params):
+                return params[path[1]]
+            return None
+
+        return live, hint
+    return live, lambda p: None
