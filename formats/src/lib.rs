@@ -22,9 +22,11 @@
 
 pub mod convert;
 pub mod error;
+pub mod export;
 #[cfg(feature = "hdf5")]
 pub mod hdf5;
 pub mod native;
+pub mod pylayout;
 pub mod safetensors;
 pub mod torch;
 
