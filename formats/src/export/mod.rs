@@ -160,7 +160,9 @@ pub(crate) fn select(m: &Manifest, entry: &str, dtype: Option<DType>) -> Result<
         None => {
             let prefix = format!("{entry}.");
             for r in &m.tensors {
-                if let Some(rest) = r.name.strip_prefix(&prefix) {
+                if r.name == entry && !paths.iter().any(|(_, n)| n == entry) {
+                    paths.push((entry.to_owned(), r.name.clone()));
+                } else if let Some(rest) = r.name.strip_prefix(&prefix) {
                     if !pylayout::is_internal(&r.name) && !paths.iter().any(|(_, n)| n == &r.name) {
                         paths.push((rest.to_owned(), r.name.clone()));
                     }
