@@ -195,9 +195,9 @@ mod tests {
         assert_eq!(
             labels,
             [
-                "torch.save · stall",
-                "torch.save · durable",
-                "torch.save · load"
+                "torch.save: stall",
+                "torch.save: durable",
+                "torch.save: load"
             ]
         );
         assert!(bars
