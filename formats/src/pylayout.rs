@@ -125,10 +125,8 @@ pub fn tensor_paths(v: &Value, path: &str, out: &mut Vec<(String, String)>) {
         }
     };
     match v {
-        Value::Tensor(name) => {
-            if !out.iter().any(|(_, n)| n == name) {
-                out.push((path.to_owned(), name.clone()));
-            }
+        Value::Tensor(name) if !out.iter().any(|(_, n)| n == name) => {
+            out.push((path.to_owned(), name.clone()));
         }
         Value::Map(entries) => {
             for (k, v) in entries {
