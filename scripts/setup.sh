@@ -56,9 +56,9 @@ fi
 
 # --- The ckpt Python package (bindings/, PyO3 built by maturin) -----------------
 # Rebuilt and reinstalled into .venv only when a source it is made of changed.
-bindings_hash=$(find bindings/src bindings/python core/src formats/src -type f \
+bindings_hash=$(find bindings/src bindings/python core/src formats/src cli/src -type f \
     \( -name '*.rs' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \) | LC_ALL=C sort \
-  | xargs cat Cargo.lock bindings/Cargo.toml bindings/pyproject.toml core/Cargo.toml formats/Cargo.toml \
+  | xargs cat Cargo.lock bindings/Cargo.toml bindings/pyproject.toml core/Cargo.toml formats/Cargo.toml cli/Cargo.toml \
   | sha256sum | cut -c1-16)
 if [ "${CKPT_SKIP_BINDINGS:-0}" != 1 ] && [ "$(cat .venv/.ckpt-bindings 2>/dev/null)" != "$bindings_hash" ]; then
   begin "building and installing the ckpt Python package and its ckpt command (release build)" "4-6 min"
