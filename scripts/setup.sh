@@ -5,10 +5,18 @@
 #   - the Python venv in .venv with PyTorch, safetensors, h5py, pytest, maturin
 #   - the ckpt Python package (bindings/) built and installed into .venv
 #   - Garage (S3-compatible server) from crates.io, cached in ~/.cargo/bin
+# CKPT_SKIP_GARAGE=1 leaves Garage out (only the S3 tests use it; eval.sh skips it),
+# CKPT_SKIP_BINDINGS=1 the Python package (eval.sh builds it after its first report).
+# Each step says what it does, how long it usually takes the first time on a
+# 2-core machine, and how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+_step_start=0
+# begin WHAT USUAL: announce a step; done_step: say how long it took.
+begin() { _step_start=$SECONDS; log "$1 (usually $2 the first time) ..."; }
+done_step() { log "  done in $((SECONDS - _step_start)) s"; }
 
 # --- Debian packages ---------------------------------------------------------
 # g++: torch-sys (the torch feature) compiles its C++ wrapper of libtorch.
@@ -18,10 +26,11 @@ for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  log "installing Debian packages: ${missing[*]}"
+  begin "installing Debian packages: ${missing[*]}" "1-2 min"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  done_step
 fi
 
 # --- Rust ----------------------------------------------------------------------
@@ -38,27 +47,30 @@ if [ ! -x .venv/bin/python ]; then
 fi
 req_hash=$(sha256sum scripts/requirements.txt | cut -c1-16)
 if [ "$(cat .venv/.requirements 2>/dev/null)" != "$req_hash" ]; then
-  log "installing Python packages (PyTorch is large; the first time takes a minute or two)"
+  begin "installing Python packages (PyTorch, transformers, ...; PyTorch is large)" "1-3 min"
   .venv/bin/pip install -q --upgrade pip >/dev/null
   .venv/bin/pip install -q -r scripts/requirements.txt
   echo "$req_hash" > .venv/.requirements
+  done_step
 fi
 
 # --- The ckpt Python package (bindings/, PyO3 built by maturin) -----------------
 # Rebuilt and reinstalled into .venv only when a source it is made of changed.
-bindings_hash=$(find bindings/src bindings/python core/src formats/src -type f \
+bindings_hash=$(find bindings/src bindings/python core/src formats/src cli/src -type f \
     \( -name '*.rs' -o -name '*.py' -o -name '*.pyi' -o -name 'py.typed' \) | LC_ALL=C sort \
-  | xargs cat Cargo.lock bindings/Cargo.toml bindings/pyproject.toml core/Cargo.toml formats/Cargo.toml \
+  | xargs cat Cargo.lock bindings/Cargo.toml bindings/pyproject.toml core/Cargo.toml formats/Cargo.toml cli/Cargo.toml \
   | sha256sum | cut -c1-16)
-if [ "$(cat .venv/.ckpt-bindings 2>/dev/null)" != "$bindings_hash" ]; then
-  log "building and installing the ckpt Python package (release build; a few minutes the first time)"
+if [ "${CKPT_SKIP_BINDINGS:-0}" != 1 ] && [ "$(cat .venv/.ckpt-bindings 2>/dev/null)" != "$bindings_hash" ]; then
+  begin "building and installing the ckpt Python package and its ckpt command (release build)" "4-6 min"
   .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
   echo "$bindings_hash" > .venv/.ckpt-bindings
+  done_step
 fi
 
 # --- Garage (S3-compatible server for the S3 tests) ----------------------------
 if [ "${CKPT_SKIP_GARAGE:-0}" != 1 ] && ! command -v garage >/dev/null && [ ! -x "$HOME/.cargo/bin/garage" ]; then
-  log "building Garage 2.5 from crates.io (once per machine, about 9 minutes on 2 cores)"
+  begin "building Garage 2.5 from crates.io for the S3 tests (once per machine)" "9 min"
   cargo install garage --locked --version 2.5.0 >/dev/null 2>&1
+  done_step
 fi
 log "ready"

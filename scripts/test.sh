@@ -17,6 +17,11 @@ if [ "${CKPT_SKIP_GARAGE:-0}" != 1 ]; then
   eval "$(./scripts/garage.sh start)"
 fi
 
+# The ckpt command as its default build makes it (no libtorch: a workspace build
+# with every feature links ckpt-core with `torch` into every binary).
+echo "== cargo test -p ckpt-cli (default features)"
+cargo test -p ckpt-cli
+
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features --no-fail-fast
 

@@ -10,6 +10,7 @@ pub mod checkpointer;
 pub mod coord;
 pub mod dest;
 pub mod errors;
+pub mod export;
 pub mod handle;
 pub mod runtime;
 pub mod value;
@@ -63,6 +64,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(export::export, m)?)?;
+    m.add_function(wrap_pyfunction!(export::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -74,3 +74,7 @@ pub use value::{Key, Value};
 
 /// Largest chunk (raw bytes) a chunked format writes or a decoder accepts.
 pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+
+/// Whether this build of ckpt-core links libtorch (feature `torch`): a program
+/// built with it needs libtorch on its library path to start.
+pub const LINKS_LIBTORCH: bool = cfg!(feature = "torch");

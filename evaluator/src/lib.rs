@@ -19,6 +19,7 @@
 pub mod experiments;
 pub mod faults;
 pub mod group;
+pub mod html;
 pub mod interval;
 pub mod limits;
 pub mod models;

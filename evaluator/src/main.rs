@@ -2,7 +2,7 @@
 //!
 //! With no subcommand it runs the default suite: every experiment at a small
 //! size, tables on the terminal, and a run directory with `results.json`, CSVs,
-//! plots and `report.md`.
+//! plots, `report.md` and `report.html`.
 //!
 //! `ckpt-eval faults` runs fault campaigns instead (`ckpt-eval faults --help`).
 
@@ -201,7 +201,8 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
     println!("\ntime per experiment: {}", took.join(", "));
     ckpt_eval::report::write_all(&results, &dir)?;
     println!(
-        "\nreport: {} ({:.0} s)",
+        "\nreport: {} and {} ({:.0} s)",
+        dir.join("report.html").display(),
         dir.join("report.md").display(),
         started.elapsed().as_secs_f64()
     );

@@ -1,6 +1,8 @@
 //! Output of a suite run: tables (terminal and Markdown), `results.json`, one CSV
-//! per table, plots (SVG and PNG) and `report.md` embedding them, in one run
-//! directory.
+//! per table, plots (SVG, whose text the viewer sets in real fonts, and a PNG
+//! fallback), `report.md` linking the SVGs and `report.html` with them inline
+//! ([`crate::html`]), both opening with a summary figure (ckpt against each peer
+//! on stall, time until durable and load), in one run directory.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -521,11 +523,14 @@ pub fn write_all(r: &SuiteResults, dir: &Path) -> std::io::Result<()> {
     for (name, c) in &charts {
         c.save(&plots, name)?;
     }
-    let mut md = String::from("# ckpt-eval report\n\n");
+    let summary = r.formats.as_ref().and_then(crate::html::summary_chart);
+    if let Some(c) = &summary {
+        c.save(&plots, "summary")?;
+    }
+    let mut intro = String::new();
     if let Some(cfg) = &r.config {
-        let _ = writeln!(
-            md,
-            "State: {} shapes, {:?}, optimizer state {}, {:.1} MiB in {} tensors; {} repeats per figure (median [min-max]).\n",
+        intro = format!(
+            "State: {} shapes, {:?}, optimizer state {}, {:.1} MiB in {} tensors; {} repeats per figure (median [min-max]).",
             cfg.model,
             cfg.mix,
             cfg.optimizer,
@@ -534,24 +539,52 @@ pub fn write_all(r: &SuiteResults, dir: &Path) -> std::io::Result<()> {
             r.formats.as_ref().and_then(|f| f.rows.first()).map_or(0, |x| x.save_s.n)
         );
     }
+    let mut md = String::from("# ckpt-eval report\n\n");
+    if !intro.is_empty() {
+        let _ = writeln!(md, "{intro}\n");
+    }
+    let _ = writeln!(
+        md,
+        "The same report with the plots inline: [report.html](report.html).\n"
+    );
+    if summary.is_some() {
+        let _ = writeln!(md, "![summary](plots/summary.svg)\n");
+    }
+    let mut sections = Vec::new();
     for t in &tables {
         let _ = writeln!(md, "## {}\n\n{}", t.title, t.to_markdown());
-        for (name, _) in charts.iter().filter(|(n, _)| n.starts_with(&t.id)) {
-            let _ = writeln!(md, "![{name}](plots/{name}.png)\n");
+        let mine: Vec<&(String, Chart)> = charts
+            .iter()
+            .filter(|(n, _)| n.starts_with(&t.id))
+            .collect();
+        for (name, _) in &mine {
+            let _ = writeln!(md, "![{name}](plots/{name}.svg)\n");
         }
+        sections.push(crate::html::Section {
+            table: t,
+            charts: mine.iter().map(|(_, c)| c).collect(),
+        });
     }
+    let mut notes = Vec::new();
     for (what, why) in &r.not_included {
+        notes.push(format!("not included: {what}: {why}"));
         let _ = writeln!(md, "- not included: **{what}**: {why}");
     }
     for (what, why) in &r.errors {
+        notes.push(format!("FAILED: {what}: {why}"));
         let _ = writeln!(md, "- FAILED: **{what}**: {why}");
     }
     if let Some(f) = r.formats.as_ref().and_then(|f| f.python_error.as_ref()) {
+        notes.push(format!(
+            "Python baselines of the formats experiment missing: {f}"
+        ));
         let _ = writeln!(
             md,
             "- Python baselines of the formats experiment missing: {f}"
         );
     }
+    let html = crate::html::page(&intro, summary.as_ref(), &sections, &notes);
+    std::fs::write(dir.join("report.html"), html)?;
     std::fs::write(dir.join("report.md"), md)
 }
 

@@ -315,9 +315,14 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    for name in plots.iter().filter(|n| n.ends_with(".png")) {
+    for name in plots.iter().filter(|n| n.ends_with(".svg")) {
         assert!(md.contains(&format!("plots/{name}")), "{name} not embedded");
-        assert!(plots.contains(&name.replace(".png", ".svg")));
+        assert!(plots.contains(&name.replace(".svg", ".png")));
     }
+    // report.html: every plot inline, nothing to fetch.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let svgs = plots.iter().filter(|n| n.ends_with(".svg")).count();
+    assert_eq!(html.matches("<svg").count(), svgs);
+    assert!(!html.contains("src=") && html.contains("<table>"));
     assert!(plots.len() >= 14, "{plots:?}");
 }

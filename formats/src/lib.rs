@@ -22,9 +22,11 @@
 
 pub mod convert;
 pub mod error;
+pub mod export;
 #[cfg(feature = "hdf5")]
 pub mod hdf5;
 pub mod native;
+pub mod pylayout;
 pub mod safetensors;
 pub mod torch;
 
@@ -52,6 +54,14 @@ pub fn registry() -> FormatRegistry {
 
 /// Look a format up by name (`native`).
 pub fn by_name(name: &str) -> ckpt_core::Result<Arc<dyn Format>> {
+    #[cfg(not(feature = "hdf5"))]
+    if name == "hdf5" {
+        return Err(ckpt_core::Error::Unsupported(
+            "HDF5 is not built into this ckpt: build it with the `hdf5` feature, which needs \
+             libhdf5 (Debian: apt-get install libhdf5-dev; the Python wheel has it by default)"
+                .into(),
+        ));
+    }
     registry().get(name)
 }
 

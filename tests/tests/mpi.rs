@@ -123,3 +123,57 @@ fn an_absent_rank_makes_the_others_time_out_instead_of_hanging() {
     ok(&out, "load");
     assert!(lines(&out).iter().all(|r| r["loaded_step"] == 1));
 }
+
+/// `ckpt export` of a checkpoint 4 ranks saved: sharded tensors come out whole,
+/// replicated ones once, as the checkpoint loads in one process.
+#[test]
+fn export_assembles_sharded_tensors() {
+    use ckpt_formats::export::{export, ExportOptions};
+    let (dir, url) = temp_root();
+    ok(&mpirun(4, &["save", &url, "5"]), "save");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let whole = rt.block_on(async {
+        let cp = ckpt_formats::builder(url.as_str()).build().await.unwrap();
+        cp.load_step(5).await.unwrap().state
+    });
+    let read = |p: &std::path::Path| {
+        let bytes = bytes::Bytes::from(std::fs::read(p).unwrap());
+        ckpt_formats::safetensors::read_file(&bytes).unwrap()
+    };
+    for entry in ["emb", "blocks"] {
+        let out = dir.path().join(format!("{entry}.safetensors"));
+        let r = rt
+            .block_on(export(&url, &out, &ExportOptions::new(entry)))
+            .unwrap();
+        assert_eq!(r.tensors, 1);
+        let got = read(&out);
+        let want = whole.tensors.iter().find(|t| t.name == entry).unwrap();
+        assert_eq!(
+            (&got.tensors[0].shape, &got.tensors[0].data),
+            (&want.shape, &want.data)
+        );
+    }
+    let hf = dir.path().join("dense");
+    let opts = ExportOptions {
+        hf: true,
+        max_shard_bytes: 40_000,
+        ..ExportOptions::new("dense")
+    };
+    let r = rt.block_on(export(&url, &hf, &opts)).unwrap();
+    assert_eq!(r.tensors, 8);
+    assert!(r.files.len() > 2, "{:?}", r.files);
+    for f in r
+        .files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "safetensors"))
+    {
+        for t in read(f).tensors {
+            let want = whole
+                .tensors
+                .iter()
+                .find(|w| w.name == format!("dense.{}", t.name))
+                .unwrap();
+            assert_eq!(t.data, want.data, "{}", t.name);
+        }
+    }
+}

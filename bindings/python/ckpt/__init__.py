@@ -37,6 +37,7 @@ from .errors import (
     StorageError,
     UnsupportedError,
 )
+from .export import export
 from .rng import RNGState
 
 __version__: str = _ckpt.__version__
@@ -59,6 +60,7 @@ __all__ = [
     "SkippedError",
     "InternalError",
     "distributed",
+    "export",
 ]
 
 # A forked child (e.g. a DataLoader worker) must not use the parent's runtime

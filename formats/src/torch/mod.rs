@@ -18,6 +18,11 @@
 //! optimizer) included; [`read_pt`] opens files written by `torch.save` and refuses
 //! any pickle that would call something other than the tensor rebuild functions and
 //! plain containers, so loading never runs code from a file.
+//!
+//! A state saved by the Python package is written as plain state dicts
+//! (`torch.load(f)["model"]` goes straight into `model.load_state_dict`), with
+//! ckpt's own state under the key `__ckpt__` (see [`crate::pylayout`]); the exact
+//! Python types stay in the manifest, which is what ckpt loads from.
 
 pub mod crc32;
 pub mod dtypes;
@@ -107,14 +112,21 @@ pub fn archive(root: &Value, tensors: &[Tensor], crcs: &[u32]) -> Result<Archive
     Ok(Archive { plan, offsets })
 }
 
-/// Encode a whole state as one `.pt` file (see [`tree::root_of`] for its top object).
+/// The top object of the `.pt` file of a whole state: for the Python package's
+/// metadata, plain state dicts with ckpt's internals under one key
+/// ([`crate::pylayout::plain_root`]); otherwise [`tree::root_of`].
+pub fn root_for(state: &State) -> Value {
+    crate::pylayout::plain_root(&state.meta, &state.tensors).unwrap_or_else(|| tree::root_of(state))
+}
+
+/// Encode a whole state as one `.pt` file (see [`root_for`] for its top object).
 pub fn write_pt(state: &State) -> Result<Vec<u8>, CodecError> {
     let crcs: Vec<u32> = state
         .tensors
         .iter()
         .map(|t| crc32::crc32(&t.data))
         .collect();
-    let a = archive(&tree::root_of(state), &state.tensors, &crcs)?;
+    let a = archive(&root_for(state), &state.tensors, &crcs)?;
     let mut out = Vec::with_capacity(a.plan.len as usize);
     for p in &a.plan.parts {
         out.extend_from_slice(p);
@@ -189,7 +201,7 @@ impl Format for Torch {
         // One process holds the whole state: keep its nested structure, as
         // `torch.save(state_dict)` would. A rank of a larger job writes its tensors flat.
         let root = if ctx.world_size == 1 {
-            tree::root_of(&State {
+            root_for(&State {
                 tensors: tensors.to_vec(),
                 meta: ctx.meta.clone(),
             })
