@@ -182,10 +182,10 @@ impl Checkpointer {
     }
 }
 
-/// One destination of [`Checkpointer::load_boxes_into`]: the box `spec.offsets`
-/// + `shape` of tensor `name`, whose global shape is `spec.global_shape`, into
-/// `dst` (row-major, exactly the box's bytes). A whole tensor is the box at
-/// offset zero with `shape == spec.global_shape`.
+/// One destination of [`Checkpointer::load_boxes_into`]: the box of extent
+/// `shape` at `spec.offsets` of tensor `name`, whose global shape is
+/// `spec.global_shape`, into `dst` (row-major, exactly the box's bytes). A whole
+/// tensor is the box at offset zero with `shape == spec.global_shape`.
 #[derive(Debug)]
 pub struct BoxTarget<'a> {
     /// Tensor name in the checkpoint.

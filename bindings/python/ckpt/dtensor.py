@@ -100,11 +100,13 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
     for p in placements:
         if isinstance(p, Partial) or (not isinstance(p, (Replicate, *sharded)) and getattr(p, "is_partial", lambda: False)()):
             raise UnsupportedError(
-                f"{where}: DTensor placement {p} cannot be stored (a partial value pending a reduction); "
+                f"{where}: DTensor placement {type(p).__name__} ({p}) cannot be stored (a partial value pending a reduction); "
                 "redistribute it to Shard or Replicate first"
             )
         if not isinstance(p, (Replicate, *sharded)):
-            raise UnsupportedError(f"{where}: DTensor placement {p} is not supported (Shard and Replicate are)")
+            raise UnsupportedError(
+                f"{where}: DTensor placement {type(p).__name__} ({p}) is not supported (Shard and Replicate are)"
+            )
     mesh = obj.device_mesh
     coord = mesh.get_coordinate()
     if coord is None:

@@ -1,0 +1,216 @@
+"""Sharded training state (FSDP2, tensor parallel, DTensor) saved by N ranks, loaded by M.
+
+Real jobs under ``torchrun`` on CPU with gloo (``fsdp_worker.py``), checked
+against the full state PyTorch gathers itself
+(``get_state_dict(..., full_state_dict=True)``), bitwise. Byte counts come from
+the store each checkpointer wraps in a counter (``Checkpointer.io_counts``).
+The in-process tests use a one-rank gloo group for DTensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+import ckpt
+from conftest import PYTHON, python_env
+
+WORKER = str(Path(__file__).with_name("fsdp_worker.py"))
+LIMIT = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(n: int, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), WORKER, *args]
+    p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+    if expect_ok:
+        assert p.returncode == 0, p.stdout[-6000:]
+    return p
+
+
+def plain(*args: str) -> None:
+    p = subprocess.run([PYTHON, WORKER, "plain", *args], env=python_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+    assert p.returncode == 0, p.stdout[-6000:]
+
+
+def rows(out: Path, mode: str, n: int) -> List[Dict]:
+    return [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(n)]
+
+
+def stored_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in (root / "chunks").iterdir())
+
+
+def test_fsdp2_saved_by_2_loads_into_3_1_and_2_bitwise(tmp_path: Path) -> None:
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    torchrun(2, "train", url, str(out / "a"), "--steps", "6", "--save-at", "3")
+    saved = rows(out / "a", "train", 2)
+    ref = saved[0]["at_save"]
+    assert all(r["at_save"] == ref for r in saved)
+    total = stored_bytes(root)
+    # Each rank wrote about half the bytes; no rank gathered the others' shards.
+    for r in saved:
+        assert 0.4 * total < r["written_bytes"] < 0.62 * total, (r["written_bytes"], total)
+        assert r["written_bytes"] < 1.1 * r["local_bytes"] + 200_000
+
+    # 2 -> 3 ranks: every tensor bitwise equal to what PyTorch gathered at save.
+    torchrun(3, "load", url, str(out / "b"), "--steps", "6")
+    three = rows(out / "b", "load", 3)
+    assert all(r["loaded"] == 3 and r["at_save"] == ref for r in three)
+    # Each rank reads its share plus the overlap of the stored pieces, not the whole state.
+    reads = [r["read_bytes"] for r in three]
+    assert sum(reads) < 2.3 * total, (reads, total)
+    assert min(reads) < 0.6 * total, (reads, total)
+
+    # 2 -> 1 plain process, no process group.
+    plain(url, str(out / "c"), "--steps", "6")
+    assert rows(out / "c", "plain", 1)[0]["at_save"] == ref
+
+    # Consolidation: one unsharded safetensors file, as PyTorch gathered it.
+    from safetensors.torch import load_file
+
+    from fsdp_worker import digests
+
+    ckpt.export(url, tmp_path / "model.safetensors", entry="model")
+    exported = {f"model.{k}": v for k, v in load_file(str(tmp_path / "model.safetensors")).items()}
+    assert digests(exported) == {k: v for k, v in ref.items() if k.startswith("model.")}
+
+    # 2 -> 2: training continued after the load matches uninterrupted training bitwise.
+    torchrun(2, "load", url, str(out / "d"), "--steps", "6")
+    resumed = rows(out / "d", "load", 2)
+    assert all(r["at_save"] == ref for r in resumed)
+    assert [r["final"] for r in resumed] == [r["final"] for r in saved]
+    for r in resumed:
+        assert r["read_bytes"] < 0.62 * total, (r["read_bytes"], total)
+
+
+def test_fsdp2_saved_by_3_loads_into_2(tmp_path: Path) -> None:
+    root, out = tmp_path / "ck", tmp_path / "out"
+    torchrun(3, "train", root.as_uri(), str(out / "a"), "--steps", "4", "--save-at", "2", "--lazy")
+    ref = rows(out / "a", "train", 3)[0]["at_save"]
+    torchrun(2, "load", root.as_uri(), str(out / "b"), "--steps", "4")
+    assert all(r["loaded"] == 2 and r["at_save"] == ref for r in rows(out / "b", "load", 2))
+
+
+def test_fsdp_x_tp_2x2_loads_into_2_rank_fsdp_and_one_process(tmp_path: Path) -> None:
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    torchrun(4, "train", url, str(out / "a"), "--steps", "4", "--save-at", "3", "--tp")
+    saved = rows(out / "a", "train", 4)
+    ref = saved[0]["at_save"]
+    assert all(r["at_save"] == ref for r in saved)
+    total = stored_bytes(root)
+    for r in saved:  # a quarter each: pieces replicated over the TP dimension are written once
+        assert r["written_bytes"] < 0.35 * total, (r["written_bytes"], total)
+    torchrun(2, "load", url, str(out / "b"), "--steps", "4")
+    assert all(r["at_save"] == ref for r in rows(out / "b", "load", 2))
+    plain(url, str(out / "c"), "--steps", "4")
+    assert rows(out / "c", "plain", 1)[0]["at_save"] == ref
+
+
+def test_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    p = torchrun(2, "train", url, str(out / "a"), "--steps", "6", "--save-at", "2,4", "--die-rank", "1",
+                 "--die-at", "4", "--timeout", "10", expect_ok=False)
+    assert p.returncode != 0
+    survivor = json.loads((out / "a" / "train-rank0.json").read_text())
+    assert survivor["error"] == "CheckpointTimeoutError", survivor
+    assert ckpt.Checkpointer(url, coordinate="none").steps() == [2]
+
+
+# ----------------------------------------------------------- in process
+
+
+@pytest.fixture
+def mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_partial_placement_is_refused_before_anything_is_written(url: str, mesh) -> None:
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    cp = ckpt.Checkpointer(url)
+    good = DTensor.from_local(torch.arange(6.0), mesh, [Shard(0)])
+    cp.save(1, {"w": good}).wait()
+    bad = DTensor.from_local(torch.ones(4), mesh, [Partial()])
+    with pytest.raises(ckpt.UnsupportedError, match=r"'b'.*Partial") as info:
+        cp.save(2, {"w": good, "b": bad})
+    assert "b" in str(info.value)
+    cp.wait()
+    assert cp.steps() == [1]
+    target = {"w": DTensor.from_local(torch.zeros(6), mesh, [Shard(0)])}
+    assert cp.load_latest(target) == 1
+    assert torch.equal(target["w"].to_local(), torch.arange(6.0))
+
+
+def test_shape_or_dtype_mismatch_names_the_tensor_and_writes_nothing(url: str, mesh) -> None:
+    from torch.distributed.tensor import DTensor, Shard
+
+    cp = ckpt.Checkpointer(url)
+    cp.save(1, {"a": torch.arange(4.0), "w": DTensor.from_local(torch.arange(6.0), mesh, [Shard(0)])}).wait()
+    a = torch.full((4,), 7.0)
+    wrong_shape = DTensor.from_local(torch.zeros(5), mesh, [Shard(0)])
+    with pytest.raises(ckpt.InvalidInputError, match=r"'w'.*\(6,\).*\(5,\)"):
+        cp.load_latest({"a": a, "w": wrong_shape})
+    assert torch.equal(a, torch.full((4,), 7.0))  # nothing half-restored
+    wrong_dtype = DTensor.from_local(torch.zeros(6, dtype=torch.float64), mesh, [Shard(0)])
+    with pytest.raises(ckpt.InvalidInputError, match=r"'w'.*F32.*F64"):
+        cp.load_latest({"a": a, "w": wrong_dtype})
+    assert torch.equal(a, torch.full((4,), 7.0))
+
+
+def test_dcp_state_dict_apis_are_accepted(url: str, mesh) -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Linear(5, 3))
+        fully_shard(m, mesh=mesh)
+        return m, torch.optim.AdamW(m.parameters(), lr=0.1)
+
+    m, opt = make()
+    m(torch.randn(2, 7)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(m, opt)
+    cp = ckpt.Checkpointer(url)
+    cp.save(1, {"model": msd, "optim": osd}).wait()
+
+    m2, opt2 = make()
+    msd2, osd2 = get_state_dict(m2, opt2)
+    assert cp.load_latest({"model": msd2, "optim": osd2}) == 1
+    set_state_dict(m2, opt2, model_state_dict=msd2, optim_state_dict=osd2)
+    for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a.full_tensor(), b.full_tensor()), k
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    for pid in s1:
+        for k in s1[pid]:
+            x, y = s1[pid][k], s2[pid][k]
+            x = x.full_tensor() if hasattr(x, "full_tensor") else x
+            y = y.full_tensor() if hasattr(y, "full_tensor") else y
+            assert torch.equal(x, y), (pid, k)
