@@ -93,14 +93,17 @@ async fn a_bad_target_fails_before_any_buffer_is_written() {
     let cp = ckpt_formats::builder(&url).build().await.unwrap();
     cp.save(1, &state).await.unwrap().wait().await.unwrap();
     let id = cp.committed().await.unwrap()[0].clone();
-    let cases: Vec<(&str, Vec<u64>, Vec<u64>, Vec<u64>, Option<DType>)> = vec![
-        ("w", vec![7, 5], vec![0, 0], vec![7, 6], Some(DType::F32)), // global shape differs
-        ("w", vec![7, 5], vec![0, 0], vec![7, 5], Some(DType::F64)), // dtype differs
-        ("w", vec![4, 5], vec![4, 0], vec![7, 5], Some(DType::F32)), // box past the end
+    // (shape, offsets, global shape, dtype) of a target for `w`.
+    type Case = (Vec<u64>, Vec<u64>, Vec<u64>, Option<DType>);
+    let cases: Vec<Case> = vec![
+        (vec![7, 5], vec![0, 0], vec![7, 6], Some(DType::F32)), // global shape differs
+        (vec![7, 5], vec![0, 0], vec![7, 5], Some(DType::F64)), // dtype differs
+        (vec![4, 5], vec![4, 0], vec![7, 5], Some(DType::F32)), // box past the end
     ];
-    for (name, shape, offsets, global, dtype) in cases {
+    for (shape, offsets, global, dtype) in cases {
+        let name = "w";
         let mut first = vec![0xAAu8; 12];
-        let mut bad = vec![0xAAu8; 7 * 5 * 4];
+        let mut bad = [0xAAu8; 7 * 5 * 4];
         let n: u64 = shape.iter().product();
         let bad = &mut bad[..(n * 4) as usize];
         let mut t = target(name, &shape, &offsets, &global, bad);

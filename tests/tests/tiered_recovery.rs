@@ -8,6 +8,7 @@ use std::time::Duration;
 use ckpt_core::catalog;
 use ckpt_core::store::{self, FaultPlan, FaultStore, TieredOptions, TieredStore};
 use ckpt_core::{Checkpointer, Error, Result, Retention, State, Tensor, Value};
+use futures::TryStreamExt;
 use object_store::ObjectStore;
 
 fn state(step: u64) -> State {
@@ -135,11 +136,24 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let fast = store::open_dir(&dir.path().join("fast"))?;
     let durable_inner = store::open_dir(&dir.path().join("durable"))?;
-    // One chunk copy fails on the durable tier; the other chunks and the manifest would land.
+    // The checkpoint is committed on the fast tier first, so that one of its
+    // chunks can be named: that chunk's copy to the durable tier always fails
+    // (every attempt, also the retry a later flush makes), the others land.
+    checkpointer(fast.clone(), Retention::keep_all())
+        .await?
+        .save(1, &state(1))
+        .await?
+        .wait()
+        .await?;
+    let chunks: Vec<_> = fast
+        .list(Some(&"chunks".into()))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await?;
+    assert!(chunks.len() >= 2, "{chunks:?}");
     let plan = FaultPlan {
         put_error: 1.0,
-        max_faults: Some(1),
-        only_prefix: Some("chunks/".into()),
+        only_prefix: Some(chunks[0].clone()),
         ..FaultPlan::none(9)
     };
     let durable = FaultStore::new(durable_inner.clone(), plan);
@@ -148,21 +162,29 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
         ..Default::default()
     };
     let tiered = TieredStore::new(fast, Arc::new(durable.clone()), opts);
-    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
-    cp.save(1, &state(1)).await?.wait().await?;
     let report = tiered.flush().await?;
     assert_eq!(durable.injected().errors, 1);
-    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed.len(), 1, "{:?}", report.flushed);
+    assert!(report.flushed.is_empty());
     assert!(
         catalog::committed(durable_inner.as_ref()).await?.is_empty(),
         "manifest published before its chunks"
     );
-    // Some chunks did land: the durable tier holds an incomplete, invisible copy.
+    // The durable tier holds at most an incomplete, invisible copy.
+    let landed: Vec<_> = durable_inner
+        .list(Some(&"chunks".into()))
+        .try_collect()
+        .await?;
+    assert!(landed.len() < chunks.len());
     let on_durable = ckpt_formats::builder("d")
         .store(durable_inner.clone())
         .build()
         .await?;
     assert!(on_durable.load_latest().await?.is_none());
+    // A second flush tries again, and fails again the same way.
+    let report = tiered.flush().await?;
+    assert_eq!((report.failed.len(), durable.injected().errors), (1, 2));
+    assert!(catalog::committed(durable_inner.as_ref()).await?.is_empty());
     Ok(())
 }
 
