@@ -134,9 +134,10 @@ fn h5_we_write_opens_in_h5py_bitwise() {
     std::fs::write(&file, encode(&s).unwrap()).unwrap();
     let got = python(&["describe-h5"], &file);
     check_described(&got, &s, true);
-    let places = place_all(&["model.layers.0.weight", "model.layers.0"]).unwrap();
-    assert_eq!(places[0].path(), "model/layers/0/weight");
-    assert_eq!(places[1].path(), "ckpt.flat/model.layers.0");
+    let places = place_all(&["model.layers.0.weight", "model", "opt.state.0.exp_avg"]).unwrap();
+    assert_eq!(places[0].path(), "model/layers.0.weight");
+    assert_eq!(places[1].path(), "ckpt.flat/model");
+    assert_eq!(places[2].path(), "opt/state.0.exp_avg");
     // And back here, in order.
     assert_same(&read_h5(&file).unwrap(), &s);
 }

@@ -6,10 +6,12 @@
 //! ```
 //!
 //! - One dataset per tensor, contiguous and uncompressed, dtype and shape kept.
-//!   Dotted names are groups: `model.layers.0.weight` is
-//!   `/model/layers/0/weight`. A name that cannot be a path (`a.b` next to
-//!   `a.b.c`, empty parts, a `/`) goes to the group `ckpt.flat` with its exact
-//!   name in a `ckpt_name` attribute (see [`names`]).
+//!   Each entry of the state is a group and its state-dict keys are datasets:
+//!   `model.layers.0.weight` is `/model/layers.0.weight`, so `f["model"]` reads
+//!   like `model.state_dict()`. A name that cannot be a path (`a` next to `a.b`,
+//!   empty parts, a `/`) goes to the group `ckpt.flat` with its exact name in a
+//!   `ckpt_name` attribute (see [`names`]). Files from elsewhere with deeper
+//!   groups (`/model/layers/0/weight`) read back as dotted names too.
 //! - Attributes: the root's `ckpt_meta` is the non-tensor state as JSON (for a
 //!   single-process checkpoint and files written by [`encode`]); every dataset has
 //!   `ckpt_dtype` (the ckpt dtype name) and `ckpt_index` (its position in the state).

@@ -1,10 +1,13 @@
-//! Where each tensor goes in the file: dotted names become groups, with an escape
-//! hatch for names that cannot be paths. Pure (no libhdf5).
+//! Where each tensor goes in the file: the entry of the state (the name up to its
+//! first dot) becomes a group, the rest (the state-dict key) the dataset, with an
+//! escape hatch for names that cannot be paths. Pure (no libhdf5).
 //!
-//! `model.layers.0.weight` is the dataset `/model/layers/0/weight`. A name is
-//! placed this way when every dot-separated part is non-empty and has no `/`, and
-//! no other tensor's name continues it (`a.b` next to `a.b.c` would have to be a
-//! dataset and a group at once). Every other name is a dataset of the root group
+//! `model.layers.0.weight` is the dataset `layers.0.weight` of the group
+//! `/model`, so h5py users browse `f["model"]` as they would the state dict. A
+//! name is placed this way when both parts are non-empty, have no `/` and are
+//! not `.`, and no other tensor is named like the entry (`a` next to `a.b` would
+//! have to be a dataset and a group at once); a name without a dot is a dataset
+//! of the root. Every other name is a dataset of the root group
 //! [`FLAT_GROUP`], named by the tensor name with `%` written `%25` and `/` written
 //! `%2F` (and a lone `.` as `%2E`), and carries its exact name in the attribute
 //! `ckpt_name`. [`FLAT_GROUP`] has a dot in its name, so no dotted path can
@@ -36,8 +39,16 @@ impl Place {
     }
 }
 
-fn well_formed(name: &str) -> bool {
-    name.split('.').all(|p| !p.is_empty() && !p.contains('/'))
+fn link_ok(part: &str) -> bool {
+    !part.is_empty() && part != "." && !part.contains('/')
+}
+
+/// The group and dataset of a name placed as a path (`None`: no group).
+fn split(name: &str) -> Option<(Option<&str>, &str)> {
+    match name.split_once('.') {
+        Some((entry, key)) => (link_ok(entry) && link_ok(key)).then_some((Some(entry), key)),
+        None => link_ok(name).then_some((None, name)),
+    }
 }
 
 /// The link name of a tensor in [`FLAT_GROUP`] (injective on names).
@@ -70,25 +81,16 @@ pub fn place_all(names: &[&str]) -> Result<Vec<Place>, H5Error> {
         if !seen.insert(n) {
             return Err(H5Error::Malformed(format!("tensor name `{n}` is repeated")));
         }
-        if well_formed(n) {
-            let mut end = 0;
-            for part in n.split('.') {
-                end += part.len();
-                if end < n.len() {
-                    prefixes.insert(&n[..end]);
-                }
-                end += 1;
-            }
+        if let Some((Some(entry), _)) = split(n) {
+            prefixes.insert(entry);
         }
     }
     Ok(names
         .iter()
-        .map(|&n| {
-            if well_formed(n) && !prefixes.contains(n) {
-                Place::Path(n.split('.').map(str::to_owned).collect())
-            } else {
-                Place::Flat(escape(n))
-            }
+        .map(|&n| match split(n) {
+            Some((Some(entry), key)) => Place::Path(vec![entry.to_owned(), key.to_owned()]),
+            Some((None, leaf)) if !prefixes.contains(leaf) => Place::Path(vec![leaf.to_owned()]),
+            _ => Place::Flat(escape(n)),
         })
         .collect())
 }
@@ -116,15 +118,19 @@ mod tests {
             "%",
             "top",
         ];
+        // A name without a dot that is also an entry goes flat.
+        let both = place_all(&["a", "a.b"]).unwrap();
+        assert_eq!(both[0].path(), "ckpt.flat/a");
+        assert_eq!(both[1].path(), "a/b");
         let got: Vec<String> = place_all(&names).unwrap().iter().map(Place::path).collect();
         assert_eq!(
             got,
             [
-                "model/layers/0/weight",
-                "ckpt.flat/a.b",
-                "a/b/c",
+                "model/layers.0.weight",
+                "a/b",
+                "a/b.c",
                 "ckpt.flat/x%2Fy",
-                "ckpt.flat/p..q",
+                "p/.q",
                 "ckpt.flat/%2E",
                 "%",
                 "top"
