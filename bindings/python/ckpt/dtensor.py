@@ -75,6 +75,11 @@ def local_tensor(obj: Any) -> Any:
 
 def _runs(index: Sequence[int]) -> List[Tuple[int, int, int]]:
     """Split global indices into runs of consecutive ones: ``(local_start, global_start, length)``."""
+    if not index:
+        return []
+    first = index[0]
+    if index[-1] - first + 1 == len(index) and list(index) == list(range(first, first + len(index))):
+        return [(0, first, len(index))]  # one run: the common case, without a Python loop
     runs: List[Tuple[int, int, int]] = []
     for i, g in enumerate(index):
         if runs and runs[-1][1] + runs[-1][2] == g:
@@ -146,6 +151,13 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
     return out
 
 
+#: Pieces by layout (global shape, placements, mesh, local shape): the same
+#: parameters are saved and loaded again and again with the same layout, and
+#: working the boxes out is most of a save call's time for a sharded model.
+_LAYOUTS: dict = {}
+_LAYOUTS_MAX = 1 << 16
+
+
 def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
     """The global shape of DTensor ``obj`` and the boxes its local tensor covers.
 
@@ -154,10 +166,28 @@ def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
     placements ``Replicate``) is one piece at offset zero.
     """
     shape = tuple(int(s) for s in obj.shape)
+    local = obj.to_local()
+    try:
+        key: Any = (shape, tuple(obj.placements), obj.device_mesh, tuple(local.shape))
+        hash(key)
+    except TypeError:  # pragma: no cover - an unhashable mesh or placement
+        key = None
+    if key is not None:
+        hit = _LAYOUTS.get(key)
+        if hit is not None:
+            return shape, list(hit)
+    pieces = _pieces(obj, where, shape, local)
+    if key is not None:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = tuple(pieces)
+    return shape, pieces
+
+
+def _pieces(obj: Any, where: str, shape: Tuple[int, ...], local: Any) -> List[Piece]:
     sets = _index_sets(obj, where)
     if sets is None:
-        return shape, []
-    local = obj.to_local()
+        return []
     per_dim: List[List[Tuple[int, int, int]]] = []
     for d, idx in enumerate(sets):
         runs = [(0, 0, shape[d])] if idx is None else _runs(idx)
@@ -168,15 +198,14 @@ def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
                 f"its placements {tuple(obj.placements)} say {held}"
             )
         if held == 0:
-            return shape, []
+            return []
         per_dim.append(runs)
     count = 1
     for runs in per_dim:
         count *= len(runs)
     if count > MAX_PIECES:
         raise UnsupportedError(f"{where}: DTensor local shard splits into {count} boxes (at most {MAX_PIECES})")
-    pieces = [
+    return [
         Piece(local=tuple((ls, n) for ls, _, n in combo), offsets=tuple(gs for _, gs, _ in combo))
         for combo in itertools.product(*per_dim)
     ]
-    return shape, pieces
