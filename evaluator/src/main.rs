@@ -83,6 +83,15 @@ struct Cli {
     /// Scale: state size in MiB (every rank holds all of it).
     #[arg(long, global = true, default_value_t = 128)]
     scale_mib: usize,
+    /// Sharded: rank counts to run under torchrun.
+    #[arg(long, global = true, value_delimiter = ',', default_value = "2,4")]
+    sharded_ranks: Vec<usize>,
+    /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that).
+    #[arg(long, global = true, default_value_t = 64.0)]
+    sharded_mib: f64,
+    /// Sharded: timed saves and loads per method (after one untimed warm-up save).
+    #[arg(long, global = true, default_value_t = 2)]
+    sharded_repeats: usize,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -109,6 +118,8 @@ enum Cmd {
     Interval,
     /// 1 to 8 ranks under mpirun, with and without dedup (needs the `mpi` feature).
     Scale,
+    /// FSDP2 state on 2 and 4 ranks (torchrun): ckpt beside dcp and torch-checkpointing.
+    Sharded,
 }
 
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
@@ -137,6 +148,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         Some(Cmd::Determinism) => (vec![Experiment::Determinism], 0, 0),
         Some(Cmd::Interference) => (vec![Experiment::Interference], 0, 0),
         Some(Cmd::Scale) => (vec![Experiment::Scale], 0, 0),
+        Some(Cmd::Sharded) => (vec![Experiment::Sharded], 0, 0),
         Some(Cmd::Interval) => (
             vec![
                 Experiment::Formats,
@@ -177,6 +189,9 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         restart_s: cli.restart,
         scale_ranks: cli.ranks.clone(),
         scale_mib: cli.scale_mib,
+        sharded_ranks: cli.sharded_ranks.clone(),
+        sharded_mib: cli.sharded_mib,
+        sharded_repeats: cli.sharded_repeats.max(1),
     };
     let started = std::time::Instant::now();
     let results = ckpt_eval::suite::run(&ctx, &cfg).await?;

@@ -12,6 +12,7 @@ use crate::experiments::interference::{InterferenceBench, InterferenceResults};
 use crate::experiments::interval::{IntervalBench, IntervalResults};
 use crate::experiments::overhead::{OverheadBench, OverheadResults};
 use crate::experiments::scale::{ScaleBench, ScaleResults};
+use crate::experiments::sharded::{ShardedBench, ShardedResults};
 use crate::experiments::{BoxError, Ctx};
 use crate::limits::Limits;
 use crate::models::{DtypeMix, ModelState};
@@ -33,11 +34,13 @@ pub enum Experiment {
     Interval,
     /// 1 to 8 ranks under mpirun.
     Scale,
+    /// FSDP2 state on 2 and 4 ranks under torchrun: ckpt beside DCP and torch-checkpointing.
+    Sharded,
 }
 
 impl Experiment {
     /// Every experiment of the default suite, in order.
-    pub const ALL: [Experiment; 7] = [
+    pub const ALL: [Experiment; 8] = [
         Experiment::Engine,
         Experiment::Formats,
         Experiment::Overhead,
@@ -45,6 +48,7 @@ impl Experiment {
         Experiment::Interference,
         Experiment::Interval,
         Experiment::Scale,
+        Experiment::Sharded,
     ];
 }
 
@@ -85,6 +89,12 @@ pub struct SuiteConfig {
     pub scale_ranks: Vec<usize>,
     /// State size of the scale experiment, MiB (every rank holds all of it).
     pub scale_mib: usize,
+    /// Rank counts of the sharded experiment.
+    pub sharded_ranks: Vec<usize>,
+    /// MiB of parameters of the sharded experiment's model (AdamW adds twice that).
+    pub sharded_mib: f64,
+    /// Timed saves and loads per method in the sharded experiment.
+    pub sharded_repeats: usize,
 }
 
 /// Everything a suite run measured.
@@ -112,6 +122,8 @@ pub struct SuiteResults {
     pub interval: Option<IntervalResults>,
     /// Scale.
     pub scale: Option<ScaleResults>,
+    /// Sharded (FSDP2) state.
+    pub sharded: Option<ShardedResults>,
     /// Experiments that failed, with the error.
     pub errors: Vec<(String, String)>,
     /// Experiments of the issue that are not in this suite, and why.
@@ -173,10 +185,37 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         let out = bench.run(ctx);
         r.scale = record(&mut r, "scale", t, out);
     }
-    let needs_state = cfg
-        .experiments
-        .iter()
-        .any(|e| !matches!(e, Experiment::Engine | Experiment::Scale));
+    if has(Experiment::Sharded) {
+        let why = crate::experiments::sharded::unavailable(ctx.python.as_deref());
+        match (&ctx.python, why) {
+            (Some(py), None) => {
+                let t = Instant::now();
+                eprintln!(
+                    "sharded: FSDP2 model of {} MiB of parameters plus AdamW on {:?} ranks",
+                    cfg.sharded_mib, cfg.sharded_ranks
+                );
+                let bench = ShardedBench {
+                    ranks: cfg.sharded_ranks.clone(),
+                    mib: cfg.sharded_mib,
+                    repeats: cfg.sharded_repeats,
+                    timeout: Duration::from_secs(600),
+                };
+                let out = bench.run(ctx, py);
+                r.sharded = record(&mut r, "sharded", t, out);
+            }
+            (_, why) => {
+                let why = why.unwrap_or_else(|| "no Python interpreter".into());
+                eprintln!("sharded: skipped: {why}");
+                r.not_included.push(("sharded".into(), why));
+            }
+        }
+    }
+    let needs_state = cfg.experiments.iter().any(|e| {
+        !matches!(
+            e,
+            Experiment::Engine | Experiment::Scale | Experiment::Sharded
+        )
+    });
     if !needs_state {
         return Ok(r);
     }

@@ -10,6 +10,7 @@ use ckpt_eval::experiments::formats::FormatsBench;
 use ckpt_eval::experiments::interference::InterferenceBench;
 use ckpt_eval::experiments::interval::IntervalBench;
 use ckpt_eval::experiments::overhead::OverheadBench;
+use ckpt_eval::experiments::sharded::ShardedBench;
 use ckpt_eval::experiments::Ctx;
 use ckpt_eval::limits::Limits;
 use ckpt_eval::models::{DtypeMix, ModelState};
@@ -210,6 +211,65 @@ async fn interference_rows_for_quiet_and_each_noise() {
     );
 }
 
+#[test]
+fn sharded_rows_for_every_method_on_two_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ctx(dir.path());
+    c.repeats = 1;
+    let why = ckpt_eval::experiments::sharded::unavailable(c.python.as_deref());
+    let Some(py) = c.python.clone().filter(|_| why.is_none()) else {
+        assert!(why.is_some(), "a reason is given when it cannot run");
+        return;
+    };
+    let bench = ShardedBench {
+        ranks: vec![2],
+        mib: 1.0,
+        repeats: 1,
+        timeout: Duration::from_secs(300),
+    };
+    let r = bench.run(&c, &py).unwrap();
+    assert_eq!(r.runs.len(), 1);
+    let run = &r.runs[0];
+    assert_eq!(run.ranks, 2);
+    assert!(run.hidden % 2 == 1 && run.local_bytes > 0);
+    assert!(run.floors.write_fsync_s > 0.0 && run.floors.read_cold_s > 0.0);
+    let names: Vec<&str> = run.rows.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "ckpt eager",
+            "ckpt lazy",
+            "dcp.save",
+            "dcp.async_save",
+            "torch-checkpointing"
+        ]
+    );
+    for x in &run.rows {
+        if x.name.starts_with("ckpt") || x.name.starts_with("dcp") {
+            assert!(x.skipped.is_none(), "{}: {:?}", x.name, x.skipped);
+        }
+        if x.skipped.is_some() {
+            continue;
+        }
+        let (stall, durable) = (x.stall_s.as_ref().unwrap(), x.durable_s.as_ref().unwrap());
+        well_formed(stall, 1);
+        well_formed(durable, 1);
+        well_formed(x.load_s.as_ref().unwrap(), 1);
+        assert!(stall.median <= durable.median + 1e-9, "{}", x.name);
+        // Each rank writes about its own shards, not the whole state.
+        assert!(
+            x.written_vs_local > 0.9 && x.written_vs_local < 1.5,
+            "{}: {}",
+            x.name,
+            x.written_vs_local
+        );
+    }
+    // Five targets per ckpt mode when every peer ran.
+    if run.rows.iter().all(|x| x.skipped.is_none()) {
+        assert_eq!(r.targets.len(), 10, "{:?}", r.targets);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_report_holds_every_table_csv_and_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,6 +294,9 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         restart_s: 5.0,
         scale_ranks: vec![1, 2],
         scale_mib: 1,
+        sharded_ranks: vec![2],
+        sharded_mib: 1.0,
+        sharded_repeats: 1,
     };
     // The scale experiment needs the mpirun rank program (feature `mpi`).
     let cfg = if cfg!(feature = "mpi") {
@@ -252,7 +315,10 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert!(r.engine.is_some() && r.formats.is_some() && r.overhead.is_some());
     assert!(r.determinism.is_some() && r.interference.is_some() && r.interval.is_some());
-    assert_eq!(r.not_included.len(), 1, "faults is named as missing");
+    // faults is its own command; sharded needs Python, left out above.
+    let missing: Vec<&str> = r.not_included.iter().map(|(w, _)| w.as_str()).collect();
+    assert_eq!(missing, ["faults", "sharded"], "{:?}", r.not_included);
+    assert!(r.sharded.is_none());
     if cfg!(feature = "mpi") {
         let scale = r.scale.as_ref().expect("scale ran");
         assert_eq!(scale.rows.len(), 4, "1 and 2 ranks, with and without dedup");

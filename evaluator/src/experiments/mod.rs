@@ -7,6 +7,7 @@ pub mod interference;
 pub mod interval;
 pub mod overhead;
 pub mod scale;
+pub mod sharded;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,393 @@
+//! Sharded: the same FSDP2 model and AdamW state on 2 and 4 ranks (torchrun, gloo
+//! on CPU), checkpointed by ckpt (eager, lazy), `torch.distributed.checkpoint`
+//! (`dcp.save`, `dcp.async_save` with its stager, `dcp.load`) and
+//! `torch-checkpointing`'s `CheckpointManager`, side by side, each as a ratio to
+//! the machine's floors measured by the same ranks in the same run.
+//!
+//! The ranks run `evaluator/python/sharded_bench.py` (embedded); its docstring
+//! says what each figure is and what each method does to be durable. Every figure
+//! is the slowest (largest) rank's. Targets of the sharded-state issue compare
+//! ckpt with the others as ratios in the same run; they are reported, not asserted.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::engine::Target;
+use super::{BoxError, Ctx};
+use crate::python;
+use crate::stats::Summary;
+
+/// The rank script, embedded so the binary works from any directory.
+pub const SCRIPT: &str = include_str!("../../python/sharded_bench.py");
+
+/// Settings of the sharded experiment.
+#[derive(Debug, Clone)]
+pub struct ShardedBench {
+    /// Rank counts (one torchrun job each).
+    pub ranks: Vec<usize>,
+    /// MiB of f32 parameters (AdamW adds twice that).
+    pub mib: f64,
+    /// Timed saves and loads per method (after one untimed warm-up save).
+    pub repeats: usize,
+    /// Limit for one torchrun job.
+    pub timeout: Duration,
+}
+
+/// The machine's floors for one rank's local bytes, slowest rank.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardedFloors {
+    /// Write + fsync of the local bytes to one file, s.
+    pub write_fsync_s: f64,
+    /// Read of that file back, s (cold where the cache could be dropped).
+    pub read_cold_s: f64,
+    /// Copy of the local state into preallocated buffers, s.
+    pub memcpy_s: f64,
+    /// How the page cache was dropped: `drop_caches`, `fadvise` or `none`.
+    pub cache_drop: String,
+}
+
+/// One method on one rank count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardedRow {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Method, e.g. `ckpt eager` or `dcp.async_save`.
+    pub name: String,
+    /// Why the method did not run (it failed to import), if it did not.
+    pub skipped: Option<String>,
+    /// Time the save call blocked the caller, s.
+    pub stall_s: Option<Summary>,
+    /// Time until the state may be mutated again (staging done), s.
+    pub snapshot_s: Option<Summary>,
+    /// Time until durable, s.
+    pub durable_s: Option<Summary>,
+    /// Load into a fresh model and optimizer, page cache dropped, s.
+    pub load_s: Option<Summary>,
+    /// Bytes written per rank (median).
+    pub written_bytes: u64,
+    /// Peak extra host memory of a rank and its child processes, bytes.
+    pub peak_extra_bytes: u64,
+    /// Stall over the memcpy floor.
+    pub stall_vs_memcpy: f64,
+    /// Time until durable over the write + fsync floor.
+    pub durable_vs_write: f64,
+    /// Load over the read floor.
+    pub load_vs_read: f64,
+    /// Bytes written per rank over the rank's local state.
+    pub written_vs_local: f64,
+    /// Peak extra host memory over the rank's local state.
+    pub peak_vs_local: f64,
+}
+
+/// One rank count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardedRun {
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Hidden size of the MLP (not divisible by the rank count).
+    pub hidden: u64,
+    /// Parameter bytes of the whole model.
+    pub param_bytes: u64,
+    /// Bytes of model and optimizer state on the largest rank.
+    pub local_bytes: u64,
+    /// The floors.
+    pub floors: ShardedFloors,
+    /// One row per method.
+    pub rows: Vec<ShardedRow>,
+}
+
+/// Results of the sharded experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardedResults {
+    /// PyTorch's version.
+    pub torch: String,
+    /// Timed repeats per method.
+    pub repeats: usize,
+    /// One per rank count.
+    pub runs: Vec<ShardedRun>,
+    /// The issue's targets, as ratios in the same run.
+    pub targets: Vec<Target>,
+}
+
+/// Why this experiment cannot run here, if it cannot: no interpreter, or no
+/// `torch.distributed` in it.
+pub fn unavailable(python: Option<&Path>) -> Option<String> {
+    let Some(py) = python else {
+        return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
+    };
+    let ok = Command::new(py)
+        .args([
+            "-c",
+            "import torch.distributed.fsdp, torch.distributed.checkpoint",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (!ok).then(|| {
+        format!(
+            "{} cannot import torch.distributed (FSDP2 and DCP are needed)",
+            py.display()
+        )
+    })
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
+fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(bool, String, String), BoxError> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(p) = out.as_mut() {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(p) = err.as_mut() {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break Some(s);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
+    match status {
+        Some(s) => Ok((s.success(), stdout, stderr)),
+        None => Err(format!("torchrun ran past {} s", limit.as_secs()).into()),
+    }
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+fn summary(v: &Json, key: &str) -> Option<Summary> {
+    let f = python::floats(v, key);
+    (!f.is_empty()).then(|| Summary::of(&f))
+}
+
+fn ratio(a: Option<&Summary>, b: f64) -> f64 {
+    a.map_or(f64::NAN, |s| s.median / b)
+}
+
+/// Turn the JSON rank 0 printed into a run.
+pub fn parse_run(v: &Json) -> Result<ShardedRun, BoxError> {
+    let ranks = v["ranks"].as_u64().ok_or("no ranks")? as usize;
+    let local = v["local_bytes"].as_u64().ok_or("no local_bytes")?;
+    let f = &v["floors"];
+    let floors = ShardedFloors {
+        write_fsync_s: f["write_fsync_s"].as_f64().ok_or("no write floor")?,
+        read_cold_s: f["read_cold_s"].as_f64().ok_or("no read floor")?,
+        memcpy_s: f["memcpy_s"].as_f64().ok_or("no memcpy floor")?,
+        cache_drop: f["cache_drop"].as_str().unwrap_or("none").to_owned(),
+    };
+    let mut rows = Vec::new();
+    for m in v["methods"].as_array().ok_or("no methods")? {
+        let name = m["name"].as_str().unwrap_or("?").to_owned();
+        let skipped = m["skipped"].as_str().map(str::to_owned);
+        let (stall_s, snapshot_s, durable_s, load_s) = (
+            summary(m, "stall_s"),
+            summary(m, "snapshot_s"),
+            summary(m, "durable_s"),
+            summary(m, "load_s"),
+        );
+        if skipped.is_none() && (stall_s.is_none() || durable_s.is_none() || load_s.is_none()) {
+            return Err(format!("{name} on {ranks} ranks: no timings").into());
+        }
+        let written = summary(m, "written_bytes").map_or(0.0, |s| s.median);
+        let peak = summary(m, "peak_extra_bytes").map_or(0.0, |s| s.max);
+        rows.push(ShardedRow {
+            ranks,
+            name,
+            skipped,
+            stall_vs_memcpy: ratio(stall_s.as_ref(), floors.memcpy_s),
+            durable_vs_write: ratio(durable_s.as_ref(), floors.write_fsync_s),
+            load_vs_read: ratio(load_s.as_ref(), floors.read_cold_s),
+            written_vs_local: written / local as f64,
+            peak_vs_local: peak / local as f64,
+            stall_s,
+            snapshot_s,
+            durable_s,
+            load_s,
+            written_bytes: written as u64,
+            peak_extra_bytes: peak as u64,
+        });
+    }
+    Ok(ShardedRun {
+        ranks,
+        hidden: v["hidden"].as_u64().unwrap_or(0),
+        param_bytes: v["param_bytes"].as_u64().unwrap_or(0),
+        local_bytes: local,
+        floors,
+        rows,
+    })
+}
+
+/// The issue's targets for each ckpt mode and rank count, as ratios of medians.
+pub fn targets(runs: &[ShardedRun]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let med = |r: Option<&ShardedRow>, f: fn(&ShardedRow) -> Option<&Summary>| {
+        r.and_then(f).map(|s| s.median)
+    };
+    for run in runs {
+        let row = |name: &str| {
+            run.rows
+                .iter()
+                .find(|x| x.name == name && x.skipped.is_none())
+        };
+        for mode in ["ckpt eager", "ckpt lazy"] {
+            let Some(me) = row(mode) else { continue };
+            let mut push = |what: String, ratio: Option<f64>, bound: f64| {
+                if let Some(ratio) = ratio {
+                    out.push(Target {
+                        what: format!("{} ranks, {mode}: {what}", run.ranks),
+                        ratio,
+                        bound,
+                        met: ratio <= bound,
+                    });
+                }
+            };
+            let stall = med(Some(me), |x| x.stall_s.as_ref());
+            let durable = med(Some(me), |x| x.durable_s.as_ref());
+            let load = med(Some(me), |x| x.load_s.as_ref());
+            let div = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
+            for peer in ["dcp.async_save", "torch-checkpointing"] {
+                push(
+                    format!("stall / {peer}'s"),
+                    div(stall, med(row(peer), |x| x.stall_s.as_ref())),
+                    0.5,
+                );
+            }
+            push(
+                "time until durable / dcp.save's".into(),
+                div(durable, med(row("dcp.save"), |x| x.durable_s.as_ref())),
+                0.8,
+            );
+            push(
+                "load / dcp.load's".into(),
+                div(load, med(row("dcp.save"), |x| x.load_s.as_ref())),
+                0.8,
+            );
+            push(
+                "peak extra host memory / local state".into(),
+                Some(me.peak_vs_local),
+                1.1,
+            );
+        }
+    }
+    out
+}
+
+impl ShardedBench {
+    /// Run one torchrun job per rank count with `python`.
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, BoxError> {
+        let dir = ctx.fresh_dir("sharded")?;
+        let script: PathBuf = dir.join("sharded_bench.py");
+        std::fs::write(&script, SCRIPT)?;
+        let pb = ctx.bar(self.ranks.len() as u64, "sharded");
+        let mut runs = Vec::new();
+        let mut torch = String::new();
+        for &n in &self.ranks {
+            pb.set_message(format!("{n} ranks"));
+            let work = dir.join(format!("ranks-{n}"));
+            let mut cmd = Command::new(python);
+            cmd.current_dir(&dir)
+                .args(["-m", "torch.distributed.run", "--nproc_per_node"])
+                .arg(n.to_string())
+                .args(["--master_addr", "127.0.0.1", "--master_port"])
+                .arg(free_port()?.to_string())
+                .arg(&script)
+                .arg("--dir")
+                .arg(&work)
+                .arg("--mib")
+                .arg(self.mib.to_string())
+                .arg("--repeats")
+                .arg(self.repeats.max(1).to_string());
+            let (ok, stdout, stderr) = run_bounded(cmd, self.timeout)?;
+            let _ = std::fs::remove_dir_all(&work);
+            let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+            let line = match (ok, line) {
+                (true, Some(l)) => l,
+                _ => {
+                    return Err(format!(
+                        "sharded_bench.py on {n} ranks failed:\n{}",
+                        tail(&format!("{stdout}\n{stderr}"), 12)
+                    )
+                    .into())
+                }
+            };
+            let v: Json = serde_json::from_str(line)?;
+            torch = v["torch"].as_str().unwrap_or("").to_owned();
+            runs.push(parse_run(&v)?);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(ShardedResults {
+            torch,
+            repeats: self.repeats.max(1),
+            targets: targets(&runs),
+            runs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_run_and_computes_the_targets() {
+        let m = |name: &str, stall: f64, durable: f64, load: f64, peak: f64| {
+            serde_json::json!({"name": name, "stall_s": [stall], "snapshot_s": [stall],
+                "durable_s": [durable], "load_s": [load], "written_bytes": [100.0],
+                "peak_extra_bytes": [peak]})
+        };
+        let v = serde_json::json!({
+            "ranks": 2, "hidden": 9, "param_bytes": 10, "local_bytes": 100, "torch": "x",
+            "floors": {"write_fsync_s": 1.0, "read_cold_s": 0.5, "memcpy_s": 0.1, "cache_drop": "fadvise"},
+            "methods": [
+                m("ckpt eager", 0.1, 1.0, 0.5, 105.0),
+                m("dcp.save", 2.0, 2.0, 1.0, 10.0),
+                m("dcp.async_save", 0.1, 3.0, 1.0, 200.0),
+                {"name": "torch-checkpointing", "skipped": "ModuleNotFoundError: x"},
+            ]
+        });
+        let run = parse_run(&v).unwrap();
+        assert_eq!(run.rows.len(), 4);
+        assert!((run.rows[0].durable_vs_write - 1.0).abs() < 1e-12);
+        assert!((run.rows[0].load_vs_read - 1.0).abs() < 1e-12);
+        assert!((run.rows[0].peak_vs_local - 1.05).abs() < 1e-12);
+        let t = targets(&[run]);
+        // Skipped peers give no target: stall vs dcp.async_save, durable, load, memory.
+        assert_eq!(t.len(), 4, "{t:?}");
+        assert!(!t[0].met && (t[0].ratio - 1.0).abs() < 1e-12);
+        assert!(t[1].met && (t[1].ratio - 0.5).abs() < 1e-12);
+        assert!(t[2].met && t[3].met);
+    }
+}
