@@ -90,7 +90,7 @@ pub(crate) struct Inner {
     pub inflight: Mutex<HashSet<CheckpointId>>,
     pub inflight_done: tokio::sync::Notify,
     /// Background failures nobody has seen yet; the next `save` reports them.
-    pub unobserved: Mutex<Vec<(u64, String)>>,
+    pub unobserved: Mutex<Vec<(u64, crate::wire::WireError)>>,
     /// Checkpoints a load found damaged: their steps may be saved again.
     pub damaged: Mutex<HashSet<CheckpointId>>,
     /// The ranks of the job.

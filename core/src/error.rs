@@ -112,40 +112,38 @@ impl Error {
     }
 
     /// The same error again, for reporting one failure in two places (the
-    /// variant and its fields are kept; storage and I/O sources keep their
-    /// message and kind).
+    /// variant and its fields are kept; storage and I/O errors keep their
+    /// message and operating-system error number).
     pub fn duplicate(&self) -> Error {
-        match self {
-            Error::NotFound { what } => Error::NotFound { what: what.clone() },
-            Error::Corrupt {
-                object,
-                tensor,
-                reason,
-            } => Error::Corrupt {
-                object: object.clone(),
-                tensor: tensor.clone(),
-                reason: reason.clone(),
-            },
-            Error::Conflict(s) => Error::Conflict(s.clone()),
-            Error::InvalidInput(s) => Error::InvalidInput(s.clone()),
-            Error::Unsupported(s) => Error::Unsupported(s.clone()),
-            Error::Storage(object_store::Error::NotFound { path, source }) => {
-                Error::Storage(object_store::Error::NotFound {
-                    path: path.clone(),
-                    source: source.to_string().into(),
-                })
+        crate::wire::WireError::from(self).into_error("")
+    }
+
+    /// The operating system's error number under a storage or I/O error
+    /// (`ENOSPC` for a full disk), also when the error came from another rank.
+    pub fn os_errno(&self) -> Option<i32> {
+        fn walk(mut e: Option<&(dyn std::error::Error + 'static)>) -> Option<i32> {
+            while let Some(err) = e {
+                if let Some(r) = err.downcast_ref::<crate::wire::Remote>() {
+                    return r.errno;
+                }
+                if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                    if let Some(n) = io.raw_os_error() {
+                        return Some(n);
+                    }
+                    if let Some(inner) = io.get_ref() {
+                        if let Some(n) = walk(Some(inner)) {
+                            return Some(n);
+                        }
+                    }
+                }
+                e = err.source();
             }
-            Error::Storage(e) => Error::Storage(object_store::Error::Generic {
-                store: "ckpt",
-                source: e.to_string().into(),
-            }),
-            Error::Io(e) => Error::Io(std::io::Error::new(e.kind(), e.to_string())),
-            Error::Timeout(s) => Error::Timeout(s.clone()),
-            Error::Skipped { step, reason } => Error::Skipped {
-                step: *step,
-                reason: reason.clone(),
-            },
-            Error::Internal(s) => Error::Internal(s.clone()),
+            None
+        }
+        match self {
+            Error::Storage(s) => walk(Some(s)),
+            Error::Io(io) => walk(Some(io)),
+            _ => None,
         }
     }
 

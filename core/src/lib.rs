@@ -54,6 +54,7 @@ pub mod tensor;
 #[cfg(feature = "torch")]
 pub mod torch;
 pub mod value;
+mod wire;
 
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
 pub use coord::{Coordinator, Solo};

@@ -37,6 +37,7 @@ use crate::retention::{self, GcReport};
 use crate::save::{SaveReport, SnapState};
 use crate::tensor::Tensor;
 use crate::value::Value;
+use crate::wire::WireError;
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -54,7 +55,7 @@ pub(crate) struct PersistJob {
 struct PlanMsg {
     step: u64,
     attempt: String,
-    holdings: std::result::Result<Vec<Holding>, String>,
+    holdings: std::result::Result<Vec<Holding>, WireError>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,7 +66,8 @@ struct Share {
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Outcome {
-    result: std::result::Result<(), String>,
+    /// The commit's failure, and the rank it happened on.
+    result: std::result::Result<(), (usize, WireError)>,
     deleted_chunks: Vec<String>,
     gc: Option<GcSummary>,
 }
@@ -151,10 +153,11 @@ impl Checkpointer {
                         })
                         .collect()
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(WireError::from),
         };
         let plans = gather_json(coord, &msg, timeout, "plan").await?;
         let mut holdings = Vec::with_capacity(plans.len());
+        let mut failed = None;
         for (r, m) in plans.into_iter().enumerate() {
             if m.step != id.step || m.attempt != id.attempt {
                 return Err(Error::Internal(format!(
@@ -163,13 +166,20 @@ impl Checkpointer {
                     m.step, m.attempt
                 )));
             }
-            holdings.push(
-                m.holdings
-                    .map_err(|e| Error::Internal(format!("rank {r} could not snapshot: {e}")))?,
-            );
+            match m.holdings {
+                Ok(h) => holdings.push(h),
+                Err(e) => {
+                    failed.get_or_insert((r, e));
+                }
+            }
+        }
+        // A rank that could not snapshot fails the save on every rank, as the
+        // same error: its own, or the first failing rank's rebuilt.
+        let tensors = local?;
+        if let Some((r, e)) = failed {
+            return Err(e.into_error(&format!("rank {r} could not snapshot: ")));
         }
         let plan = plan::make(&holdings)?;
-        let tensors = local?;
         let mine: Vec<Tensor> = tensors
             .into_iter()
             .filter(|t| {
@@ -197,7 +207,7 @@ impl Checkpointer {
                 records: o.records.clone(),
                 objects: o.objects.clone(),
             })
-            .map_err(|e| e.to_string());
+            .map_err(WireError::from);
         let shares = gather_json(coord, &share, timeout, "commit").await?;
 
         // 3. Rank 0 commits; everyone learns the outcome.
@@ -220,7 +230,16 @@ impl Checkpointer {
         let outcome: Outcome =
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
-        outcome.result.map_err(Error::Internal)?;
+        if let Err((r, e)) = outcome.result {
+            // The rank whose write failed reports its own error; the others the same variant.
+            written?;
+            let context = if r == rank {
+                String::new()
+            } else {
+                format!("rank {r}: ")
+            };
+            return Err(e.into_error(&context));
+        }
         written?;
 
         // Every rank now knows every chunk of the checkpoint, and what GC deleted.
@@ -294,11 +313,11 @@ impl Checkpointer {
         &self,
         ctx: &WriteContext,
         id: &CheckpointId,
-        shares: &[std::result::Result<Share, String>],
+        shares: &[std::result::Result<Share, WireError>],
         meta: Value,
     ) -> Outcome {
-        let fail = |e: String| Outcome {
-            result: Err(e),
+        let fail = |r: usize, e: WireError| Outcome {
+            result: Err((r, e)),
             deleted_chunks: Vec::new(),
             gc: None,
         };
@@ -310,17 +329,12 @@ impl Checkpointer {
                     tensors.extend(s.records.iter().cloned());
                     objects.extend(s.objects.iter().cloned());
                 }
-                Err(e) => return fail(format!("rank {r} failed to write its share: {e}")),
+                Err(e) => return fail(r, e.clone()),
             }
         }
         match self.inner.format.finish(ctx, &tensors).await {
             Ok(extra) => objects.extend(extra),
-            Err(e) => {
-                return fail(format!(
-                    "finishing the {} files: {e}",
-                    self.inner.format.name()
-                ))
-            }
+            Err(e) => return fail(0, WireError::from(&e)),
         }
         let manifest = Manifest {
             version: MANIFEST_VERSION,
@@ -344,7 +358,7 @@ impl Checkpointer {
         }
         .await;
         if let Err(e) = published {
-            return fail(e.to_string());
+            return fail(0, WireError::from(&e));
         }
         let gc = self.maybe_gc(id).await;
         Outcome {

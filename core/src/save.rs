@@ -145,9 +145,9 @@ impl Checkpointer {
             .unwrap_or_else(|p| p.into_inner())
             .pop()
         {
-            return Err(Error::Internal(format!(
-                "the save of step {s} failed in the background: {reason}"
-            )));
+            return Err(
+                reason.into_error(&format!("the save of step {s} failed in the background: "))
+            );
         }
         validate(&capture)?;
         // A step is taken if a readable manifest commits it (a torn manifest, on a
@@ -214,13 +214,8 @@ impl Checkpointer {
                     match r {
                         Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
                         Err(e) => {
-                            let msg = e.to_string();
-                            (
-                                tokio::spawn(async move {
-                                    Err(Error::Internal(format!("snapshot failed: {msg}")))
-                                }),
-                                Some(e),
-                            )
+                            let again = e.duplicate();
+                            (tokio::spawn(async move { Err(again) }), Some(e))
                         }
                     }
                 }
@@ -263,7 +258,7 @@ impl Checkpointer {
                             .unobserved
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((id.step, e.to_string()));
+                            .push((id.step, crate::wire::WireError::from(e)));
                     }
                 }
                 this.finish_inflight(&id);

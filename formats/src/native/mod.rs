@@ -13,7 +13,7 @@ pub mod chunk;
 pub mod pack;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -33,7 +33,7 @@ use object_store::ObjectStoreExt;
 #[derive(Debug, Clone, Default)]
 pub struct Native;
 
-type Pending = Shared<BoxFuture<'static, std::result::Result<u64, String>>>;
+type Pending = Shared<BoxFuture<'static, std::result::Result<u64, Arc<Error>>>>;
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
@@ -71,7 +71,7 @@ async fn write_chunk(
             None => {
                 let ctx2 = ctx.clone();
                 let h = hash.clone();
-                let f = async move { upload(&ctx2, &h, data).await.map_err(|e| e.to_string()) }
+                let f = async move { upload(&ctx2, &h, data).await.map_err(Arc::new) }
                     .boxed()
                     .shared();
                 map.insert(hash.clone(), f.clone());
@@ -79,9 +79,8 @@ async fn write_chunk(
             }
         }
     };
-    let stored = fut
-        .await
-        .map_err(|e| Error::Internal(format!("chunk {hash}: {e}")))?;
+    // The upload's own error (a full disk stays a storage error), once per waiter.
+    let stored = fut.await.map_err(|e| e.duplicate())?;
     if first {
         ctx.chunks.insert(hash.clone(), stored);
     } else {
