@@ -5,9 +5,13 @@
 //! inline function. Armed either from code ([`set`]) or, for crash tests of a child
 //! process, from the environment: `CKPT_FAILPOINTS="save.before_manifest=abort;..."`.
 //!
-//! Actions: `error` (the operation returns an error), `abort` (the process dies at
-//! once, like a SIGKILL: no destructors, no flush), `panic`, `sleep(MS)`,
-//! and `N*ACTION` to act only on the N-th hit (1-based).
+//! Actions: `error` (the operation returns an error), `enospc` (it fails as a
+//! full disk makes a local store fail: a storage error carrying `ENOSPC`, for
+//! tests that need one rank's disk full while the others' are not), `abort` (the
+//! process dies at once, like a SIGKILL: no destructors, no flush), `panic`,
+//! `sleep(MS)`, and `N*ACTION` to act only on the N-th hit (1-based). An unknown
+//! action, or a `sleep` without a number, fails the operation with
+//! [`Error::InvalidInput`](crate::Error::InvalidInput) naming it.
 //!
 //! The places, in the order a save passes them:
 //! `save.start`, `save.before_data`, `save.mid_data` (after the first object of the
@@ -96,18 +100,26 @@ mod imp {
         };
         match action.as_str() {
             "error" => Err(Error::Internal(format!("failpoint `{name}` triggered"))),
+            "enospc" => Err(Error::Storage(object_store::Error::Generic {
+                store: "failpoint",
+                source: Box::new(std::io::Error::from_raw_os_error(28)),
+            })),
             "abort" => std::process::abort(),
             "panic" => panic!("failpoint `{name}` triggered"),
             a if a.starts_with("sleep(") => {
                 let ms: u64 = a
-                    .trim_start_matches("sleep(")
-                    .trim_end_matches(')')
-                    .parse()
-                    .unwrap_or(0);
+                    .strip_prefix("sleep(")
+                    .and_then(|a| a.strip_suffix(')'))
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| {
+                        Error::InvalidInput(format!("failpoint `{name}`: bad action `{a}`"))
+                    })?;
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(())
             }
-            _ => Ok(()),
+            a => Err(Error::InvalidInput(format!(
+                "failpoint `{name}`: unknown action `{a}` (error, enospc, abort, panic, sleep(MS))"
+            ))),
         }
     }
 }

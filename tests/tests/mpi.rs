@@ -124,6 +124,26 @@ fn an_absent_rank_makes_the_others_time_out_instead_of_hanging() {
     assert!(lines(&out).iter().all(|r| r["loaded_step"] == 1));
 }
 
+/// One rank's disk fills up during a save: every rank gets the storage error
+/// with `ENOSPC` (the same variant, not a string turned internal), and the
+/// previous checkpoint stays the newest.
+#[test]
+fn a_full_disk_on_one_rank_is_a_storage_error_on_every_rank() {
+    let (_dir, url) = temp_root();
+    ok(&mpirun(3, &["save", &url, "1"]), "first save");
+    let out = mpirun(3, &["save", &url, "2", "--enospc-rank", "1"]);
+    assert!(!out.status.success());
+    let reports = lines(&out);
+    assert_eq!(reports.len(), 3, "{reports:?}");
+    for r in &reports {
+        assert_eq!(r["error"], "storage", "{r}");
+        assert_eq!(r["errno"], 28, "{r}");
+    }
+    let out = mpirun(2, &["load", &url]);
+    ok(&out, "load");
+    assert!(lines(&out).iter().all(|r| r["loaded_step"] == 1));
+}
+
 /// `ckpt export` of a checkpoint 4 ranks saved: sharded tensors come out whole,
 /// replicated ones once, as the checkpoint loads in one process.
 #[test]

@@ -153,13 +153,35 @@ async fn save(
         std::thread::sleep(Duration::from_secs(30));
         return Err("absent rank".into());
     }
-    let r = cp
-        .save(step, state(step, rank, world))
-        .await
-        .map_err(|e| e.to_string())?
-        .wait()
-        .await
-        .map_err(|e| e.to_string())?;
+    if arg(args, "--enospc-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+        // This rank's disk is full: its share fails as a local store fails with ENOSPC.
+        ckpt_core::failpoint::set("save.before_data", "enospc");
+    }
+    let r = match cp.save(step, state(step, rank, world)).await {
+        Ok(h) => h.wait().await,
+        Err(e) => Err(e),
+    };
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            // Which error this rank got, as data: every rank must report the same kind.
+            let kind = match &e {
+                ckpt_core::Error::Storage(_) => "storage",
+                ckpt_core::Error::Timeout(_) => "timeout",
+                ckpt_core::Error::Internal(_) => "internal",
+                _ => "other",
+            };
+            let errno = e.os_errno().map_or("null".to_owned(), |n| n.to_string());
+            println!("{{\"rank\":{rank},\"error\":\"{kind}\",\"errno\":{errno}}}");
+            if arg(args, "--enospc-rank").is_some() {
+                // The save failed in order on every rank: let every rank report
+                // before any exits (mpirun ends the job at the first exit).
+                use ckpt_core::Coordinator;
+                let _ = coord.all_gather(Vec::new(), Duration::from_secs(20)).await;
+            }
+            return Err(e.to_string());
+        }
+    };
     println!(
         "{{\"rank\":{rank},\"world\":{world},\"raw_bytes\":{},\"stored_bytes\":{},\"committed\":\"{}\"}}",
         r.raw_bytes, r.stored_bytes, r.id
