@@ -39,8 +39,16 @@ pub fn to_py_ref(err: &Error) -> PyErr {
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
         // A stored object that is gone: the data is missing, not the store failing.
         Error::Storage(_) if err.is_damage() => NotFoundError::new_err(msg),
-        Error::Storage(_) => StorageError::new_err(msg),
-        Error::Io(_) => CheckpointIOError::new_err(msg),
+        // OSError's (errno, strerror) form: `e.errno` is the operating system's
+        // error number (ENOSPC for a full disk), as for any OSError.
+        Error::Storage(_) => match err.os_errno() {
+            Some(n) => StorageError::new_err((n, msg)),
+            None => StorageError::new_err(msg),
+        },
+        Error::Io(_) => match err.os_errno() {
+            Some(n) => CheckpointIOError::new_err((n, msg)),
+            None => CheckpointIOError::new_err(msg),
+        },
         Error::Timeout(_) => CheckpointTimeoutError::new_err(msg),
         Error::Skipped { step, .. } => SkippedError::new_err((msg, *step)),
         Error::Internal(_) => InternalError::new_err(msg),

@@ -119,3 +119,34 @@ def test_timeout_and_skipped(url: str) -> None:
     assert report["step"] == 1 and report["copied_bytes"] == 4096 * 2048 * 4
     cp.wait()
     assert cp.steps() == [1]
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path):
+    """A real 4 MiB tmpfs (needs mount privileges; skipped without them)."""
+    import subprocess
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_a_storage_error_with_enospc(full_disk: Path) -> None:
+    import errno
+
+    cp = ckpt.Checkpointer(full_disk.as_uri(), rng=False)
+    cp.save(1, w=torch.ones(1024)).wait()
+    with pytest.raises(ckpt.StorageError) as info:
+        cp.save(2, w=torch.randn(4 << 20)).wait()  # 16 MiB onto a 4 MiB disk
+    assert isinstance(info.value, OSError)
+    assert info.value.errno == errno.ENOSPC, info.value
+    cp.close()
+    again = ckpt.Checkpointer(full_disk.as_uri(), rng=False)
+    assert again.steps() == [1]
+    assert torch.equal(again.read_latest().state["w"], torch.ones(1024))

@@ -263,6 +263,8 @@ def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optiona
     if error is not None:
         cls = type(error).__name__ if isinstance(error, errs.CheckpointError) else "InternalError"
         mine.update(cls=cls, msg=str(error), damage=isinstance(error, (errs.CorruptError, errs.NotFoundError, errs.UnsupportedError)))
+        if isinstance(error, OSError) and error.errno is not None:
+            mine.update(errno=error.errno, msg=error.strerror or str(error))
     everyone = [json.loads(b.decode()) for b in coordinator.all_gather(json.dumps(mine).encode())]
     failed = [(r, m) for r, m in enumerate(everyone) if not m["ok"]]
     if not failed:
@@ -274,4 +276,6 @@ def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optiona
     cls = getattr(errs, first["cls"], errs.InternalError)
     if not (isinstance(cls, type) and issubclass(cls, errs.CheckpointError)):
         cls = errs.InternalError
+    if first.get("errno") is not None and issubclass(cls, OSError):
+        return cls(first["errno"], f"rank {r}: {first['msg']}")  # e.errno as on the failing rank
     return cls(f"rank {r}: {first['msg']}")
