@@ -121,6 +121,8 @@ pub struct ReadContext {
     pub chunks: Arc<ChunkIndex>,
     /// Chunks decoded during this load (shared chunks are fetched once).
     pub cache: Arc<ChunkCache>,
+    /// Objects (chunks) of one tensor fetched and verified at once.
+    pub concurrency: usize,
 }
 
 /// An on-storage layout of tensors.

@@ -62,6 +62,7 @@ impl Checkpointer {
             store: self.inner.store.clone(),
             chunks: self.inner.chunks.clone(),
             cache: Default::default(),
+            concurrency: self.inner.opts.load_concurrency.max(1),
         }
     }
 

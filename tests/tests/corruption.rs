@@ -49,6 +49,26 @@ async fn expect_fallback(
     loaded.skipped
 }
 
+/// `load_into` caller buffers (the path that verifies raw chunks on other
+/// threads while it copies them) of every tensor of the newest checkpoint.
+async fn load_into_err(cp: &Checkpointer) -> Error {
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let m = cp.manifest(&id).await.unwrap();
+    let mut bufs: Vec<(String, Vec<u8>)> = m
+        .tensors
+        .iter()
+        .map(|t| {
+            let n: u64 = t.shape.iter().product();
+            (t.name.clone(), vec![0u8; (n * 4) as usize])
+        })
+        .collect();
+    let targets = bufs
+        .iter_mut()
+        .map(|(n, b)| (n.as_str(), b.as_mut_slice()))
+        .collect();
+    cp.load_into(&id, targets).await.unwrap_err()
+}
+
 fn assert_corrupt(e: &Error, object: &str, tensor: Option<&str>) {
     match e {
         Error::Corrupt {
@@ -73,6 +93,7 @@ async fn flipped_byte_in_chunk() {
     std::fs::write(&path, bytes).unwrap();
     let id = cp.committed().await.unwrap().pop().unwrap();
     assert_corrupt(&cp.load(&id).await.unwrap_err(), &key, Some(&tensor));
+    assert_corrupt(&load_into_err(&cp).await, &key, Some(&tensor));
     assert!(cp.verify(&id).await.is_err());
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
@@ -104,6 +125,7 @@ async fn truncated_chunk() {
     let (key, path, tensor) = newest_chunk(&cp, dir.path(), 0).await;
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    assert_corrupt(&load_into_err(&cp).await, &key, Some(&tensor));
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
 }

@@ -127,6 +127,43 @@ pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecE
     Ok(raw)
 }
 
+/// The payload of a stored chunk kept raw (not compressed), checked against
+/// its header and `raw_len`; `None` for a compressed chunk. Its hash is not
+/// checked here: [`verify`] does that, on any thread.
+pub fn raw_payload(stored: &Bytes, raw_len: usize) -> Result<Option<Bytes>, CodecError> {
+    if stored.len() < HEADER_LEN {
+        return Err(CodecError::Truncated(format!(
+            "{} bytes, shorter than the header",
+            stored.len()
+        )));
+    }
+    if &stored[..4] != MAGIC || stored[5..8] != [0, 0, 0] {
+        return Err(CodecError::Malformed("bad chunk header".into()));
+    }
+    if stored[4] != RAW {
+        return Ok(None);
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&stored[8..16]);
+    let payload = stored.slice(HEADER_LEN..);
+    if u64::from_le_bytes(len8) != raw_len as u64 || payload.len() != raw_len {
+        return Err(CodecError::Truncated(format!(
+            "payload is {} bytes, header says {}, expected {raw_len}",
+            payload.len(),
+            u64::from_le_bytes(len8)
+        )));
+    }
+    Ok(Some(payload))
+}
+
+/// Check raw bytes against their chunk hash.
+pub fn verify(raw: &[u8], hash: &str) -> Result<(), CodecError> {
+    if blake3::hash(raw).to_hex().as_str() != hash {
+        return Err(CodecError::HashMismatch);
+    }
+    Ok(())
+}
+
 /// Decode a stored chunk straight into `dst` (which must be exactly the raw
 /// length) and verify its hash.
 pub fn decode_into(stored: &[u8], hash: &str, dst: &mut [u8]) -> Result<(), CodecError> {

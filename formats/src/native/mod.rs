@@ -167,7 +167,7 @@ impl Format for Native {
             .map(|c| read_ref(ctx, c, &record.name))
             .collect();
         let parts: Vec<Bytes> = futures::stream::iter(reads)
-            .buffered(4)
+            .buffered(ctx.concurrency.max(1))
             .try_collect()
             .await?;
         Ok(match parts.len() {
@@ -220,7 +220,7 @@ impl Format for Native {
             });
         }
         futures::stream::iter(reads)
-            .buffer_unordered(4)
+            .buffer_unordered(ctx.concurrency.max(1))
             .try_collect::<Vec<()>>()
             .await?;
         Ok(())
@@ -235,12 +235,27 @@ async fn read_chunk_into(
     dst: &mut [u8],
 ) -> Result<()> {
     let (key, stored) = fetch_chunk(ctx, &c.hash, tensor).await?;
-    // Decoded on this task: the destination is borrowed, so it cannot move to a
-    // blocking thread without a copy (which is what `load_into` exists to avoid).
-    chunk::decode_into(&stored, &c.hash, dst).map_err(|e| {
+    let damaged = |e: crate::error::CodecError| {
         ctx.chunks.remove(&c.hash);
         e.into_corrupt(key.as_ref(), Some(tensor))
-    })
+    };
+    match chunk::raw_payload(&stored, dst.len()).map_err(damaged)? {
+        // A raw chunk (the default): its hash is checked on a blocking thread (the
+        // payload is owned there) while this task copies it into the destination,
+        // so the chunks of a load are hashed on every core, not on this one.
+        Some(payload) => {
+            let (p, h) = (payload.clone(), c.hash.clone());
+            let check = tokio::task::spawn_blocking(move || chunk::verify(&p, &h));
+            dst.copy_from_slice(&payload);
+            check
+                .await
+                .map_err(|e| Error::Internal(format!("worker thread: {e}")))?
+                .map_err(damaged)
+        }
+        // Compressed: decoded on this task, straight into the borrowed destination
+        // (a blocking thread would need an owned copy, which `load_into` avoids).
+        None => chunk::decode_into(&stored, &c.hash, dst).map_err(damaged),
+    }
 }
 
 /// A tensor's bytes in one chunk: the whole chunk, or its slice of a packed chunk
