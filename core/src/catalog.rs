@@ -44,14 +44,13 @@ pub async fn incomplete(store: &dyn ObjectStore) -> Result<BTreeMap<CheckpointId
 /// Read and validate the manifest of a checkpoint.
 pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result<Manifest> {
     let key = paths::manifest_key(id);
-    let bytes = match store.get(&key).await {
-        Ok(r) => r.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => {
+    let bytes = match manifest_bytes(store, &key).await {
+        Err(Error::Storage(object_store::Error::NotFound { .. })) => {
             return Err(Error::NotFound {
                 what: format!("checkpoint {id}"),
             });
         }
-        Err(e) => return Err(e.into()),
+        r => r?,
     };
     let m = Manifest::decode(&bytes, key.as_ref())?;
     if m.id() != *id {
@@ -62,6 +61,25 @@ pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result
         ));
     }
     Ok(m)
+}
+
+/// The stored bytes of the manifest at `key`, refused as corrupt before any of
+/// its body is read when the store says it is over
+/// [`MAX_MANIFEST_BYTES`](crate::manifest::MAX_MANIFEST_BYTES).
+pub async fn manifest_bytes(store: &dyn ObjectStore, key: &Path) -> Result<bytes::Bytes> {
+    let r = store.get(key).await?;
+    let cap = crate::manifest::MAX_MANIFEST_BYTES as u64;
+    if r.meta.size > cap {
+        return Err(Error::corrupt(
+            key.as_ref(),
+            None,
+            format!(
+                "manifest of {} bytes exceeds the cap of {cap}; not read",
+                r.meta.size
+            ),
+        ));
+    }
+    Ok(r.bytes().await?)
 }
 
 /// Publish a manifest: the commit point of a checkpoint.

@@ -167,6 +167,27 @@ async fn corrupt_manifest() {
     assert!(path.exists());
 }
 
+/// A manifest the store says is 1 TiB (a sparse file) is refused by its size,
+/// before its body is read: reading it would try to allocate all of it.
+#[tokio::test]
+async fn a_huge_manifest_is_refused_before_it_is_read() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let key = ckpt_core::paths::manifest_key(&id).to_string();
+    let path = dir.path().join(&key);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let err = cp.manifest(&id).await.unwrap_err();
+    assert_corrupt(&err, &key, None);
+    assert!(err.to_string().contains("exceeds the cap"), "{err}");
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, None);
+}
+
 #[tokio::test]
 async fn truncated_single_file_format_object() {
     // Range layouts (safetensors, .pt, HDF5): a file cut short is corruption, found by

@@ -59,10 +59,14 @@ pub(super) async fn resync(tiers: &Arc<Tiers>) -> Result<()> {
             }
         }
         let key = paths::manifest_key(&id);
-        let bytes = match tiers.fast.get(&key).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => continue, // retired meanwhile
-            Err(e) => return Err(e.into()),
+        let bytes = match catalog::manifest_bytes(tiers.fast.as_ref(), &key).await {
+            Ok(b) => b,
+            Err(Error::Storage(object_store::Error::NotFound { .. })) => continue, // retired meanwhile
+            Err(e) if e.is_damage() => {
+                tracing::warn!("fast tier manifest `{key}` is damaged ({e}); it is not flushed");
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         match Manifest::decode(&bytes, key.as_ref()) {
             Ok(m) if m.id() == id => enqueue(tiers, Pending::new(m, bytes)),
@@ -197,7 +201,7 @@ async fn flush_one(tiers: &Tiers, pending: &Pending) -> Result<()> {
         }
         // Already there (an earlier flush whose reply was lost): fine if it is the same manifest.
         Err(object_store::Error::AlreadyExists { .. }) => {
-            let stored = tiers.durable.get(&key).await?.bytes().await?;
+            let stored = catalog::manifest_bytes(tiers.durable.as_ref(), &key).await?;
             if stored == pending.bytes {
                 Ok(())
             } else {
