@@ -17,6 +17,16 @@ pub mod value;
 
 use pyo3::prelude::*;
 
+/// The extension's Rust allocations (staging buffers, chunks read during a
+/// load) come from mimalloc, not glibc malloc: glibc raises its mmap threshold
+/// after the first multi-MiB buffer is freed, so later load buffers land in its
+/// arenas and stay in the training process after every restore (measured: 46 to
+/// 123 MiB kept per rank after each load of a 96 MiB FSDP2 shard, growing with
+/// each load; with mimalloc it is given back). PyTorch's own allocations are
+/// not affected.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Forget the tokio runtime inherited from the parent process (registered with
 /// `os.register_at_fork(after_in_child=...)` by the Python package).
 #[pyfunction]
