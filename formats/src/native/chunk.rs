@@ -76,23 +76,7 @@ pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecErr
 /// `max_raw` caps the raw length a header may claim. Raw payloads come back as a
 /// slice of `stored` (no copy).
 pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecError> {
-    if stored.len() < HEADER_LEN {
-        return Err(CodecError::Truncated(format!(
-            "{} bytes, shorter than the header",
-            stored.len()
-        )));
-    }
-    if &stored[..4] != MAGIC {
-        return Err(CodecError::Malformed("bad chunk magic".into()));
-    }
-    if stored[5..8] != [0, 0, 0] {
-        return Err(CodecError::Malformed(
-            "reserved header bytes are not zero".into(),
-        ));
-    }
-    let mut len8 = [0u8; 8];
-    len8.copy_from_slice(&stored[8..16]);
-    let raw_len = u64::from_le_bytes(len8);
+    let (_, raw_len) = parse_header(&stored)?;
     let raw_len = usize::try_from(raw_len)
         .ok()
         .filter(|&l| l <= max_raw)
@@ -121,36 +105,44 @@ pub fn decode(stored: Bytes, hash: &str, max_raw: usize) -> Result<Bytes, CodecE
         }
         c => return Err(CodecError::Malformed(format!("unknown codec {c}"))),
     };
-    if blake3::hash(&raw).to_hex().as_str() != hash {
-        return Err(CodecError::HashMismatch);
-    }
+    verify(&raw, hash)?;
     Ok(raw)
 }
 
-/// The payload of a stored chunk kept raw (not compressed), checked against
-/// its header and `raw_len`; `None` for a compressed chunk. Its hash is not
-/// checked here: [`verify`] does that, on any thread.
-pub fn raw_payload(stored: &Bytes, raw_len: usize) -> Result<Option<Bytes>, CodecError> {
+/// Check a stored chunk's header; returns its codec and the raw length it claims.
+fn parse_header(stored: &[u8]) -> Result<(u8, u64), CodecError> {
     if stored.len() < HEADER_LEN {
         return Err(CodecError::Truncated(format!(
             "{} bytes, shorter than the header",
             stored.len()
         )));
     }
-    if &stored[..4] != MAGIC || stored[5..8] != [0, 0, 0] {
-        return Err(CodecError::Malformed("bad chunk header".into()));
+    if &stored[..4] != MAGIC {
+        return Err(CodecError::Malformed("bad chunk magic".into()));
     }
-    if stored[4] != RAW {
-        return Ok(None);
+    if stored[5..8] != [0, 0, 0] {
+        return Err(CodecError::Malformed(
+            "reserved header bytes are not zero".into(),
+        ));
     }
     let mut len8 = [0u8; 8];
     len8.copy_from_slice(&stored[8..16]);
+    Ok((stored[4], u64::from_le_bytes(len8)))
+}
+
+/// The payload of a stored chunk kept raw (not compressed), checked against
+/// its header and `raw_len`; `None` for a compressed chunk. Its hash is not
+/// checked here: [`verify`] does that, on any thread.
+pub fn raw_payload(stored: &Bytes, raw_len: usize) -> Result<Option<Bytes>, CodecError> {
+    let (codec, claimed) = parse_header(stored)?;
+    if codec != RAW {
+        return Ok(None);
+    }
     let payload = stored.slice(HEADER_LEN..);
-    if u64::from_le_bytes(len8) != raw_len as u64 || payload.len() != raw_len {
+    if claimed != raw_len as u64 || payload.len() != raw_len {
         return Err(CodecError::Truncated(format!(
-            "payload is {} bytes, header says {}, expected {raw_len}",
-            payload.len(),
-            u64::from_le_bytes(len8)
+            "payload is {} bytes, header says {claimed}, expected {raw_len}",
+            payload.len()
         )));
     }
     Ok(Some(payload))
@@ -167,26 +159,15 @@ pub fn verify(raw: &[u8], hash: &str) -> Result<(), CodecError> {
 /// Decode a stored chunk straight into `dst` (which must be exactly the raw
 /// length) and verify its hash.
 pub fn decode_into(stored: &[u8], hash: &str, dst: &mut [u8]) -> Result<(), CodecError> {
-    if stored.len() < HEADER_LEN {
-        return Err(CodecError::Truncated(format!(
-            "{} bytes, shorter than the header",
-            stored.len()
-        )));
-    }
-    if &stored[..4] != MAGIC || stored[5..8] != [0, 0, 0] {
-        return Err(CodecError::Malformed("bad chunk header".into()));
-    }
-    let mut len8 = [0u8; 8];
-    len8.copy_from_slice(&stored[8..16]);
-    if u64::from_le_bytes(len8) != dst.len() as u64 {
+    let (codec, claimed) = parse_header(stored)?;
+    if claimed != dst.len() as u64 {
         return Err(CodecError::Malformed(format!(
-            "chunk holds {} raw bytes, expected {}",
-            u64::from_le_bytes(len8),
+            "chunk holds {claimed} raw bytes, expected {}",
             dst.len()
         )));
     }
     let payload = &stored[HEADER_LEN..];
-    match stored[4] {
+    match codec {
         RAW if payload.len() == dst.len() => dst.copy_from_slice(payload),
         RAW => {
             return Err(CodecError::Truncated(format!(
@@ -207,10 +188,7 @@ pub fn decode_into(stored: &[u8], hash: &str, dst: &mut [u8]) -> Result<(), Code
         }
         c => return Err(CodecError::Malformed(format!("unknown codec {c}"))),
     }
-    if blake3::hash(dst).to_hex().as_str() != hash {
-        return Err(CodecError::HashMismatch);
-    }
-    Ok(())
+    verify(dst, hash)
 }
 
 /// Concatenate an encoded chunk into one buffer (tests, fuzzing).
