@@ -22,32 +22,53 @@ use pyo3::prelude::*;
 
 use crate::errors::invalid;
 
-/// A C-contiguous Python buffer that a snapshot copies from.
+/// A C-contiguous export of a Python object's buffer, held (and with it the
+/// exporting object) until dropped; released with the GIL when dropped.
 #[derive(Debug)]
-pub struct PySource {
-    // Holds the export (and thereby the exporting object) until the copy is done;
-    // released with the GIL when the snapshot drops this source.
+pub struct Export {
     _buf: PyUntypedBuffer,
-    ptr: usize,
-    len: usize,
+    /// Address of the first byte.
+    pub ptr: usize,
+    /// Length in bytes.
+    pub len: usize,
 }
 
-impl PySource {
-    /// Take a buffer of `obj`; it must be C-contiguous.
-    pub fn new(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+impl Export {
+    /// Take the buffer of `obj` (for tensor `name`, in errors); `writable`
+    /// refuses a read-only one.
+    pub fn take(obj: &Bound<'_, PyAny>, name: &str, writable: bool) -> PyResult<Self> {
         let buf = PyUntypedBuffer::get(obj)
             .map_err(|e| invalid(format!("tensor `{name}`: not a buffer ({e})")))?;
+        if writable && buf.readonly() {
+            return Err(invalid(format!(
+                "tensor `{name}`: the destination buffer is read-only"
+            )));
+        }
         if !buf.is_c_contiguous() {
             return Err(invalid(format!(
                 "tensor `{name}`: buffer is not C-contiguous"
             )));
         }
         let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
-        Ok(PySource {
+        Ok(Export {
             _buf: buf,
             ptr,
             len,
         })
+    }
+}
+
+/// A C-contiguous Python buffer that a snapshot copies from.
+#[derive(Debug)]
+pub struct PySource {
+    // Holds the export until the copy is done (the snapshot drops this source).
+    export: Export,
+}
+
+impl PySource {
+    /// Take a buffer of `obj`; it must be C-contiguous.
+    pub fn new(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
+        Export::take(obj, name, false).map(|export| PySource { export })
     }
 
     /// The bytes, borrowed.
@@ -56,21 +77,22 @@ impl PySource {
     /// Nobody may write the exporter's memory while the slice is in use (the
     /// training loop's contract for a snapshot in progress).
     pub unsafe fn as_slice(&self) -> &[u8] {
-        if self.len == 0 {
+        let Export { ptr, len, .. } = self.export;
+        if len == 0 {
             return &[];
         }
         // SAFETY: the export is held by `self`, so ptr..ptr+len stays mapped.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
     }
 }
 
 impl CopySource for PySource {
     fn len(&self) -> usize {
-        self.len
+        self.export.len
     }
 
     fn copy_into(&self, dst: &mut [u8]) -> ckpt_core::Result<()> {
-        if dst.len() != self.len {
+        if dst.len() != self.export.len {
             return Err(ckpt_core::Error::Internal(
                 "staging buffer size mismatch".into(),
             ));

@@ -5,46 +5,26 @@
 //! array) for the length of one load, so the engine decodes straight into the
 //! memory the training loop uses: no intermediate copy of the state.
 
-use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
 
-use crate::errors::invalid;
+use crate::buffer::Export;
 
 /// A writable C-contiguous Python buffer a load fills.
 #[derive(Debug)]
 pub struct PyDest {
     // Keeps the export (and the exporting object) alive while the load runs.
-    _buf: PyUntypedBuffer,
-    ptr: usize,
-    len: usize,
+    export: Export,
 }
 
 impl PyDest {
     /// Take a writable buffer of `obj` (for the tensor `name`, in errors).
     pub fn new(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Self> {
-        let buf = PyUntypedBuffer::get(obj)
-            .map_err(|e| invalid(format!("tensor `{name}`: not a buffer ({e})")))?;
-        if buf.readonly() {
-            return Err(invalid(format!(
-                "tensor `{name}`: the destination buffer is read-only"
-            )));
-        }
-        if !buf.is_c_contiguous() {
-            return Err(invalid(format!(
-                "tensor `{name}`: the destination buffer is not C-contiguous"
-            )));
-        }
-        let (ptr, len) = (buf.buf_ptr() as usize, buf.len_bytes());
-        Ok(PyDest {
-            _buf: buf,
-            ptr,
-            len,
-        })
+        Export::take(obj, name, true).map(|export| PyDest { export })
     }
 
     /// Address and length, to rebuild the slice on the runtime.
     pub fn raw(&self) -> (usize, usize) {
-        (self.ptr, self.len)
+        (self.export.ptr, self.export.len)
     }
 }
 
