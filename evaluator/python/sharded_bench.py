@@ -39,6 +39,7 @@ Rank 0 prints one JSON object.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import os
@@ -304,8 +305,9 @@ def broadcast(obj):
 
 # ---------------------------------------------------------------- methods
 
-class Method:
-    """One way to checkpoint: a saver kept across saves (as in training), its directory."""
+class Method(abc.ABC):
+    """One way to checkpoint: a saver kept across saves (as in training), its
+    directory. Each peer below implements ``save`` and ``load``."""
 
     name = "?"
 
@@ -325,12 +327,13 @@ class Method:
     def step_dir(self, step: int) -> str:
         return os.path.join(self.dir, f"step_{step}")
 
+    @abc.abstractmethod
     def save(self, model, opt, step: int):
         """Returns (stall, snapshot, durable) in seconds from the call."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load(self, model, opt, step: int) -> None:
-        raise NotImplementedError
+        """Load step ``step`` into ``model`` and ``opt`` (fresh ones)."""
 
     def written(self, step: int, world: int) -> int:
         return tree_bytes(self.step_dir(step)) // world

@@ -186,8 +186,11 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         r.scale = record(&mut r, "scale", t, out);
     }
     if has(Experiment::Sharded) {
-        let why = crate::experiments::sharded::unavailable(ctx.python.as_deref());
-        match (&ctx.python, why) {
+        // `unavailable` gives the reason, also when there is no interpreter at all.
+        match (
+            &ctx.python,
+            crate::experiments::sharded::unavailable(ctx.python.as_deref()),
+        ) {
             (Some(py), None) => {
                 let t = Instant::now();
                 eprintln!(
@@ -204,7 +207,7 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
                 r.sharded = record(&mut r, "sharded", t, out);
             }
             (_, why) => {
-                let why = why.unwrap_or_else(|| "no Python interpreter".into());
+                let why = why.unwrap_or_default();
                 eprintln!("sharded: skipped: {why}");
                 r.not_included.push(("sharded".into(), why));
             }

@@ -145,8 +145,15 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 /// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
+/// It runs in a process group of its own, so past `limit` torchrun and every
+/// rank it started are killed together (killing torchrun alone orphans them).
 fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(bool, String, String), BoxError> {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
     let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
     let o = std::thread::spawn(move || {
         let mut s = String::new();
@@ -168,7 +175,8 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(bool, String, Strin
             break Some(s);
         }
         if start.elapsed() > limit {
-            let _ = child.kill();
+            // SAFETY: kill(2) of a process group with a signal number has no memory effects.
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
             let _ = child.wait();
             break None;
         }
