@@ -223,7 +223,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for kind in NoiseKind::ALL {
             let n = Noise::start(kind, 1, dir.path(), Duration::from_secs(5)).unwrap();
+            // Give it time to start working: on a loaded machine, setting up
+            // (128 MiB of buffers for Memory) can take longer than a fixed sleep.
+            let started = Instant::now();
             std::thread::sleep(Duration::from_millis(150));
+            while n.work.load(Ordering::Relaxed) == 0 && started.elapsed() < Duration::from_secs(4)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let t = Instant::now();
             let rate = n.finish();
             assert!(rate > 0.0, "{kind:?} did no work");
