@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ckpt_core::pieces::BoxTarget;
+use ckpt_core::BoxTarget;
 use ckpt_core::{
     BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, DType, Error, Loaded,
     Retention, ShardSpec, SnapshotMode, SourceTensor, Status, Tensor, TensorData,
@@ -405,7 +405,7 @@ impl Checkpointer {
                 .shard
                 .as_ref()
                 .map_or_else(|| r.shape.clone(), |s| s.global_shape.clone());
-            let nbytes = ckpt_core::tensor::numel(&global)
+            let nbytes = ckpt_core::numel(&global)
                 .and_then(|n| r.dtype.byte_len(n))
                 .py()?;
             table

@@ -12,7 +12,7 @@
 //! stalls every other task), so one dedicated thread per coordinator makes the
 //! calls, with the GIL, one at a time and in the order the engine asked. The
 //! async side waits for the reply with the collective's deadline, like
-//! `ckpt_core::mpi`. A collective that missed its deadline, or raised (a peer's
+//! `ckpt_core::coord::MpiCoordinator`. A collective that missed its deadline, or raised (a peer's
 //! connection closed), leaves the ranks out of step: the coordinator is then
 //! marked broken, and every later call fails at once with the same error kind.
 

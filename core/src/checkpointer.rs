@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use object_store::ObjectStore;
 
-use crate::chunks::ChunkIndex;
 use crate::coord::{Coordinator, Solo};
-use crate::error::{CheckpointId, Error, Result};
+use crate::error::{Error, Result};
 use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
-use crate::retention::Retention;
-use crate::staging::{BusyPolicy, StagingPool};
+use crate::layout::chunks::ChunkIndex;
+use crate::layout::retention::Retention;
+use crate::model::CheckpointId;
+use crate::save::staging::{BusyPolicy, StagingPool};
 use crate::store;
 
 /// When the snapshot copy happens.
@@ -73,11 +74,13 @@ impl Default for CheckpointerOptions {
 /// Cheap to clone; clones share the store, the staging pool and the in-flight saves.
 #[derive(Debug, Clone)]
 pub struct Checkpointer {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Shared>,
 }
 
+/// What the clones of one [`Checkpointer`] share: the store, the options, the
+/// staging pool and the bookkeeping of saves in flight.
 #[derive(Debug)]
-pub(crate) struct Inner {
+pub(crate) struct Shared {
     pub url: String,
     pub store: Arc<dyn ObjectStore>,
     pub format: Arc<dyn Format>,
@@ -90,7 +93,7 @@ pub(crate) struct Inner {
     pub inflight: Mutex<HashSet<CheckpointId>>,
     pub inflight_done: tokio::sync::Notify,
     /// Background failures nobody has seen yet; the next `save` reports them.
-    pub unobserved: Mutex<Vec<(u64, crate::wire::WireError)>>,
+    pub unobserved: Mutex<Vec<(u64, crate::error::wire::WireError)>>,
     /// Checkpoints a load found damaged: their steps may be saved again.
     pub damaged: Mutex<HashSet<CheckpointId>>,
     /// The ranks of the job.
@@ -294,7 +297,7 @@ impl CheckpointerBuilder {
         let pool = self.opts.staging_budget.map(StagingPool::new);
         // Every rank derives the same attempt ids from a value rank 0 chooses.
         let nonce = {
-            let mine = crate::paths::new_attempt_id().into_bytes();
+            let mine = crate::layout::paths::new_attempt_id().into_bytes();
             let agreed = self
                 .coord
                 .broadcast(mine, 0, self.opts.collective_timeout)
@@ -302,7 +305,7 @@ impl CheckpointerBuilder {
             String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
         };
         Ok(Checkpointer {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Shared {
                 url: self.url,
                 store,
                 format,

@@ -1,9 +1,10 @@
 //! Failpoints: named places in the save and commit path where a test can make
 //! the process fail, exactly there.
 //!
-//! Compiled in only with the `failpoints` feature; without it [`hit`] is an empty
-//! inline function. Armed either from code ([`set`]) or, for crash tests of a child
-//! process, from the environment: `CKPT_FAILPOINTS="save.before_manifest=abort;..."`.
+//! Compiled in only with the `failpoints` feature; without it the engine's calls
+//! are empty inline functions and only [`NAMES`] is here. Armed either from code
+//! (`set`) or, for crash tests of a child process, from the environment:
+//! `CKPT_FAILPOINTS="save.before_manifest=abort;..."`.
 //!
 //! Actions: `error` (the operation returns an error), `enospc` (it fails as a
 //! full disk makes a local store fail: a storage error carrying `ENOSPC`, for
@@ -126,14 +127,14 @@ mod imp {
 
 /// Pass a failpoint: does nothing unless a test armed it.
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &str) -> Result<()> {
+pub(crate) fn hit(name: &str) -> Result<()> {
     imp::hit(name)
 }
 
 /// Pass a failpoint: does nothing unless a test armed it.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) -> Result<()> {
+pub(crate) fn hit(_name: &str) -> Result<()> {
     Ok(())
 }
 

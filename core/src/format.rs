@@ -15,10 +15,10 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::chunks::{ChunkCache, ChunkIndex};
 use crate::error::{Error, Result};
-use crate::manifest::{Layout, TensorRecord};
-use crate::tensor::Tensor;
+use crate::layout::chunks::{ChunkCache, ChunkIndex};
+use crate::layout::manifest::{Layout, TensorRecord};
+use crate::model::tensor::Tensor;
 
 /// Compression of stored bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +94,7 @@ pub struct WriteContext {
     pub world_size: usize,
     /// The checkpoint's non-tensor state (formats that can hold it, e.g. `.pt`
     /// files or safetensors metadata, store a copy; the manifest always has it).
-    pub meta: crate::value::Value,
+    pub meta: crate::model::value::Value,
     /// Options.
     pub options: WriteOptions,
     /// Chunks known to be durably stored (for content-addressed reuse).

@@ -26,52 +26,34 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod catalog;
-pub mod checkpointer;
-pub mod chunks;
-pub mod conformance;
+pub(crate) mod checkpointer;
 pub mod coord;
-pub mod dtype;
-pub mod error;
+mod error;
 pub mod failpoint;
 pub mod format;
-pub mod load;
-pub mod manifest;
-#[cfg(feature = "mpi")]
-pub mod mpi;
-pub mod paths;
-mod persist;
-pub mod pieces;
-pub mod plan;
-pub mod reshard;
-pub mod retention;
-pub mod save;
-pub mod snapshot;
-pub mod staging;
-pub mod state;
+pub mod layout;
+pub(crate) mod load;
+pub(crate) mod model;
+pub(crate) mod save;
 pub mod store;
-pub mod tensor;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "torch")]
 pub mod torch;
-pub mod value;
-mod wire;
 
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
 pub use coord::{Coordinator, Solo};
-pub use dtype::DType;
-pub use error::{CheckpointId, Error, Result};
+pub use error::{Error, Result};
 pub use format::{
     Compression, Format, FormatRegistry, ReadContext, WriteContext, WriteOptions, WriteOutput,
 };
-pub use load::{CheckpointInfo, Loaded, Status};
-pub use manifest::{ChunkRef, Layout, Manifest, TensorRecord};
-pub use retention::{GcReport, Retention};
-pub use save::{SaveHandle, SaveReport};
-pub use snapshot::{Capture, CopySource, SharedVec, SourceTensor, TensorData};
-pub use staging::{BusyPolicy, StagingPool};
-pub use state::State;
-pub use tensor::{ShardSpec, Tensor};
-pub use value::{Key, Value};
+pub use layout::{ChunkRef, GcReport, Layout, Manifest, Retention, TensorRecord};
+pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
+pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
+pub use save::{
+    BusyPolicy, Capture, CopySource, SaveHandle, SaveReport, SharedVec, SourceTensor, StagingPool,
+    TensorData,
+};
 
 /// Largest chunk (raw bytes) a chunked format writes or a decoder accepts.
 pub const MAX_CHUNK_BYTES: usize = 1 << 30;

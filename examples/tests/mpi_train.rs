@@ -6,7 +6,7 @@
 use std::process::Output;
 
 fn mpirun(np: usize, args: &[&str]) -> Output {
-    ckpt_core::mpi::mpirun(np)
+    ckpt_core::testing::mpirun(np)
         .arg(env!("CARGO_BIN_EXE_mpi_train"))
         .args(args)
         .output()

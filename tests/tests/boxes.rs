@@ -3,7 +3,7 @@
 //! overlapping pieces read, and every target checked before anything is written.
 
 use bytes::Bytes;
-use ckpt_core::pieces::BoxTarget;
+use ckpt_core::BoxTarget;
 use ckpt_core::{DType, Error, ShardSpec, State, Tensor};
 use ckpt_tests::*;
 

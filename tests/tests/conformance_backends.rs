@@ -1,4 +1,4 @@
-//! The storage conformance suite (`ckpt_core::conformance`) on every backend:
+//! The storage conformance suite (`ckpt_core::testing::conformance`) on every backend:
 //! `file://`, `memory://`, the tiered store, and S3 on a real Garage node (started
 //! by `scripts/test.sh`, which exports the AWS variables).
 
@@ -6,7 +6,8 @@ use ckpt_tests::{s3_url, unique};
 use std::sync::Arc;
 
 use ckpt_core::store::{self, TieredOptions, TieredStore};
-use ckpt_core::{conformance, Result};
+use ckpt_core::testing::conformance;
+use ckpt_core::Result;
 use object_store::ObjectStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,11 +50,11 @@ async fn conformance_tiered() -> Result<()> {
             "flush failed: {:?}",
             report.failed
         );
-        let fast = ckpt_core::catalog::committed(t.fast().as_ref()).await?;
-        let durable = ckpt_core::catalog::committed(t.durable().as_ref()).await?;
+        let fast = ckpt_core::layout::committed(t.fast().as_ref()).await?;
+        let durable = ckpt_core::layout::committed(t.durable().as_ref()).await?;
         for id in fast {
             // The torn manifest of check_lists_only_committed is the one thing not flushed.
-            if ckpt_core::catalog::read_manifest(t.fast().as_ref(), &id)
+            if ckpt_core::layout::read_manifest(t.fast().as_ref(), &id)
                 .await
                 .is_ok()
             {

@@ -143,7 +143,7 @@ async fn deleted_chunk() {
 async fn corrupt_manifest() {
     let (dir, cp, old) = two_checkpoints().await;
     let id = cp.committed().await.unwrap().pop().unwrap();
-    let key = ckpt_core::paths::manifest_key(&id).to_string();
+    let key = ckpt_core::layout::manifest_key(&id).to_string();
     let path = dir.path().join(&key);
     let mut bytes = std::fs::read(&path).unwrap();
     let n = bytes.len();
@@ -173,7 +173,7 @@ async fn corrupt_manifest() {
 async fn a_huge_manifest_is_refused_before_it_is_read() {
     let (dir, cp, old) = two_checkpoints().await;
     let id = cp.committed().await.unwrap().pop().unwrap();
-    let key = ckpt_core::paths::manifest_key(&id).to_string();
+    let key = ckpt_core::layout::manifest_key(&id).to_string();
     let path = dir.path().join(&key);
     std::fs::OpenOptions::new()
         .write(true)

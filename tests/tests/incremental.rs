@@ -134,7 +134,7 @@ async fn gc_removes_incomplete_saves() {
     use object_store::ObjectStoreExt;
     store
         .put(
-            &ckpt_core::paths::data_prefix(&orphan)
+            &ckpt_core::layout::data_prefix(&orphan)
                 .clone()
                 .join("rank0.bin"),
             vec![1u8; 10].into(),

@@ -239,7 +239,7 @@ async fn engine_checkpoints_open_in_their_readers() {
         let data = dir
             .path()
             .join("data")
-            .join(ckpt_core::paths::checkpoint_name(&report.id));
+            .join(ckpt_core::layout::checkpoint_name(&report.id));
         let flat = State {
             tensors: state.tensors.clone(),
             meta: Value::Null,

@@ -8,7 +8,7 @@ use std::process::Output;
 use ckpt_tests::temp_root;
 
 fn mpirun(np: usize, args: &[&str]) -> Output {
-    ckpt_core::mpi::mpirun(np)
+    ckpt_core::testing::mpirun(np)
         .arg(env!("CARGO_BIN_EXE_mpi_ckpt"))
         .args(args)
         .output()

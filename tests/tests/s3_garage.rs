@@ -116,7 +116,7 @@ async fn tiered_with_s3_durable_recovers_after_losing_the_fast_tier() -> Result<
     }
     let report = tiered.flush().await?;
     assert!(report.failed.is_empty(), "{:?}", report.failed);
-    let on_s3 = ckpt_core::catalog::committed(tiered.durable().as_ref()).await?;
+    let on_s3 = ckpt_core::layout::committed(tiered.durable().as_ref()).await?;
     assert_eq!(
         on_s3.iter().map(|id| id.step).collect::<Vec<_>>(),
         vec![2, 3],

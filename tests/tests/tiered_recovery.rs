@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ckpt_core::catalog;
+use ckpt_core::layout;
 use ckpt_core::store::{self, FaultPlan, FaultStore, TieredOptions, TieredStore};
 use ckpt_core::{Checkpointer, Error, Result, Retention, State, Tensor, Value};
 use futures::TryStreamExt;
@@ -115,7 +115,7 @@ async fn newest_on_either_tier_and_failed_flush_is_retried() -> Result<()> {
         .iter()
         .all(|(_, e)| matches!(e, Error::Storage(_))));
     assert!(
-        catalog::committed(durable_inner.as_ref()).await?.is_empty(),
+        layout::committed(durable_inner.as_ref()).await?.is_empty(),
         "a manifest reached the durable tier"
     );
     // Training does not care: the fast tier has the newest.
@@ -127,7 +127,7 @@ async fn newest_on_either_tier_and_failed_flush_is_retried() -> Result<()> {
     let report = tiered.flush().await?;
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.flushed.len(), 2);
-    assert_eq!(catalog::committed(durable_inner.as_ref()).await?.len(), 2);
+    assert_eq!(layout::committed(durable_inner.as_ref()).await?.len(), 2);
     Ok(())
 }
 
@@ -167,7 +167,7 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
     assert_eq!(report.failed.len(), 1, "{:?}", report.flushed);
     assert!(report.flushed.is_empty());
     assert!(
-        catalog::committed(durable_inner.as_ref()).await?.is_empty(),
+        layout::committed(durable_inner.as_ref()).await?.is_empty(),
         "manifest published before its chunks"
     );
     // The durable tier holds at most an incomplete, invisible copy.
@@ -184,7 +184,7 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
     // A second flush tries again, and fails again the same way.
     let report = tiered.flush().await?;
     assert_eq!((report.failed.len(), durable.injected().errors), (1, 2));
-    assert!(catalog::committed(durable_inner.as_ref()).await?.is_empty());
+    assert!(layout::committed(durable_inner.as_ref()).await?.is_empty());
     Ok(())
 }
 
@@ -219,23 +219,23 @@ async fn retention_per_tier_with_deletes_deferred_until_flushed() -> Result<()> 
     let steps =
         |ids: Vec<ckpt_core::CheckpointId>| ids.into_iter().map(|id| id.step).collect::<Vec<_>>();
     assert_eq!(
-        steps(catalog::committed(fast.as_ref()).await?),
+        steps(layout::committed(fast.as_ref()).await?),
         vec![5],
         "fast tier keeps the newest only"
     );
     assert_eq!(
-        steps(catalog::committed(durable_inner.as_ref()).await?),
+        steps(layout::committed(durable_inner.as_ref()).await?),
         vec![3, 4, 5],
         "durable tier keeps three"
     );
     // Deferred deletes ran: nothing of the retired checkpoints is left on the fast tier.
-    assert!(catalog::incomplete(fast.as_ref()).await?.is_empty());
+    assert!(layout::incomplete(fast.as_ref()).await?.is_empty());
     // Every checkpoint the durable tier kept loads intact, through the tiered store too.
     let on_durable = ckpt_formats::builder("d")
         .store(durable_inner.clone())
         .build()
         .await?;
-    for id in catalog::committed(durable_inner.as_ref()).await? {
+    for id in layout::committed(durable_inner.as_ref()).await? {
         assert_eq!(on_durable.load(&id).await?.state, state(id.step));
         assert_eq!(cp.load(&id).await?.state, state(id.step));
     }

@@ -11,8 +11,8 @@ use super::cuda::{queue_pinned_copy, CudaFence, PinnedTensorSource};
 use super::kind::{dtype_of, shape_of};
 use super::tch_err;
 use crate::error::{Error, Result};
-use crate::snapshot::{Capture, CopySource, SourceTensor, TensorData};
-use crate::value::{Key, Value};
+use crate::model::value::{Key, Value};
+use crate::save::snapshot::{Capture, CopySource, SourceTensor, TensorData};
 
 /// A [`CopySource`] over a contiguous CPU `tch::Tensor` (a shallow clone: the same
 /// memory as the caller's tensor). The snapshot copies it into a staging buffer.

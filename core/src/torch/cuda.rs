@@ -8,7 +8,7 @@ use tch::{Device, Tensor};
 
 use super::tch_err;
 use crate::error::{Error, Result};
-use crate::snapshot::CopySource;
+use crate::save::snapshot::CopySource;
 
 /// Devices whose queued copies have been waited for, shared by the sources of one
 /// capture so that each device is synchronised once per snapshot.

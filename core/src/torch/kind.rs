@@ -2,8 +2,8 @@
 
 use tch::Kind;
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::model::dtype::DType;
 
 /// The ckpt dtype of a tch kind, or [`Error::Unsupported`] for kinds with no
 /// safetensors equivalent (quantized kinds, complex half and complex double).

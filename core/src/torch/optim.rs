@@ -11,8 +11,8 @@ use super::capture::TorchCapture;
 use super::restore::copy_into;
 use super::tch_err;
 use crate::error::{Error, Result};
-use crate::state::State;
-use crate::value::Value;
+use crate::model::state::State;
+use crate::model::value::Value;
 
 /// Hyper-parameters of [`Adam`] (PyTorch's defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -6,8 +6,8 @@ use tch::{Device, Tensor};
 use super::kind::{dtype_of, kind_of, shape_i64, shape_of};
 use super::tch_err;
 use crate::error::{Error, Result};
-use crate::state::State;
-use crate::tensor::Tensor as CkptTensor;
+use crate::model::state::State;
+use crate::model::tensor::Tensor as CkptTensor;
 
 /// A new tch tensor on `device` with the checkpointed tensor's dtype, shape and bytes.
 pub fn to_tch(t: &CkptTensor, device: Device) -> Result<Tensor> {

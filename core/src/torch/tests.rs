@@ -4,9 +4,9 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 use super::*;
-use crate::snapshot::{Capture, TensorData};
-use crate::state::State;
-use crate::tensor::Tensor as CkptTensor;
+use crate::model::state::State;
+use crate::model::tensor::Tensor as CkptTensor;
+use crate::save::snapshot::{Capture, TensorData};
 use crate::{DType, Error, Value};
 
 /// torch's generator is global and tests run in parallel: tests that seed or draw

@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use ckpt_core::mpi::MpiCoordinator;
+use ckpt_core::coord::MpiCoordinator;
 use ckpt_core::{Capture, CheckpointerOptions, Coordinator};
 use ckpt_eval::workload::{uniform_f32, Params};
 

@@ -81,7 +81,7 @@ pub fn rank_binary() -> Result<PathBuf, BoxError> {
 }
 
 fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, BoxError> {
-    let out = ckpt_core::mpi::mpirun(np)
+    let out = ckpt_core::testing::mpirun(np)
         .arg(bin)
         .args(args)
         .output()

@@ -30,9 +30,9 @@ pub struct Corruption {
 pub fn objects(root: &Path) -> Vec<String> {
     let mut out = Vec::new();
     for dir in [
-        ckpt_core::paths::CHUNKS,
-        ckpt_core::paths::DATA,
-        ckpt_core::paths::MANIFESTS,
+        ckpt_core::layout::CHUNKS,
+        ckpt_core::layout::DATA,
+        ckpt_core::layout::MANIFESTS,
     ] {
         walk(&root.join(dir), dir, &mut out);
     }

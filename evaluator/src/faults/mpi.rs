@@ -52,7 +52,7 @@ pub fn unavailable(bin: &Option<PathBuf>, name: &str) -> Option<String> {
 }
 
 fn mpirun(np: u64, bin: &Path, token: &str, failpoints: &str) -> Command {
-    let mut cmd = ckpt_core::mpi::mpirun(np as usize);
+    let mut cmd = ckpt_core::testing::mpirun(np as usize);
     cmd.args(["-x", "CKPT_FAILPOINTS", "-x", TOKEN])
         .env("CKPT_FAILPOINTS", failpoints)
         .env(TOKEN, token)

@@ -68,7 +68,7 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
         .await?;
     let mut out = Scan::default();
     for id in cp.committed().await? {
-        let manifest_key = ckpt_core::paths::manifest_key(&id).to_string();
+        let manifest_key = ckpt_core::layout::manifest_key(&id).to_string();
         let mut objects = BTreeSet::from([manifest_key.clone()]);
         let damage = match cp.manifest(&id).await {
             Err(e) => Some(format!("manifest: {e}")),
@@ -85,7 +85,7 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
                     match &t.layout {
                         Layout::Chunks { chunks } => {
                             for c in chunks {
-                                let key = format!("{}/{}", ckpt_core::paths::CHUNKS, c.hash);
+                                let key = format!("{}/{}", ckpt_core::layout::CHUNKS, c.hash);
                                 if damage.is_none() {
                                     // A packed chunk holds more than this tensor's slice.
                                     let cap = if c.offset.is_some() {

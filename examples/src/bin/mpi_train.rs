@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ckpt_core::mpi::MpiCoordinator;
+use ckpt_core::coord::MpiCoordinator;
 use ckpt_core::{Coordinator, DType, State, Tensor, Value};
 
 const IN: usize = 64;

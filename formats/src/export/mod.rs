@@ -194,7 +194,7 @@ pub(crate) fn select(m: &Manifest, entry: &str, dtype: Option<DType>) -> Result<
                 None => r.shape.clone(),
             };
             let to = cast::cast_dtype(r.dtype, dtype);
-            let numel = ckpt_core::tensor::numel(&shape)?;
+            let numel = ckpt_core::numel(&shape)?;
             Ok(Item {
                 src,
                 out,

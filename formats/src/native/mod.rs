@@ -19,7 +19,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use ckpt_core::format::{put_object, storage_err, WriteStats};
-use ckpt_core::paths::chunk_key;
+use ckpt_core::layout::chunk_key;
 use ckpt_core::{
     ChunkRef, Compression, Error, Format, Layout, ReadContext, Result, Tensor, TensorRecord,
     WriteContext, WriteOutput, MAX_CHUNK_BYTES,

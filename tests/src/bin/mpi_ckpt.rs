@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ckpt_core::mpi::MpiCoordinator;
+use ckpt_core::coord::MpiCoordinator;
 use ckpt_core::{CheckpointerOptions, Coordinator, DType, ShardSpec, State, Tensor, Value};
 
 /// Rows of the sharded embedding (split on dimension 0) and columns of the

@@ -10,12 +10,13 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 
 use super::{Pending, Tiers};
-use crate::catalog;
-use crate::chunks::ChunkIndex;
-use crate::error::{CheckpointId, Error, Result};
-use crate::manifest::Manifest;
-use crate::paths;
-use crate::retention;
+use crate::error::{Error, Result};
+use crate::layout::catalog;
+use crate::layout::chunks::ChunkIndex;
+use crate::layout::manifest::Manifest;
+use crate::layout::paths;
+use crate::layout::retention;
+use crate::model::CheckpointId;
 
 /// Queue a checkpoint and make sure the flusher runs.
 pub(super) fn enqueue(tiers: &Arc<Tiers>, pending: Pending) {

@@ -47,11 +47,12 @@ use object_store::{
 };
 use tokio::sync::{Notify, OwnedRwLockReadGuard, RwLock};
 
-use crate::chunks::ChunkIndex;
-use crate::error::{CheckpointId, Error, Result};
-use crate::manifest::Manifest;
-use crate::paths::{self, CHUNKS};
-use crate::retention::Retention;
+use crate::error::{Error, Result};
+use crate::layout::chunks::ChunkIndex;
+use crate::layout::manifest::Manifest;
+use crate::layout::paths::{self, CHUNKS};
+use crate::layout::retention::Retention;
+use crate::model::CheckpointId;
 
 /// URLs of tiered stores start with this.
 pub const SCHEME_PREFIX: &str = "tiered+";

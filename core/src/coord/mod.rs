@@ -3,7 +3,7 @@
 //! The engine needs three collective operations, all on small byte messages:
 //! agreeing on the plan of a save, gathering every rank's records to commit, and
 //! telling every rank the outcome. [`Coordinator`] is that interface; [`Solo`] is
-//! the single-process one, and the MPI one lives in [`crate::mpi`] (feature `mpi`).
+//! the single-process one, and [`MpiCoordinator`] the one over MPI (feature `mpi`).
 //!
 //! Every call has a deadline: a rank that died or never arrives makes the others
 //! fail with [`Error::Timeout`] instead of hanging.
@@ -14,6 +14,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
+
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+pub use mpi::MpiCoordinator;
 
 /// The collective operations the engine uses. Every rank must call them in the same
 /// order; the engine guarantees that by running the collective part of saves one at a

@@ -16,10 +16,11 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::DType;
-use crate::error::{CheckpointId, Error, Result};
-use crate::tensor::{numel, ShardSpec};
-use crate::value::Value;
+use crate::error::{Error, Result};
+use crate::model::dtype::DType;
+use crate::model::tensor::{numel, ShardSpec};
+use crate::model::value::Value;
+use crate::model::CheckpointId;
 
 /// Schema version written by this library.
 pub const MANIFEST_VERSION: u32 = 1;

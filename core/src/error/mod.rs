@@ -1,27 +1,9 @@
 //! The one error type of `ckpt-core`.
 
-use std::fmt;
+pub(crate) mod wire;
 
 /// Result alias used throughout ckpt.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Identifies one checkpoint: the training step and the attempt that wrote it.
-///
-/// Two saves of the same step never share objects: each gets its own attempt id,
-/// so a second writer can never overwrite what a first one committed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CheckpointId {
-    /// The training step the checkpoint was taken at.
-    pub step: u64,
-    /// A short random id of the save attempt (hex).
-    pub attempt: String,
-}
-
-impl fmt::Display for CheckpointId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "step {} (attempt {})", self.step, self.attempt)
-    }
-}
 
 /// Everything that can go wrong in ckpt.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +97,7 @@ impl Error {
     /// variant and its fields are kept; storage and I/O errors keep their
     /// message and operating-system error number).
     pub fn duplicate(&self) -> Error {
-        crate::wire::WireError::from(self).into_error("")
+        crate::error::wire::WireError::from(self).into_error("")
     }
 
     /// The operating system's error number under a storage or I/O error
@@ -123,7 +105,7 @@ impl Error {
     pub fn os_errno(&self) -> Option<i32> {
         fn walk(mut e: Option<&(dyn std::error::Error + 'static)>) -> Option<i32> {
             while let Some(err) = e {
-                if let Some(r) = err.downcast_ref::<crate::wire::Remote>() {
+                if let Some(r) = err.downcast_ref::<crate::error::wire::Remote>() {
                     return r.errno;
                 }
                 if let Some(io) = err.downcast_ref::<std::io::Error>() {

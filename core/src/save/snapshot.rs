@@ -6,15 +6,16 @@
 //! which is the only part of a save the training loop has to wait for.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::staging::StagingBuf;
-use crate::state::State;
-use crate::tensor::{ShardSpec, Tensor};
-use crate::value::Value;
+use crate::model::dtype::DType;
+use crate::model::state::State;
+use crate::model::tensor::{ShardSpec, Tensor};
+use crate::model::value::Value;
+use crate::save::staging::StagingBuf;
 
 /// Memory that a snapshot copies from.
 ///
@@ -294,4 +295,13 @@ fn make(
     };
     t.validate()?;
     Ok(t)
+}
+
+/// How far the snapshot of a save has got: `save` sends it, the persist task
+/// and [`SaveHandle`](super::SaveHandle) watch it.
+#[derive(Debug, Clone)]
+pub(crate) enum SnapState {
+    Pending,
+    Done(Duration),
+    Failed(Arc<Error>),
 }

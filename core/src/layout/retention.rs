@@ -11,11 +11,12 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::catalog;
-use crate::chunks::ChunkIndex;
-use crate::error::{CheckpointId, Result};
+use crate::error::Result;
 use crate::failpoint;
-use crate::paths::{self, CHUNKS};
+use crate::layout::catalog;
+use crate::layout::chunks::ChunkIndex;
+use crate::layout::paths::{self, CHUNKS};
+use crate::model::CheckpointId;
 
 /// Which committed checkpoints to keep.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

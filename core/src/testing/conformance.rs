@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! # async fn demo(format: std::sync::Arc<dyn ckpt_core::Format>) -> ckpt_core::Result<()> {
-//! use ckpt_core::{conformance, store};
+//! use ckpt_core::{store, testing::conformance};
 //! conformance::check_put_get_list_delete(store::memory_store("c1").as_ref()).await?;
 //! conformance::check_lists_only_committed(store::memory_store("c2"), format).await?;
 //! # Ok(()) }
@@ -24,15 +24,16 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
-use crate::catalog;
 use crate::checkpointer::Checkpointer;
-use crate::error::{CheckpointId, Error, Result};
+use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::load::Status;
-use crate::paths;
-use crate::state::State;
-use crate::tensor::Tensor;
-use crate::value::Value;
+use crate::layout::catalog;
+use crate::layout::paths;
+use crate::load::read::Status;
+use crate::model::state::State;
+use crate::model::tensor::Tensor;
+use crate::model::value::Value;
+use crate::model::CheckpointId;
 
 /// Deterministic test bytes (a xorshift stream), so that no two objects look alike.
 pub fn pattern(seed: u64, len: usize) -> Bytes {

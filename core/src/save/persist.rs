@@ -24,20 +24,22 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::catalog;
 use crate::checkpointer::Checkpointer;
 use crate::coord::Coordinator;
-use crate::error::{CheckpointId, Error, Result};
+use crate::error::wire::WireError;
+use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::format::{WriteContext, WriteOutput, WriteStats};
-use crate::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
-use crate::paths;
-use crate::plan::{self, Holding};
-use crate::retention::{self, GcReport};
-use crate::save::{SaveReport, SnapState};
-use crate::tensor::Tensor;
-use crate::value::Value;
-use crate::wire::WireError;
+use crate::layout::catalog;
+use crate::layout::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
+use crate::layout::paths;
+use crate::layout::retention::{self, GcReport};
+use crate::model::tensor::Tensor;
+use crate::model::value::Value;
+use crate::model::CheckpointId;
+use crate::save::plan::{self, Holding};
+use crate::save::report::SaveReport;
+use crate::save::snapshot::SnapState;
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -64,8 +66,9 @@ struct Share {
     objects: Vec<String>,
 }
 
+/// What rank 0 broadcasts after the commit.
 #[derive(Debug, Serialize, Deserialize)]
-struct Outcome {
+struct CommitOutcome {
     /// The commit's failure, and the rank it happened on.
     result: std::result::Result<(), (usize, WireError)>,
     deleted_chunks: Vec<String>,
@@ -219,7 +222,7 @@ impl Checkpointer {
             commit = t.elapsed();
             o
         } else {
-            Outcome {
+            CommitOutcome {
                 result: Ok(()),
                 deleted_chunks: Vec::new(),
                 gc: None,
@@ -227,7 +230,7 @@ impl Checkpointer {
         };
         let outcome_bytes =
             serde_json::to_vec(&outcome).map_err(|e| Error::Internal(e.to_string()))?;
-        let outcome: Outcome =
+        let outcome: CommitOutcome =
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         if let Err((r, e)) = outcome.result {
@@ -315,8 +318,8 @@ impl Checkpointer {
         id: &CheckpointId,
         shares: &[std::result::Result<Share, WireError>],
         meta: Value,
-    ) -> Outcome {
-        let fail = |r: usize, e: WireError| Outcome {
+    ) -> CommitOutcome {
+        let fail = |r: usize, e: WireError| CommitOutcome {
             result: Err((r, e)),
             deleted_chunks: Vec::new(),
             gc: None,
@@ -361,7 +364,7 @@ impl Checkpointer {
             return fail(0, WireError::from(&e));
         }
         let gc = self.maybe_gc(id).await;
-        Outcome {
+        CommitOutcome {
             result: Ok(()),
             deleted_chunks: gc
                 .as_ref()

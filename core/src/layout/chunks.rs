@@ -18,8 +18,8 @@ use object_store::path::Path;
 use object_store::ObjectStore;
 
 use crate::error::{Error, Result};
-use crate::manifest::is_hash;
-use crate::paths::CHUNKS;
+use crate::layout::manifest::is_hash;
+use crate::layout::paths::CHUNKS;
 
 /// Known chunk hashes (hex), with their stored sizes.
 #[derive(Debug, Default)]

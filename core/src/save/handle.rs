@@ -8,57 +8,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::catalog;
-use crate::checkpointer::{Checkpointer, Inner, SnapshotMode};
-use crate::error::{CheckpointId, Error, Result};
+use crate::checkpointer::{Checkpointer, Shared, SnapshotMode};
+use crate::error::{Error, Result};
 use crate::failpoint;
-use crate::persist::PersistJob;
-use crate::retention::GcReport;
-use crate::snapshot::{self, Capture, TensorData};
-use crate::staging::StagingPool;
-use crate::tensor::{check_layout, Tensor};
+use crate::layout::catalog;
+use crate::model::CheckpointId;
+use crate::save::persist::PersistJob;
 
-/// Where the time and bytes of one save went.
-#[derive(Debug, Clone, Default)]
-pub struct SaveReport {
-    /// The committed checkpoint.
-    pub id: CheckpointId,
-    /// Time `save` kept the caller waiting.
-    pub stall: Duration,
-    /// Time of the snapshot copy (in lazy mode, mostly after `save` returned).
-    pub snapshot: Duration,
-    /// Wall time from the end of the snapshot to the commit.
-    pub persist: Duration,
-    /// Time to publish the manifest.
-    pub commit: Duration,
-    /// Wall time from the call of `save` to the commit.
-    pub total: Duration,
-    /// CPU time spent hashing, summed over tasks.
-    pub hash_cpu: Duration,
-    /// CPU time spent encoding and compressing, summed over tasks.
-    pub encode_cpu: Duration,
-    /// Time spent in storage writes, summed over tasks.
-    pub write_io: Duration,
-    /// Raw tensor bytes in the checkpoint.
-    pub raw_bytes: u64,
-    /// Bytes copied by the snapshot.
-    pub copied_bytes: u64,
-    /// Bytes written to storage.
-    pub stored_bytes: u64,
-    /// Raw bytes not written because identical chunks were already stored.
-    pub reused_bytes: u64,
-    /// Objects written (manifest included).
-    pub objects: u64,
-    /// What GC did after this commit, if it ran.
-    pub gc: Option<GcReport>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) enum SnapState {
-    Pending,
-    Done(Duration),
-    Failed(Arc<Error>),
-}
+use crate::model::tensor::{check_layout, Tensor};
+use crate::save::report::SaveReport;
+use crate::save::snapshot::{self, Capture, SnapState, TensorData};
+use crate::save::staging::StagingPool;
 
 /// A save in progress. Dropping it does not cancel the save.
 #[derive(Debug)]
@@ -67,7 +27,7 @@ pub struct SaveHandle {
     stall: Duration,
     snapshot: watch::Receiver<SnapState>,
     task: JoinHandle<Result<SaveReport>>,
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
 }
 
 impl SaveHandle {
@@ -258,7 +218,7 @@ impl Checkpointer {
                             .unobserved
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((id.step, crate::wire::WireError::from(e)));
+                            .push((id.step, crate::error::wire::WireError::from(e)));
                     }
                 }
                 this.finish_inflight(&id);

@@ -30,8 +30,9 @@ pub enum BusyPolicy {
 /// Idle buffers by exact length, each with the budget it holds.
 type Idle = HashMap<usize, Vec<(Vec<u8>, OwnedSemaphorePermit)>>;
 
+/// The budget and idle buffers one pool's clones share.
 #[derive(Debug)]
-struct Inner {
+struct PoolState {
     budget: u64,
     sem: Arc<Semaphore>,
     returned: Notify,
@@ -41,7 +42,7 @@ struct Inner {
 /// A pool of staging buffers with a byte budget.
 #[derive(Debug, Clone)]
 pub struct StagingPool {
-    inner: Arc<Inner>,
+    inner: Arc<PoolState>,
 }
 
 /// A staging buffer on loan from the pool; freeze it into [`Bytes`] after filling it.
@@ -49,7 +50,7 @@ pub struct StagingPool {
 pub struct StagingBuf {
     data: Vec<u8>,
     permit: Option<OwnedSemaphorePermit>,
-    pool: Weak<Inner>,
+    pool: Weak<PoolState>,
 }
 
 fn pages(bytes: u64) -> u64 {
@@ -61,7 +62,7 @@ impl StagingPool {
     pub fn new(budget: u64) -> Self {
         let permits = pages(budget).min(Semaphore::MAX_PERMITS as u64) as usize;
         StagingPool {
-            inner: Arc::new(Inner {
+            inner: Arc::new(PoolState {
                 budget,
                 sem: Arc::new(Semaphore::new(permits)),
                 returned: Notify::new(),

@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
-use crate::value::Value;
+use crate::model::tensor::Tensor;
+use crate::model::value::Value;
 
 /// What a checkpoint holds: tensors by unique name, and non-tensor state as [`Value`].
 #[derive(Debug, Clone, Default, PartialEq)]

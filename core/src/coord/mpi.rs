@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo(format: std::sync::Arc<dyn ckpt_core::Format>) -> ckpt_core::Result<()> {
-//! let coord = ckpt_core::mpi::MpiCoordinator::init()?;
+//! let coord = ckpt_core::coord::MpiCoordinator::init()?;
 //! let cp = ckpt_core::Checkpointer::builder("file:///shared/run")
 //!     .coordinator(coord.clone())
 //!     .format(format)
@@ -32,27 +32,6 @@ use tokio::sync::oneshot;
 
 use crate::coord::{with_deadline, Coordinator};
 use crate::error::{Error, Result};
-
-/// A `mpirun -np N` command with the settings every ckpt job here uses:
-/// `--oversubscribe` (more ranks than cores), the shared-memory transport without
-/// cross-process memory attach (which containers often forbid), and permission to
-/// run as root. Add `-x VAR`, the program and its arguments.
-pub fn mpirun(np: usize) -> std::process::Command {
-    let mut cmd = std::process::Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-np", &np.to_string()])
-        .args([
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "btl_vader_single_copy_mechanism",
-            "none",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
-    cmd
-}
 
 enum Job {
     AllGather(Vec<u8>, oneshot::Sender<Result<Vec<Vec<u8>>>>),

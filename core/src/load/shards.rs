@@ -4,7 +4,7 @@
 //! A checkpoint saved by N ranks holds each sharded tensor as N pieces, each with
 //! its offsets in the global tensor. A job of M ranks asks for the piece each rank
 //! needs ([`Checkpointer::load_shards`]); only the stored pieces that overlap it are
-//! read, and their overlap is copied into place ([`crate::reshard::copy_overlap`]).
+//! read, and their overlap is copied into place ([`crate::load::reshard::copy_overlap`]).
 //! [`Checkpointer::load_boxes_into`] does the same straight into caller buffers
 //! (a live model's parameters, a DTensor's local shard), for many tensors at once.
 
@@ -13,14 +13,15 @@ use std::collections::HashMap;
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 
-use crate::dtype::DType;
+use crate::model::dtype::DType;
 
 use crate::checkpointer::Checkpointer;
-use crate::error::{CheckpointId, Error, Result};
-use crate::load::manifest_key;
-use crate::manifest::{Manifest, TensorRecord};
-use crate::reshard::{copy_overlap, intersect, Region};
-use crate::tensor::{numel, ShardSpec, Tensor};
+use crate::error::{Error, Result};
+use crate::layout::manifest::{Manifest, TensorRecord};
+use crate::load::read::manifest_key;
+use crate::load::reshard::{copy_overlap, intersect, Region};
+use crate::model::tensor::{numel, ShardSpec, Tensor};
+use crate::model::CheckpointId;
 
 impl Checkpointer {
     /// Every tensor of a checkpoint, sharded ones assembled into their global shape.
@@ -346,13 +347,4 @@ impl Checkpointer {
             .await?;
         Ok(manifest)
     }
-}
-
-/// Count how the pieces of each sharded tensor are stored (for reports).
-pub fn pieces_per_tensor(manifest: &Manifest) -> HashMap<&str, usize> {
-    let mut m = HashMap::new();
-    for t in manifest.tensors.iter().filter(|t| t.shard.is_some()) {
-        *m.entry(t.name.as_str()).or_insert(0) += 1;
-    }
-    m
 }

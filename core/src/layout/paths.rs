@@ -8,7 +8,7 @@
 
 use object_store::path::Path;
 
-use crate::error::CheckpointId;
+use crate::model::CheckpointId;
 
 /// Folder of content-addressed chunks.
 pub const CHUNKS: &str = "chunks";

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
-use crate::catalog;
 use crate::checkpointer::Checkpointer;
-use crate::error::{CheckpointId, Error, Result};
+use crate::error::{Error, Result};
 use crate::format::ReadContext;
-use crate::manifest::{Manifest, TensorRecord};
-use crate::state::State;
-use crate::tensor::Tensor;
+use crate::layout::catalog;
+use crate::layout::manifest::{Manifest, TensorRecord};
+use crate::model::state::State;
+use crate::model::tensor::Tensor;
+use crate::model::CheckpointId;
 
 /// A loaded checkpoint.
 #[derive(Debug)]
@@ -311,5 +312,5 @@ impl Checkpointer {
 }
 
 pub(crate) fn manifest_key(m: &Manifest) -> String {
-    crate::paths::manifest_key(&m.id()).to_string()
+    crate::layout::paths::manifest_key(&m.id()).to_string()
 }

@@ -3,8 +3,8 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::model::dtype::DType;
 
 /// Where a tensor sits inside a larger global tensor that is split across ranks.
 ///

@@ -6,9 +6,10 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::error::{CheckpointId, Error, Result};
-use crate::manifest::Manifest;
-use crate::paths::{self, DATA, MANIFESTS};
+use crate::error::{Error, Result};
+use crate::layout::manifest::Manifest;
+use crate::layout::paths::{self, DATA, MANIFESTS};
+use crate::model::CheckpointId;
 
 /// Ids of every committed checkpoint (a manifest exists), oldest first.
 ///
@@ -65,10 +66,10 @@ pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result
 
 /// The stored bytes of the manifest at `key`, refused as corrupt before any of
 /// its body is read when the store says it is over
-/// [`MAX_MANIFEST_BYTES`](crate::manifest::MAX_MANIFEST_BYTES).
+/// [`MAX_MANIFEST_BYTES`](crate::layout::manifest::MAX_MANIFEST_BYTES).
 pub async fn manifest_bytes(store: &dyn ObjectStore, key: &Path) -> Result<bytes::Bytes> {
     let r = store.get(key).await?;
-    let cap = crate::manifest::MAX_MANIFEST_BYTES as u64;
+    let cap = crate::layout::manifest::MAX_MANIFEST_BYTES as u64;
     if r.meta.size > cap {
         return Err(Error::corrupt(
             key.as_ref(),

@@ -1,0 +1,30 @@
+//! What a checkpoint root holds and how it is read: the key layout, the
+//! manifest (the commit record), the catalog of what is stored, the index of
+//! stored chunks, and retention with GC.
+//!
+//! ```text
+//! chunks/<blake3 hex>                        content-addressed chunks, shared by all checkpoints
+//! data/<step:020>-<attempt>/...              per-checkpoint objects (non-chunked formats, rank files)
+//! manifests/<step:020>-<attempt>.manifest    the commit record: a checkpoint exists iff this does
+//! ```
+//!
+//! Public for the formats and for tools that read a root directly (the CLI, the
+//! evaluator's fault oracle): the key functions, listing what is committed, and
+//! reading a manifest with its size cap.
+
+pub(crate) mod catalog;
+pub(crate) mod chunks;
+pub(crate) mod manifest;
+pub(crate) mod paths;
+pub(crate) mod retention;
+
+pub use catalog::{committed, incomplete, read_manifest};
+pub use chunks::{ChunkCache, ChunkIndex};
+pub use manifest::{
+    ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MAX_MANIFEST_BYTES,
+};
+pub use paths::{
+    checkpoint_name, chunk_key, data_prefix, manifest_key, parse_checkpoint_name, CHUNKS, DATA,
+    MANIFESTS,
+};
+pub use retention::{GcReport, Retention};
