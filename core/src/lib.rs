@@ -38,6 +38,7 @@ pub(crate) mod save;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tiered;
 #[cfg(feature = "torch")]
 pub mod torch;
 
@@ -54,6 +55,7 @@ pub use save::{
     BusyPolicy, Capture, CopySource, SaveHandle, SaveReport, SharedVec, SourceTensor, StagingPool,
     TensorData,
 };
+pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};
 
 /// Largest chunk (raw bytes) a chunked format writes or a decoder accepts.
 pub const MAX_CHUNK_BYTES: usize = 1 << 30;

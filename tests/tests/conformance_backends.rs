@@ -5,9 +5,10 @@
 use ckpt_tests::{s3_url, unique};
 use std::sync::Arc;
 
-use ckpt_core::store::{self, TieredOptions, TieredStore};
+use ckpt_core::store;
 use ckpt_core::testing::conformance;
 use ckpt_core::Result;
+use ckpt_core::{TieredCheckpointStore, TieredOptions};
 use object_store::ObjectStore;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,11 +34,11 @@ async fn conformance_file() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_tiered() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut made: Vec<TieredStore> = Vec::new();
+    let mut made: Vec<TieredCheckpointStore> = Vec::new();
     let fresh = || -> Result<Arc<dyn ObjectStore>> {
         let fast = store::open_dir(&dir.path().join(format!("fast{}", made.len())))?;
         let durable = store::open_dir(&dir.path().join(format!("durable{}", made.len())))?;
-        let t = TieredStore::new(fast, durable, TieredOptions::default());
+        let t = TieredCheckpointStore::new(fast, durable, TieredOptions::default());
         made.push(t.clone());
         Ok(Arc::new(t))
     };

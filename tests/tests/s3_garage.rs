@@ -103,7 +103,7 @@ async fn tiered_with_s3_durable_recovers_after_losing_the_fast_tier() -> Result<
         "tiered+file://{}?durable={durable}&durable_keep_last=2",
         fast.display()
     );
-    let tiered = store::tiered::open(&url)?;
+    let tiered = store::open_tiered(&url)?;
     let cp = ckpt_formats::builder(url.as_str())
         .store(Arc::new(tiered.clone()))
         .build()

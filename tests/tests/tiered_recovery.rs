@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ckpt_core::layout;
-use ckpt_core::store::{self, FaultPlan, FaultStore, TieredOptions, TieredStore};
+use ckpt_core::store::{self, FaultPlan, FaultStore};
 use ckpt_core::{Checkpointer, Error, Result, Retention, State, Tensor, Value};
+use ckpt_core::{TieredCheckpointStore, TieredOptions};
 use futures::TryStreamExt;
 use object_store::ObjectStore;
 
@@ -41,7 +42,7 @@ async fn wiped_fast_tier_recovers_from_durable() -> Result<()> {
         fast_dir.display(),
         dir.path().display()
     );
-    let tiered = store::tiered::open(&url)?;
+    let tiered = store::open_tiered(&url)?;
     let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
     for step in 1..=3 {
         cp.save(step, &state(step)).await?.wait().await?;
@@ -55,7 +56,7 @@ async fn wiped_fast_tier_recovers_from_durable() -> Result<()> {
 
     // The node-local disk is lost.
     std::fs::remove_dir_all(&fast_dir)?;
-    let tiered = store::tiered::open(&url)?;
+    let tiered = store::open_tiered(&url)?;
     let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
     let loaded = cp
         .load_latest()
@@ -98,7 +99,7 @@ async fn newest_on_either_tier_and_failed_flush_is_retried() -> Result<()> {
         backoff: Duration::from_millis(5),
         ..Default::default()
     };
-    let tiered = TieredStore::new(fast, Arc::new(durable.clone()), opts);
+    let tiered = TieredCheckpointStore::new(fast, Arc::new(durable.clone()), opts);
     let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
     cp.save(1, &state(1)).await?.wait().await?;
     cp.save(2, &state(2)).await?.wait().await?;
@@ -161,7 +162,7 @@ async fn durable_manifest_only_after_every_chunk() -> Result<()> {
         attempts: 1,
         ..Default::default()
     };
-    let tiered = TieredStore::new(fast, Arc::new(durable.clone()), opts);
+    let tiered = TieredCheckpointStore::new(fast, Arc::new(durable.clone()), opts);
     let report = tiered.flush().await?;
     assert_eq!(durable.injected().errors, 1);
     assert_eq!(report.failed.len(), 1, "{:?}", report.flushed);
@@ -205,7 +206,7 @@ async fn retention_per_tier_with_deletes_deferred_until_flushed() -> Result<()> 
         durable_retention: Retention::keep_last(3),
         ..Default::default()
     };
-    let tiered = TieredStore::new(fast.clone(), Arc::new(slow), opts);
+    let tiered = TieredCheckpointStore::new(fast.clone(), Arc::new(slow), opts);
     let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_last(1)).await?;
     for step in 1..=5 {
         cp.save(step, &state(step)).await?.wait().await?;

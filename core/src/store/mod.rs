@@ -5,7 +5,7 @@
 //! | `file:///abs/dir` or a plain path | local disk, files and directories fsynced |
 //! | `memory://name` | in-process memory; the same name in one process is the same store |
 //! | `s3://bucket/prefix` | S3 (feature `s3`), configured from the usual `AWS_*` variables ([`s3`]) |
-//! | `tiered+<fast URL>?durable=<durable URL>` | a fast tier flushed to a durable one ([`tiered`]) |
+//! | `tiered+<fast URL>?durable=<durable URL>` | a fast tier flushed to a durable one ([`TieredCheckpointStore`], an engine component) |
 //!
 //! Every store is rooted at the URL's path, so keys inside it are always
 //! `chunks/...`, `data/...`, `manifests/...`.
@@ -20,7 +20,6 @@ pub mod counting;
 pub mod fault;
 pub mod retry;
 pub mod s3;
-pub mod tiered;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,12 +29,12 @@ use object_store::memory::InMemory;
 use object_store::ObjectStore;
 
 use crate::error::{Error, Result};
+use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
 pub use counting::{CountingStore, OpCounts};
 pub use fault::{FaultPlan, FaultStore};
 pub use retry::{RetryOptions, RetryStore};
 pub use s3::S3Options;
-pub use tiered::{FlushReport, TieredOptions, TieredStore};
 
 /// Open the store a URL names.
 ///
@@ -43,8 +42,8 @@ pub use tiered::{FlushReport, TieredOptions, TieredStore};
 /// configuration, [`Error::Unsupported`] for an unknown scheme or `s3://` in a
 /// build without the `s3` feature.
 pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
-    if url.starts_with(tiered::SCHEME_PREFIX) {
-        return tiered::open_url(url);
+    if url.starts_with(SCHEME_PREFIX) {
+        return Ok(Arc::new(open_tiered(url)?));
     }
     match url.split_once("://") {
         None => open_dir(std::path::Path::new(url)),
@@ -62,6 +61,17 @@ pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
             "storage scheme `{scheme}://` is not supported (file://, memory://, s3://, tiered+...)"
         ))),
     }
+}
+
+/// Open `tiered+<fast URL>?durable=<durable URL>[&durable_keep_last=N]`, keeping
+/// the [`TieredCheckpointStore`] (to call its `flush` before exit).
+pub fn open_tiered(url: &str) -> Result<TieredCheckpointStore> {
+    let u = TieredUrl::parse(url)?;
+    Ok(TieredCheckpointStore::new(
+        open_url(&u.fast)?,
+        open_url(&u.durable)?,
+        u.options,
+    ))
 }
 
 /// Local directory store with fsync of files and directories.

@@ -1,6 +1,13 @@
-//! [`TieredStore`]: a fast tier (node-local disk) that the engine writes and
+//! [`TieredCheckpointStore`]: a fast tier (node-local disk) that the engine writes and
 //! commits on, flushed in the background to a durable tier (S3, a shared
 //! filesystem) with its own commit there.
+//!
+//! An engine component, not a store wrapper: it implements `ObjectStore` so that
+//! the engine can write through it, but it knows the checkpoint layout. It
+//! reads manifests to learn what a checkpoint references, copies checkpoints
+//! with the engine's commit order, keeps an index of the durable tier's chunks
+//! and applies retention there. The store wrappers in [`crate::store`] know
+//! nothing of checkpoints.
 //!
 //! - **Writes** go to the fast tier only; training waits for nothing else.
 //! - **Flush.** Each manifest put on the fast tier queues its checkpoint. A
@@ -8,7 +15,7 @@
 //!   and data objects, and puts the manifest on the durable tier last, so the
 //!   durable tier obeys the same protocol as the engine: a checkpoint exists there
 //!   only once everything it references is there. Checkpoints flush oldest first.
-//!   [`TieredStore::flush`] also picks up checkpoints committed on the fast tier by
+//!   [`TieredCheckpointStore::flush`] also picks up checkpoints committed on the fast tier by
 //!   an earlier process, and waits until the durable tier has all of them.
 //! - **Reads** try the fast tier and fall back to the durable one (a wiped fast
 //!   tier still loads everything the durable tier holds).
@@ -25,8 +32,10 @@
 //!
 //! URL form: `tiered+<fast URL>?durable=<durable URL>[&durable_keep_last=N]`, e.g.
 //! `tiered+file:///scratch/run7?durable=s3://bucket/run7&durable_keep_last=20`.
-//! The builder form is [`TieredStore::new`]; keep the `TieredStore` (it is cheap to
-//! clone) to call [`TieredStore::flush`] before exit.
+//! [`crate::store::open_url`] opens it, [`crate::store::open_tiered`] too but
+//! keeps the type; the builder form is [`TieredCheckpointStore::new`]. Keep the
+//! `TieredCheckpointStore` (it is cheap to clone) to call
+//! [`TieredCheckpointStore::flush`] before exit.
 
 mod flush;
 
@@ -57,7 +66,7 @@ use crate::model::CheckpointId;
 /// URLs of tiered stores start with this.
 pub const SCHEME_PREFIX: &str = "tiered+";
 
-/// Options of a [`TieredStore`].
+/// Options of a [`TieredCheckpointStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TieredOptions {
     /// Retention on the durable tier (the engine's retention governs the fast tier).
@@ -65,7 +74,7 @@ pub struct TieredOptions {
     /// Objects copied at once by the flusher.
     pub concurrency: usize,
     /// Attempts to flush one checkpoint before it is reported as failed (it is
-    /// tried again by the next [`TieredStore::flush`]).
+    /// tried again by the next [`TieredCheckpointStore::flush`]).
     pub attempts: u32,
     /// Delay before the second attempt; doubled for each further one.
     pub backoff: Duration,
@@ -85,7 +94,7 @@ impl Default for TieredOptions {
     }
 }
 
-/// What the flusher did since the last [`TieredStore::flush`].
+/// What the flusher did since the last [`TieredCheckpointStore::flush`].
 #[derive(Debug, Default)]
 pub struct FlushReport {
     /// Checkpoints committed on the durable tier, in order.
@@ -169,11 +178,11 @@ impl Tiers {
 
 /// A fast tier flushed to a durable tier. Cheap to clone; clones share the flusher.
 #[derive(Debug, Clone)]
-pub struct TieredStore {
+pub struct TieredCheckpointStore {
     tiers: Arc<Tiers>,
 }
 
-impl TieredStore {
+impl TieredCheckpointStore {
     /// Write to `fast`, flush to `durable`.
     pub fn new(
         fast: Arc<dyn ObjectStore>,
@@ -189,7 +198,7 @@ impl TieredStore {
             gate: Arc::new(RwLock::new(())),
             durable_chunks: tokio::sync::OnceCell::new(),
         };
-        TieredStore {
+        TieredCheckpointStore {
             tiers: Arc::new(tiers),
         }
     }
@@ -236,58 +245,67 @@ impl TieredStore {
     }
 }
 
-/// Open `tiered+<fast URL>?durable=<durable URL>[&durable_keep_last=N]`.
-pub fn open(url: &str) -> Result<TieredStore> {
-    let bad = |why: &str| Error::InvalidInput(format!("bad tiered URL `{url}`: {why}"));
-    let rest = url
-        .strip_prefix(SCHEME_PREFIX)
-        .ok_or_else(|| bad("it must start with tiered+"))?;
-    let (fast, query) = rest
-        .split_once("?durable=")
-        .ok_or_else(|| bad("no ?durable=<URL>"))?;
-    let mut parts = query.split('&');
-    let durable = parts.next().unwrap_or_default();
-    let mut opts = TieredOptions::default();
-    for p in parts {
-        match p.split_once('=') {
-            Some(("durable_keep_last", n)) => {
-                let n: usize = n
-                    .parse()
-                    .map_err(|_| bad("durable_keep_last is not a number"))?;
-                opts.durable_retention.keep_last = Some(n);
+/// The parts of a `tiered+<fast URL>?durable=<durable URL>[&durable_keep_last=N]
+/// [&durable_keep_every=N]` URL. [`crate::store::open_tiered`] opens it.
+#[derive(Debug, Clone)]
+pub struct TieredUrl {
+    /// The fast tier's URL.
+    pub fast: String,
+    /// The durable tier's URL.
+    pub durable: String,
+    /// The options the URL sets (the rest are defaults).
+    pub options: TieredOptions,
+}
+
+impl TieredUrl {
+    /// Parse a tiered URL.
+    pub fn parse(url: &str) -> Result<TieredUrl> {
+        let bad = |why: &str| Error::InvalidInput(format!("bad tiered URL `{url}`: {why}"));
+        let rest = url
+            .strip_prefix(SCHEME_PREFIX)
+            .ok_or_else(|| bad("it must start with tiered+"))?;
+        let (fast, query) = rest
+            .split_once("?durable=")
+            .ok_or_else(|| bad("no ?durable=<URL>"))?;
+        let mut parts = query.split('&');
+        let durable = parts.next().unwrap_or_default();
+        let mut opts = TieredOptions::default();
+        for p in parts {
+            match p.split_once('=') {
+                Some(("durable_keep_last", n)) => {
+                    let n: usize = n
+                        .parse()
+                        .map_err(|_| bad("durable_keep_last is not a number"))?;
+                    opts.durable_retention.keep_last = Some(n);
+                }
+                Some(("durable_keep_every", n)) => {
+                    let n: u64 = n
+                        .parse()
+                        .map_err(|_| bad("durable_keep_every is not a number"))?;
+                    opts.durable_retention.keep_every = Some(n);
+                }
+                _ => return Err(bad(&format!("unknown option `{p}`"))),
             }
-            Some(("durable_keep_every", n)) => {
-                let n: u64 = n
-                    .parse()
-                    .map_err(|_| bad("durable_keep_every is not a number"))?;
-                opts.durable_retention.keep_every = Some(n);
-            }
-            _ => return Err(bad(&format!("unknown option `{p}`"))),
         }
+        if fast.is_empty() || durable.is_empty() {
+            return Err(bad("both a fast and a durable URL are needed"));
+        }
+        if fast == durable {
+            return Err(bad("the fast and durable tiers are the same URL"));
+        }
+        Ok(TieredUrl {
+            fast: fast.to_owned(),
+            durable: durable.to_owned(),
+            options: opts,
+        })
     }
-    if fast.is_empty() || durable.is_empty() {
-        return Err(bad("both a fast and a durable URL are needed"));
-    }
-    if fast == durable {
-        return Err(bad("the fast and durable tiers are the same URL"));
-    }
-    Ok(TieredStore::new(
-        super::open_url(fast)?,
-        super::open_url(durable)?,
-        opts,
-    ))
 }
 
-/// [`open`], as a plain store.
-pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
-    Ok(Arc::new(open(url)?))
-}
-
-impl fmt::Display for TieredStore {
+impl fmt::Display for TieredCheckpointStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "TieredStore(fast: {}, durable: {})",
+            "TieredCheckpointStore(fast: {}, durable: {})",
             self.tiers.fast, self.tiers.durable
         )
     }
@@ -312,7 +330,7 @@ fn tolerate_missing<T>(r: OsResult<Vec<T>>) -> OsResult<Vec<T>> {
 }
 
 #[async_trait]
-impl ObjectStore for TieredStore {
+impl ObjectStore for TieredCheckpointStore {
     async fn put_opts(
         &self,
         location: &Path,
