@@ -10,7 +10,8 @@
 //! full disk makes a local store fail: a storage error carrying `ENOSPC`, for
 //! tests that need one rank's disk full while the others' are not), `abort` (the
 //! process dies at once, like a SIGKILL: no destructors, no flush), `panic`,
-//! `sleep(MS)`, and `N*ACTION` to act only on the N-th hit (1-based). An unknown
+//! `sleep(MS)` (the task waits on tokio's timer; its worker thread runs other
+//! tasks meanwhile), and `N*ACTION` to act only on the N-th hit (1-based). An unknown
 //! action, or a `sleep` without a number, fails the operation with
 //! [`Error::InvalidInput`](crate::Error::InvalidInput) naming it.
 //!
@@ -87,7 +88,7 @@ mod imp {
         table().lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    pub fn hit(name: &str) -> Result<()> {
+    pub async fn hit(name: &str) -> Result<()> {
         let action = {
             let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
             let Some(armed) = t.get_mut(name) else {
@@ -115,7 +116,8 @@ mod imp {
                     .ok_or_else(|| {
                         Error::InvalidInput(format!("failpoint `{name}`: bad action `{a}`"))
                     })?;
-                std::thread::sleep(std::time::Duration::from_millis(ms));
+                // On the timer, not the thread: the worker runs other tasks meanwhile.
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                 Ok(())
             }
             a => Err(Error::InvalidInput(format!(
@@ -127,14 +129,14 @@ mod imp {
 
 /// Pass a failpoint: does nothing unless a test armed it.
 #[cfg(feature = "failpoints")]
-pub(crate) fn hit(name: &str) -> Result<()> {
-    imp::hit(name)
+pub(crate) async fn hit(name: &str) -> Result<()> {
+    imp::hit(name).await
 }
 
 /// Pass a failpoint: does nothing unless a test armed it.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn hit(_name: &str) -> Result<()> {
+pub(crate) async fn hit(_name: &str) -> Result<()> {
     Ok(())
 }
 
@@ -148,4 +150,21 @@ pub fn set(name: &str, action: &str) {
 #[cfg(feature = "failpoints")]
 pub fn clear_all() {
     imp::clear_all()
+}
+
+#[cfg(all(test, feature = "failpoints"))]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sleep_leaves_the_worker_free() {
+        super::set("test.sleep", "sleep(300)");
+        let start = Instant::now();
+        let sleeper = tokio::spawn(super::hit("test.sleep"));
+        // One worker thread: this task only wakes on time if the sleeper yields it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(start.elapsed() < Duration::from_millis(250));
+        sleeper.await.unwrap().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(300));
+    }
 }

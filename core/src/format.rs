@@ -281,7 +281,7 @@ pub async fn put_object(ctx: &WriteContext, key: &Path, parts: Vec<Bytes>) -> Re
     WriteStats::add(&ctx.stats.write_ns, start.elapsed().as_nanos() as u64);
     WriteStats::add(&ctx.stats.stored_bytes, total);
     WriteStats::add(&ctx.stats.objects, 1);
-    crate::failpoint::hit("save.mid_data")?;
+    crate::failpoint::hit("save.mid_data").await?;
     Ok(total)
 }
 

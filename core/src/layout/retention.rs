@@ -91,7 +91,7 @@ pub async fn collect(
     let mut report = GcReport::default();
     let ids = catalog::committed(store).await?;
     let (kept, retired) = retention.partition(&ids);
-    failpoint::hit("gc.before_delete")?;
+    failpoint::hit("gc.before_delete").await?;
     for id in retired {
         match store.delete(&paths::manifest_key(&id)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}

@@ -133,7 +133,7 @@ impl Checkpointer {
                 Err(e) => return Err(e),
             }
         }
-        failpoint::hit("save.start")?;
+        failpoint::hit("save.start").await?;
 
         // Staging memory for the tensors that must be copied.
         let lens: Vec<usize> = capture

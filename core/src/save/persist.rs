@@ -196,10 +196,10 @@ impl Checkpointer {
         let stats = std::sync::Arc::new(WriteStats::default());
         let written: Result<WriteOutput> = async {
             let _gate = inner.write_gate.clone().read_owned().await;
-            failpoint::hit("save.before_data")?;
+            failpoint::hit("save.before_data").await?;
             let ctx = self.write_context(&id, &job.meta, stats.clone());
             let out = inner.format.write(&ctx, &mine).await?;
-            failpoint::hit("save.after_data")?;
+            failpoint::hit("save.after_data").await?;
             Ok(out)
         }
         .await;
@@ -355,9 +355,9 @@ impl Checkpointer {
             objects,
         };
         let published = async {
-            failpoint::hit("save.before_manifest")?;
+            failpoint::hit("save.before_manifest").await?;
             catalog::publish_manifest(self.inner.store.as_ref(), &manifest).await?;
-            failpoint::hit("save.after_manifest")
+            failpoint::hit("save.after_manifest").await
         }
         .await;
         if let Err(e) = published {
