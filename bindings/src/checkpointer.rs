@@ -270,11 +270,7 @@ impl Checkpointer {
     #[pyo3(signature = (timeout=None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let cp = self.core()?.clone();
-        let limit = timeout
-            .map(|t| {
-                Duration::try_from_secs_f64(t).map_err(|_| invalid(format!("bad timeout {t}")))
-            })
-            .transpose()?;
+        let limit = crate::handle::timeout_of(timeout)?;
         match runtime::block_on(py, limit, move || async move { cp.flush().await })? {
             Some(()) => Ok(()),
             None => Err(to_py(Error::Timeout(format!(

@@ -59,7 +59,8 @@ impl SaveHandle {
     }
 }
 
-fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+/// A timeout given in seconds from Python (`None`: wait without limit).
+pub(crate) fn timeout_of(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     timeout
         .map(|t| {
             Duration::try_from_secs_f64(t).map_err(|_| {

@@ -8,6 +8,7 @@
 //! tensor count and the mix of big and small tensors stay those of the model.
 
 use bytes::Bytes;
+use ckpt_core::testing::Xorshift;
 use ckpt_core::{DType, State, Tensor};
 use serde::Serialize;
 
@@ -198,14 +199,11 @@ fn layout_bytes(l: &[(String, DType, Vec<u64>)]) -> u64 {
 /// Weight-like values: uniform in `[-scale, scale)`, from a fast generator.
 /// `square` gives non-negative tiny values (a second moment).
 fn values(dtype: DType, n: usize, seed: u64, scale: f32, square: bool) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = Xorshift::new(seed);
     let size = dtype_size(dtype) as usize;
     let mut out = Vec::with_capacity(n * size);
     for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let u = ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+        let u = rng.next_signed_unit();
         let v = if square {
             (u * scale) * (u * scale)
         } else {

@@ -5,6 +5,7 @@
 //! moments, step, generator state) round-trips through a [`State`].
 
 use bytes::Bytes;
+use ckpt_core::testing::Xorshift;
 use ckpt_core::{DType, State, Tensor, Value};
 
 /// Sizes of the model.
@@ -14,11 +15,12 @@ pub const HIDDEN: usize = 32;
 /// Mini-batch size.
 pub const BATCH: usize = 8;
 
+/// The next value of the stream whose state is `rng`, uniform in `[-1, 1)`.
 fn next(rng: &mut u64) -> f32 {
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    ((*rng >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    let mut g = Xorshift { state: *rng };
+    let v = g.next_signed_unit();
+    *rng = g.state;
+    v
 }
 
 /// The full training state.
@@ -41,7 +43,7 @@ const NAMES: [&str; 4] = ["w1", "b1", "w2", "b2"];
 impl Trainer {
     /// A fresh model from `seed`.
     pub fn new(seed: u64) -> Trainer {
-        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rng = Xorshift::new(seed).state;
         let sizes = [HIDDEN * IN, HIDDEN, HIDDEN, 1];
         let params: Vec<Vec<f32>> = sizes
             .iter()

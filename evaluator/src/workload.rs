@@ -5,19 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ckpt_core::{Capture, DType, SharedVec, State, Tensor};
 
-/// Deterministic, incompressible-looking bytes (xorshift).
-pub fn fill(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for w in out.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        w.copy_from_slice(&b[..w.len()]);
-    }
-    out
-}
+pub use ckpt_core::testing::seeded_bytes as fill;
 
 /// A state of `n` F32 tensors sharing `total` bytes.
 pub fn uniform_f32(n: usize, total: usize, seed: u64) -> State {

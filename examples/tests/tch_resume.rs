@@ -122,15 +122,12 @@ fn work_dir() -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, root, out)
 }
 
-/// Kill steps drawn from a fixed seed (xorshift), sorted and distinct.
+/// Kill steps drawn from a fixed seed, sorted and distinct.
 fn kill_steps(seed: u64, n: usize) -> Vec<u64> {
-    let mut x = seed;
+    let mut rng = ckpt_core::testing::Xorshift::new(seed);
     let mut steps = Vec::new();
     while steps.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let s = 1 + x % (STEPS - 2);
+        let s = 1 + rng.next_u64() % (STEPS - 2);
         if !steps.contains(&s) {
             steps.push(s);
         }

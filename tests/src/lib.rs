@@ -5,18 +5,7 @@ use std::sync::Arc;
 
 use ckpt_core::{Capture, Checkpointer, DType, Key, SharedVec, State, Tensor, Value};
 
-/// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
-pub fn bytes_for(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+pub use ckpt_core::testing::seeded_bytes as bytes_for;
 
 /// A tensor of `dtype` and `shape` filled with seeded bytes.
 pub fn tensor(name: &str, dtype: DType, shape: &[u64], seed: u64) -> Tensor {

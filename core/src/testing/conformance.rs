@@ -35,19 +35,7 @@ use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
 
-/// Deterministic test bytes (a xorshift stream), so that no two objects look alike.
-pub fn pattern(seed: u64, len: usize) -> Bytes {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out.into()
-}
+pub use super::seeded::pattern;
 
 async fn keys_under(store: &dyn ObjectStore, prefix: &str) -> Result<BTreeSet<String>> {
     let metas: Vec<_> = store.list(Some(&Path::from(prefix))).try_collect().await?;

@@ -1,8 +1,10 @@
 //! Test support (feature `testing`; never needed by a training job): the storage
-//! conformance suite and the `mpirun` command the MPI tests start their ranks
-//! with. Failpoints are armed through [`crate::failpoint`] (feature `failpoints`).
+//! conformance suite, the `mpirun` command the MPI tests start their ranks
+//! with, and the seeded generator of test and benchmark data ([`Xorshift`]). Failpoints are armed through [`crate::failpoint`] (feature `failpoints`).
 
 pub mod conformance;
 mod mpirun;
+mod seeded;
 
 pub use mpirun::mpirun;
+pub use seeded::{pattern, seeded_bytes, Xorshift};

@@ -143,16 +143,8 @@ impl Kind {
     }
 }
 
-/// The save failpoints, in the order a save passes them.
-pub const SAVE_POINTS: &[&str] = &[
-    "save.start",
-    "save.before_data",
-    "save.mid_data",
-    "save.after_data",
-    "save.before_manifest",
-    "save.after_manifest",
-    "gc.before_delete",
-];
+/// The save failpoints, in the order a save passes them (ckpt-core's list).
+pub use ckpt_core::failpoint::NAMES as SAVE_POINTS;
 
 /// True when a crash at this failpoint happens before the manifest is published.
 pub fn before_commit(point: &str) -> bool {
