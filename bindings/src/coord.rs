@@ -10,30 +10,24 @@
 //! engine calls them from its background tasks; a tokio worker must never wait
 //! for the GIL (the training loop holds it most of the time, and a blocked worker
 //! stalls every other task), so one dedicated thread per coordinator makes the
-//! calls, with the GIL, one at a time and in the order the engine asked. The
-//! async side waits for the reply with the collective's deadline, like
-//! `ckpt_core::coord::MpiCoordinator`. A collective that missed its deadline, or raised (a peer's
-//! connection closed), leaves the ranks out of step: the coordinator is then
-//! marked broken, and every later call fails at once with the same error kind.
+//! calls, with the GIL, one at a time and in the order the engine asked: the
+//! `ckpt_core::coord::CollectiveThread` that MPI uses too. The async side waits
+//! for the reply with the collective's deadline. A collective that missed its
+//! deadline, or raised (a peer's connection closed), leaves the ranks out of
+//! step: the coordinator is then marked broken, and every later call fails at
+//! once with the same error kind.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ckpt_core::coord::{with_deadline, Coordinator};
+use ckpt_core::coord::{BlockingCollectives, CollectiveThread, Coordinator};
 use ckpt_core::{Error, Result};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
-use tokio::sync::oneshot;
 
 use crate::errors::invalid;
-
-enum Job {
-    AllGather(Vec<u8>, oneshot::Sender<Result<Vec<Vec<u8>>>>),
-    Broadcast(Vec<u8>, usize, oneshot::Sender<Result<Vec<u8>>>),
-}
 
 /// The Python object, shared with the coordination thread.
 ///
@@ -48,9 +42,8 @@ pub struct PyCoordinator {
     rank: usize,
     size: usize,
     label: String,
-    tx: Mutex<mpsc::Sender<Job>>,
+    thread: CollectiveThread,
     target: Target,
-    broken: AtomicBool,
 }
 
 impl Drop for PyCoordinator {
@@ -68,7 +61,7 @@ impl fmt::Debug for PyCoordinator {
             .field("label", &self.label)
             .field("rank", &self.rank)
             .field("world_size", &self.size)
-            .field("broken", &self.broken.load(Ordering::SeqCst))
+            .field("thread", &self.thread)
             .finish()
     }
 }
@@ -104,73 +97,61 @@ impl PyCoordinator {
             }
         }
         let label = obj.get_type().name()?.to_string();
-        let (tx, rx) = mpsc::channel::<Job>();
         let target: Target = Arc::new(Mutex::new(Some(obj.clone().unbind())));
         let size = size as usize;
-        let (name, shared) = (label.clone(), target.clone());
-        std::thread::Builder::new()
-            .name("ckpt-coord".into())
-            .spawn(move || serve(&shared, &name, size, rx))
-            .map_err(|e| crate::errors::to_py(Error::Io(e)))?;
+        let calls = PyCalls {
+            target: target.clone(),
+            label: label.clone(),
+            size,
+        };
+        // Any failure breaks it: a Python collective that raised (a peer's
+        // connection closed) leaves the ranks out of step too.
+        let (thread, ()) = CollectiveThread::spawn(
+            "ckpt-coord",
+            label.clone(),
+            |_| true,
+            move || Ok((calls, ())),
+        )
+        .map_err(crate::errors::to_py)?;
         Ok(Arc::new(PyCoordinator {
             rank: rank as usize,
             size,
             label,
-            tx: Mutex::new(tx),
+            thread,
             target,
-            broken: AtomicBool::new(false),
         }))
-    }
-
-    fn send(&self, job: Job) -> Result<()> {
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(Error::Timeout(format!(
-                "an earlier collective of {} failed or timed out; this job's coordination is \
-                 broken (restart the job)",
-                self.label
-            )));
-        }
-        self.tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(job)
-            .map_err(|_| Error::Internal(format!("the {} thread is gone", self.label)))
-    }
-
-    fn check<T>(&self, r: Result<T>) -> Result<T> {
-        if r.is_err() {
-            self.broken.store(true, Ordering::SeqCst);
-        }
-        r
     }
 }
 
-/// The coordination thread: one call at a time, in the order asked.
-fn serve(target: &Target, label: &str, size: usize, rx: mpsc::Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        match job {
-            Job::AllGather(data, reply) => {
-                let r = call(target, label, "all_gather", |obj| {
-                    let py = obj.py();
-                    let out = obj.call_method1("all_gather", (PyBytes::new(py, &data),))?;
-                    gathered(&out, size, label)
-                });
-                let _ = reply.send(r);
-            }
-            Job::Broadcast(data, root, reply) => {
-                let r = call(target, label, "broadcast", |obj| {
-                    let py = obj.py();
-                    let out = obj.call_method1("broadcast", (PyBytes::new(py, &data), root))?;
-                    to_bytes(&out).ok_or_else(|| {
-                        invalid(format!(
-                            "{label}.broadcast returned {}, not bytes",
-                            type_name(&out)
-                        ))
-                    })
-                });
-                let _ = reply.send(r);
-            }
-        }
+/// The calls into the Python object, made on the coordination thread.
+struct PyCalls {
+    target: Target,
+    label: String,
+    size: usize,
+}
+
+impl BlockingCollectives for PyCalls {
+    fn all_gather(&mut self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let (label, size) = (self.label.as_str(), self.size);
+        call(&self.target, label, "all_gather", |obj| {
+            let py = obj.py();
+            let out = obj.call_method1("all_gather", (PyBytes::new(py, &data),))?;
+            gathered(&out, size, label)
+        })
+    }
+
+    fn broadcast(&mut self, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        let label = self.label.as_str();
+        call(&self.target, label, "broadcast", |obj| {
+            let py = obj.py();
+            let out = obj.call_method1("broadcast", (PyBytes::new(py, &data), root))?;
+            to_bytes(&out).ok_or_else(|| {
+                invalid(format!(
+                    "{label}.broadcast returned {}, not bytes",
+                    type_name(&out)
+                ))
+            })
+        })
     }
 }
 
@@ -274,10 +255,7 @@ impl Coordinator for PyCoordinator {
     }
 
     async fn all_gather(&self, data: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Job::AllGather(data, tx))?;
-        let what = format!("{} all_gather", self.label);
-        self.check(with_deadline(&what, timeout, rx).await)
+        self.thread.all_gather(data, timeout).await
     }
 
     async fn broadcast(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<u8>> {
@@ -287,9 +265,6 @@ impl Coordinator for PyCoordinator {
                 self.size
             )));
         }
-        let (tx, rx) = oneshot::channel();
-        self.send(Job::Broadcast(data, root, tx))?;
-        let what = format!("{} broadcast", self.label);
-        self.check(with_deadline(&what, timeout, rx).await)
+        self.thread.broadcast(data, root, timeout).await
     }
 }

@@ -17,8 +17,11 @@ use crate::error::{Error, Result};
 
 #[cfg(feature = "mpi")]
 mod mpi;
+mod thread;
+
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCoordinator;
+pub use thread::{BlockingCollectives, CollectiveThread};
 
 /// The collective operations the engine uses. Every rank must call them in the same
 /// order; the engine guarantees that by running the collective part of saves one at a
@@ -70,7 +73,7 @@ impl Coordinator for Solo {
 ///
 /// Used by implementations whose collectives block (MPI): on a timeout the thread is
 /// left behind (the collective cannot be cancelled) and the error says so.
-pub async fn with_deadline<T: Send + 'static>(
+pub(crate) async fn with_deadline<T: Send + 'static>(
     what: &str,
     timeout: Duration,
     rx: tokio::sync::oneshot::Receiver<Result<T>>,

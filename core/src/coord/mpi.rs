@@ -20,123 +20,74 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use mpi::datatype::PartitionMut;
 use mpi::traits::*;
-use tokio::sync::oneshot;
 
-use crate::coord::{with_deadline, Coordinator};
+use crate::coord::{BlockingCollectives, CollectiveThread, Coordinator};
 use crate::error::{Error, Result};
-
-enum Job {
-    AllGather(Vec<u8>, oneshot::Sender<Result<Vec<Vec<u8>>>>),
-    Broadcast(Vec<u8>, usize, oneshot::Sender<Result<Vec<u8>>>),
-    Finalize,
-}
 
 /// A [`Coordinator`] over `MPI_COMM_WORLD`.
 #[derive(Debug)]
 pub struct MpiCoordinator {
     rank: usize,
     size: usize,
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    broken: AtomicBool,
+    thread: CollectiveThread,
 }
 
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Job::AllGather(..) => "AllGather",
-            Job::Broadcast(..) => "Broadcast",
-            Job::Finalize => "Finalize",
-        })
+/// `MPI_COMM_WORLD`, owned by the coordination thread. Dropped there: the
+/// communicator first, then the universe (`MPI_Finalize`).
+struct World {
+    world: mpi::topology::SimpleCommunicator,
+    _universe: mpi::environment::Universe,
+}
+
+impl BlockingCollectives for World {
+    fn all_gather(&mut self, data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        all_gather(&self.world, &data)
+    }
+
+    fn broadcast(&mut self, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
+        broadcast(&self.world, data, root)
     }
 }
 
 impl MpiCoordinator {
     /// Initialise MPI (once per process) and start the coordination thread.
     pub fn init() -> Result<Arc<Self>> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(usize, usize)>>();
-        let thread = std::thread::Builder::new()
-            .name("ckpt-mpi".into())
-            .spawn(move || {
+        // Only a missed deadline breaks it: an MPI error aborts the job anyway.
+        let (thread, (rank, size)) = CollectiveThread::spawn(
+            "ckpt-mpi",
+            "MPI",
+            |e| matches!(e, Error::Timeout(_)),
+            || {
                 let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
                 else {
-                    let _ = ready_tx.send(Err(Error::InvalidInput(
+                    return Err(Error::InvalidInput(
                         "MPI is already initialised in this process".into(),
-                    )));
-                    return;
+                    ));
                 };
                 let world = universe.world();
-                let _ = ready_tx.send(Ok((world.rank() as usize, world.size() as usize)));
-                serve(&world, rx);
-                drop(universe); // MPI_Finalize
-            })?;
-        let (rank, size) = ready_rx
-            .recv()
-            .map_err(|_| Error::Internal("the MPI thread exited during initialisation".into()))??;
-        Ok(Arc::new(MpiCoordinator {
-            rank,
-            size,
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-            broken: AtomicBool::new(false),
-        }))
+                let ids = (world.rank() as usize, world.size() as usize);
+                Ok((
+                    World {
+                        world,
+                        _universe: universe,
+                    },
+                    ids,
+                ))
+            },
+        )?;
+        Ok(Arc::new(MpiCoordinator { rank, size, thread }))
     }
 
     /// Finalise MPI and join the coordination thread. Call before the process exits;
     /// after a timeout (a broken coordinator) it returns without waiting.
     pub fn finalize(&self) {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(tx) = tx {
-            let _ = tx.send(Job::Finalize);
-        }
-        if !self.broken.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = t.join();
-            }
-        }
-    }
-
-    fn send(&self, job: Job) -> Result<()> {
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(Error::Timeout(
-                "an earlier collective timed out; MPI coordination is broken".into(),
-            ));
-        }
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.as_ref()
-            .ok_or_else(|| Error::InvalidInput("MPI is finalised".into()))?
-            .send(job)
-            .map_err(|_| Error::Internal("the MPI thread is gone".into()))
-    }
-
-    fn check<T>(&self, r: Result<T>) -> Result<T> {
-        if matches!(r, Err(Error::Timeout(_))) {
-            self.broken.store(true, Ordering::SeqCst);
-        }
-        r
-    }
-}
-
-fn serve(world: &mpi::topology::SimpleCommunicator, rx: mpsc::Receiver<Job>) {
-    while let Ok(job) = rx.recv() {
-        match job {
-            Job::AllGather(data, reply) => {
-                let _ = reply.send(all_gather(world, &data));
-            }
-            Job::Broadcast(data, root, reply) => {
-                let _ = reply.send(broadcast(world, data, root));
-            }
-            Job::Finalize => return,
-        }
+        self.thread.close();
     }
 }
 
@@ -199,14 +150,10 @@ impl Coordinator for MpiCoordinator {
     }
 
     async fn all_gather(&self, data: Vec<u8>, timeout: Duration) -> Result<Vec<Vec<u8>>> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Job::AllGather(data, tx))?;
-        self.check(with_deadline("MPI all-gather", timeout, rx).await)
+        self.thread.all_gather(data, timeout).await
     }
 
     async fn broadcast(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<u8>> {
-        let (tx, rx) = oneshot::channel();
-        self.send(Job::Broadcast(data, root, tx))?;
-        self.check(with_deadline("MPI broadcast", timeout, rx).await)
+        self.thread.broadcast(data, root, timeout).await
     }
 }
