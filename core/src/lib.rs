@@ -11,6 +11,11 @@
 //! - [`Format`]: the small trait through which on-storage formats (in `ckpt-formats`)
 //!   lay tensors out; [`Manifest`]: the commit record, published last.
 //! - Storage is any [`object_store::ObjectStore`], opened by URL ([`store::open_url`]).
+//!   [`TieredCheckpointStore`] writes on a fast tier and flushes to a durable one.
+//! - [`layout`]: the keys under a root and the reads tools need; [`coord`]: the
+//!   ranks of a job.
+//! - Test support is behind features: `failpoints` ([`failpoint`]) and `testing`
+//!   (the storage conformance suite, `mpirun`, seeded test data).
 //!
 //! ```
 //! # async fn demo(format: std::sync::Arc<dyn ckpt_core::Format>) -> ckpt_core::Result<()> {

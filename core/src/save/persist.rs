@@ -15,6 +15,12 @@
 //! the error instead), so no rank waits for one that gave up; a rank that died
 //! makes the others fail at the next step's deadline. In a job of one process the
 //! collectives are trivial and the same code runs.
+//!
+//! A failed save removes none of what it wrote: without a manifest it does not
+//! exist for loads, and GC removes its objects later (the GC after a later
+//! commit, or [`Checkpointer::gc`]): its `data/` objects once a checkpoint of
+//! the same or a later step is committed (saves in flight are protected), its
+//! chunks once no kept manifest references them.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
