@@ -207,7 +207,10 @@ pub fn rank_kill(bin: &Path, work: &Path, index: usize, rng: &mut Rng) -> RunRec
         }
     }
     // Slow every object write down a little so the kill lands inside the save.
-    let mut cmd = mpirun(n, bin, &token, "save.mid_data=sleep(12)");
+    // The sleep waits on the timer, so the 8 writes in flight sleep together:
+    // 48 ms each is the save length that 12 ms gave when each sleep blocked one
+    // of the rank's 2 worker threads.
+    let mut cmd = mpirun(n, bin, &token, "save.mid_data=sleep(48)");
     cmd.args(["save", &url, "2", "--timeout-s", "20"]);
     let (out, phase, sent) = match kill_rank(cmd, &token, rank, delay, &dir, true) {
         Ok(x) => x,
