@@ -16,27 +16,33 @@ use std::time::Instant;
 use ckpt_core::coord::MpiCoordinator;
 use ckpt_core::{Capture, CheckpointerOptions, Coordinator};
 use ckpt_eval::workload::{uniform_f32, Params};
+use clap::Parser;
 
-fn arg(args: &[String], flag: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
+/// One rank of the scale experiment.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Checkpoint directory, shared by the ranks.
+    #[arg(long)]
+    root: String,
+    /// MiB of state per rank.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Number of F32 tensors the state is split into.
+    #[arg(long, default_value_t = 16)]
+    tensors: usize,
+    /// Saves measured after the warm-up save.
+    #[arg(long, default_value_t = 2)]
+    repeats: u64,
+    /// Give each rank's tensors rank-specific names (every rank writes a full copy).
+    #[arg(long)]
+    no_dedup: bool,
 }
 
-async fn run(coord: std::sync::Arc<MpiCoordinator>, args: &[String]) -> Result<String, String> {
+async fn run(coord: std::sync::Arc<MpiCoordinator>, args: &Args) -> Result<String, String> {
     let rank = coord.rank();
     let world = coord.world_size();
-    let root = arg(args, "--root").ok_or("--root DIR is required")?;
-    let mib: usize = arg(args, "--mib")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
-    let tensors: usize = arg(args, "--tensors")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(16);
-    let repeats: u64 = arg(args, "--repeats")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
-    let dedup = !args.iter().any(|a| a == "--no-dedup");
+    let (root, mib, tensors, repeats) = (&args.root, args.mib, args.tensors, args.repeats);
+    let dedup = !args.no_dedup;
     let params = Params::from_state(&uniform_f32(tensors, mib << 20, 1));
     let chunk = CheckpointerOptions::default().write.chunk_size;
     let cp = ckpt_formats::builder(format!("file://{root}"))
@@ -79,7 +85,7 @@ async fn run(coord: std::sync::Arc<MpiCoordinator>, args: &[String]) -> Result<S
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let args = Args::parse();
     let coord = MpiCoordinator::init().expect("MPI init");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
