@@ -234,6 +234,7 @@ async fn read_chunk_into(
     tensor: &str,
     dst: &mut [u8],
 ) -> Result<()> {
+    let _permit = ctx.fetch_permit().await?;
     let (key, stored) = fetch_chunk(ctx, &c.hash, tensor).await?;
     let damaged = |e: crate::error::CodecError| {
         ctx.chunks.remove(&c.hash);
@@ -314,6 +315,7 @@ async fn read_whole(
     tensor: &str,
     expect: Option<u64>,
 ) -> Result<Bytes> {
+    let _permit = ctx.fetch_permit().await?;
     let (key, stored) = fetch_chunk(ctx, hash, tensor).await?;
     let h = hash.to_owned();
     let max = expect.map_or(MAX_CHUNK_BYTES, |l| {
