@@ -229,9 +229,7 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
         ));
     }
     let data2 = data.clone();
-    let got = tokio::task::spawn_blocking(move || blake3::hash(&data2))
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let got = crate::budget::run_cpu(move || blake3::hash(&data2)).await?;
     if got.to_hex().as_str() != want {
         return Err(Error::corrupt(
             object.as_str(),

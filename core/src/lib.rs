@@ -26,6 +26,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod catalog;
 pub mod checkpointer;
 pub mod chunks;
