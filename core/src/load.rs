@@ -59,7 +59,7 @@ pub struct CheckpointInfo {
 
 /// Tensors a load works on at once; their object reads are bounded separately,
 /// by [`ReadContext::fetches`] (`load_concurrency`).
-const TENSORS_IN_FLIGHT: usize = 256;
+pub(crate) const TENSORS_IN_FLIGHT: usize = 256;
 
 impl Checkpointer {
     pub(crate) fn read_ctx(&self) -> ReadContext {
