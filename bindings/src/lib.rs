@@ -63,6 +63,21 @@ fn decode_tree(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
     value::from_value(py, &v)
 }
 
+/// Set how many CPU-heavy jobs of checkpointing (hashing, compression,
+/// verification) may run at once in this process; returns the previous value.
+#[pyfunction]
+fn set_cpu_threads(n: usize) -> usize {
+    let before = ckpt_core::budget::cpu_threads();
+    ckpt_core::budget::set_cpu_threads(n);
+    before
+}
+
+/// The number of CPU-heavy jobs of checkpointing that may run at once.
+#[pyfunction]
+fn cpu_threads() -> usize {
+    ckpt_core::budget::cpu_threads()
+}
+
 /// The native module.
 #[pymodule]
 fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -72,6 +87,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<value::TensorRef>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
+    m.add_function(wrap_pyfunction!(set_cpu_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(cpu_threads, m)?)?;
     m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(export::export, m)?)?;

@@ -34,14 +34,48 @@ pub fn runtime(_py: Python<'_>) -> PyResult<Arc<Runtime>> {
     if let Some((_, inherited)) = slot.take() {
         std::mem::forget(inherited);
     }
+    let nice = background_nice();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ckpt-io")
+        .worker_threads(background_threads())
+        .on_thread_start(move || {
+            // Background work yields to the training's threads. Best effort: a
+            // thread that cannot be reniced still works.
+            if nice > 0 {
+                let _ = ckpt_core::budget::lower_priority(nice);
+            }
+        })
         .build()
         .map_err(|e| crate::errors::to_py(ckpt_core::Error::Io(e)))?;
     let rt = Arc::new(rt);
     *slot = Some((pid, rt.clone()));
     Ok(rt)
+}
+
+/// Environment variable: the nice value added to the runtime's threads (the
+/// persist, hashing and I/O of background saves), 0 to keep the caller's.
+pub const NICE_ENV: &str = "CKPT_BACKGROUND_NICE";
+/// Environment variable: the runtime's async worker threads.
+pub const THREADS_ENV: &str = "CKPT_BACKGROUND_THREADS";
+
+/// How much lower the runtime's threads run than the training (default 10).
+fn background_nice() -> i32 {
+    std::env::var(NICE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .map_or(10, |n| n.clamp(0, 19))
+}
+
+/// Async worker threads (default: the CPU budget, itself every core unless
+/// `CKPT_CPU_THREADS` says less). They mostly wait on storage; CPU-heavy steps
+/// go through the core's CPU budget.
+fn background_threads() -> usize {
+    std::env::var(THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(ckpt_core::budget::cpu_threads)
 }
 
 /// Forget the runtime inherited from the parent (called in a fork child).

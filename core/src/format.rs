@@ -123,6 +123,22 @@ pub struct ReadContext {
     pub cache: Arc<ChunkCache>,
     /// Objects (chunks) of one tensor fetched and verified at once.
     pub concurrency: usize,
+    /// Object reads in flight across the whole load, shared by every tensor's
+    /// reads: the engine keeps many tensors in flight (so the storage always has
+    /// work queued, whichever tensors share a packed chunk) and this bounds the
+    /// reads, and the buffers they fill, to `load_concurrency`.
+    pub fetches: Arc<tokio::sync::Semaphore>,
+}
+
+impl ReadContext {
+    /// Wait for a turn to read one object; hold the permit until its bytes are
+    /// verified and copied where they go.
+    pub async fn fetch_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.fetches
+            .acquire()
+            .await
+            .map_err(|_| Error::Internal("the load's read limiter was closed".into()))
+    }
 }
 
 /// An on-storage layout of tensors.
@@ -188,6 +204,7 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
     let end = offset
         .checked_add(*len)
         .ok_or_else(|| Error::corrupt(object.as_str(), Some(&record.name), "range overflows"))?;
+    let _permit = ctx.fetch_permit().await?;
     let data = if *len == 0 {
         ctx.store
             .head(&Path::from(object.as_str()))
@@ -212,9 +229,7 @@ pub async fn read_range(ctx: &ReadContext, record: &TensorRecord) -> Result<Byte
         ));
     }
     let data2 = data.clone();
-    let got = tokio::task::spawn_blocking(move || blake3::hash(&data2))
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let got = crate::budget::run_cpu(move || blake3::hash(&data2)).await?;
     if got.to_hex().as_str() != want {
         return Err(Error::corrupt(
             object.as_str(),

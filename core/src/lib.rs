@@ -31,6 +31,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod budget;
 pub(crate) mod checkpointer;
 pub mod coord;
 mod error;

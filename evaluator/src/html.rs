@@ -166,11 +166,13 @@ mod tests {
             save_s: s(t),
             stall_s: s(t / 2.0),
             load_s: s(t / 4.0),
+            load_into_s: None,
             bytes: 1,
             save_gbps: 1.0,
             load_gbps: 1.0,
             save_vs_floor: 1.0,
             load_vs_floor: 1.0,
+            load_into_vs_floor: None,
         }
     }
 
@@ -184,6 +186,7 @@ mod tests {
                 row("torch.save", "python", 3.0),
             ],
             python_error: None,
+            targets: Vec::new(),
         };
         let Some(Chart::Bars {
             bars, reference, ..

@@ -124,7 +124,7 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
                 f.tensors,
                 f.rows.first().map_or(0, |x| x.save_s.n)
             ),
-            &["setup", "save s", "stall s", "load s", "size MiB", "save GB/s", "load GB/s", "save/floor", "load/floor"],
+            &["setup", "save s", "stall s", "load s", "load_into s", "size MiB", "save GB/s", "load GB/s", "save/floor", "load/floor", "into/floor"],
         );
         for x in &f.rows {
             t.rows.push(vec![
@@ -132,14 +132,33 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
                 secs(&x.save_s),
                 format!("{:.3}", x.stall_s.median),
                 secs(&x.load_s),
+                opt_secs(x.load_into_s.as_ref()),
                 mib(x.bytes as f64),
                 format!("{:.2}", x.save_gbps),
                 format!("{:.2}", x.load_gbps),
                 format!("{:.2}", x.save_vs_floor),
                 format!("{:.2}", x.load_vs_floor),
+                x.load_into_vs_floor
+                    .map_or_else(|| "-".into(), |r| format!("{r:.2}")),
             ]);
         }
         out.push(t);
+        if !f.targets.is_empty() {
+            let mut g = Table::new(
+                "formats_targets",
+                "Formats: the native format's targets, ratios of medians in the same run (reported, not asserted)".into(),
+                &["target", "ratio", "bound", "met"],
+            );
+            for x in &f.targets {
+                g.rows.push(vec![
+                    x.what.clone(),
+                    format!("{:.3}", x.ratio),
+                    format!("{:.2}", x.bound),
+                    if x.met { "met" } else { "not met" }.into(),
+                ]);
+            }
+            out.push(g);
+        }
     }
     if let Some(l) = &r.limits {
         let mut t = Table::new(

@@ -29,7 +29,7 @@ import os as _os
 _os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
 
 from . import _ckpt, distributed  # noqa: E402
-from ._ckpt import TensorRef
+from ._ckpt import TensorRef, cpu_threads, set_cpu_threads
 from .checkpointer import Checkpoint, Checkpointer, SaveHandle
 from .errors import (
     CheckpointError,
@@ -68,6 +68,8 @@ __all__ = [
     "InternalError",
     "distributed",
     "export",
+    "cpu_threads",
+    "set_cpu_threads",
 ]
 
 # A forked child (e.g. a DataLoader worker) must not use the parent's runtime

@@ -1,6 +1,7 @@
 //! Loading: one checkpoint, the newest good one, or single tensors; and listing and verifying.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -57,6 +58,10 @@ pub struct CheckpointInfo {
     pub format: Option<String>,
 }
 
+/// Tensors a load works on at once; their object reads are bounded separately,
+/// by [`ReadContext::fetches`] (`load_concurrency`).
+pub(crate) const TENSORS_IN_FLIGHT: usize = 256;
+
 impl Checkpointer {
     pub(crate) fn read_ctx(&self) -> ReadContext {
         ReadContext {
@@ -64,6 +69,9 @@ impl Checkpointer {
             chunks: self.inner.chunks.clone(),
             cache: Default::default(),
             concurrency: self.inner.opts.load_concurrency.max(1),
+            fetches: Arc::new(tokio::sync::Semaphore::new(
+                self.inner.opts.load_concurrency.max(1),
+            )),
         }
     }
 
@@ -209,8 +217,11 @@ impl Checkpointer {
                 }
             })
             .collect();
+        // Many tensors in flight, reads bounded by the context's fetch limit: the
+        // storage always has `load_concurrency` reads queued, even while a run of
+        // small tensors waits on the one packed chunk they share.
         futures::stream::iter(reads)
-            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .buffer_unordered(TENSORS_IN_FLIGHT)
             .try_collect::<Vec<()>>()
             .await?;
         Ok(manifest)
@@ -288,7 +299,7 @@ impl Checkpointer {
                         .map_err(|e| e.with_tensor(&r.name))
                 }
             })
-            .buffered(self.inner.opts.load_concurrency.max(1))
+            .buffered(TENSORS_IN_FLIGHT)
             .try_collect()
             .await?;
         records

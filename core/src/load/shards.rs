@@ -283,6 +283,12 @@ impl Checkpointer {
         let format = self.inner.registry.get(&manifest.format)?;
         let ctx = self.read_ctx();
         let key = manifest_key(&manifest);
+        // Boxes assembled from stored pieces hold those pieces in memory: at most
+        // `load_concurrency` such boxes at once. Boxes read in place hold nothing
+        // but the reads the context's fetch limit already bounds, so many of them
+        // are in flight (the storage always has work queued).
+        let assembling = tokio::sync::Semaphore::new(self.inner.opts.load_concurrency.max(1));
+        let assembling = &assembling;
         let loads = jobs.into_iter().map(|(t, records, len)| {
             let (format, ctx, key) = (format.clone(), ctx.clone(), key.clone());
             async move {
@@ -317,6 +323,10 @@ impl Checkpointer {
                             .map_err(|e| e.with_tensor(t.name));
                     }
                 }
+                let _turn = assembling
+                    .acquire()
+                    .await
+                    .map_err(|_| Error::Internal("the load's assembly limit was closed".into()))?;
                 let elem = (records[0].dtype.bits() / 8).max(1);
                 let mut copied = 0u64;
                 for (r, off) in &overlapping {
@@ -342,7 +352,7 @@ impl Checkpointer {
             }
         });
         futures::stream::iter(loads)
-            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .buffer_unordered(crate::load::read::TENSORS_IN_FLIGHT)
             .try_collect::<Vec<()>>()
             .await?;
         Ok(manifest)

@@ -5,12 +5,19 @@
 //! A ckpt save is timed from `save` until committed (durable); loads read a
 //! checkpoint whose files' page cache was dropped (where the OS allows it) and are
 //! checked equal to the saved state. The baselines do the same in Python.
+//!
+//! ckpt's loads are timed twice: `load_latest` (new buffers, what a restart
+//! that builds its state from the checkpoint does) and `load_into` the caller's
+//! own buffers (what a restart into a live model does), each with the page cache
+//! dropped. The native format's targets (save and `load_into` against the
+//! machine's floors) are reported, not asserted.
 
 use std::time::Instant;
 
 use ckpt_core::{Compression, State};
 use serde::Serialize;
 
+use super::engine::Target;
 use super::{dir_bytes, file_url, BoxError, Ctx};
 use crate::limits::{drop_cache_tree, Limits};
 use crate::python;
@@ -29,6 +36,9 @@ pub struct FormatRow {
     pub stall_s: Summary,
     /// Load time (page cache dropped where possible), seconds.
     pub load_s: Summary,
+    /// Load time into the caller's buffers (`load_into`, page cache dropped),
+    /// seconds; ckpt only.
+    pub load_into_s: Option<Summary>,
     /// Bytes on disk.
     pub bytes: u64,
     /// Raw state bytes over save time, GB/s.
@@ -39,6 +49,8 @@ pub struct FormatRow {
     pub save_vs_floor: f64,
     /// Load time over the cold read floor.
     pub load_vs_floor: f64,
+    /// `load_into` time over the cold read floor; ckpt only.
+    pub load_into_vs_floor: Option<f64>,
 }
 
 /// Results of the formats experiment.
@@ -52,7 +64,14 @@ pub struct FormatResults {
     pub rows: Vec<FormatRow>,
     /// Why the Python baselines are missing, if they are.
     pub python_error: Option<String>,
+    /// The native format's targets against the floors of the same run.
+    pub targets: Vec<Target>,
 }
+
+/// Bound of the native format's time until durable over the write + fsync floor.
+pub const NATIVE_SAVE_BOUND: f64 = 1.2;
+/// Bound of the native format's `load_into` time over the cold read floor.
+pub const NATIVE_LOAD_INTO_BOUND: f64 = 1.25;
 
 /// Settings of the formats experiment.
 #[derive(Debug, Clone)]
@@ -66,12 +85,18 @@ struct Samples<'a> {
     save: &'a [f64],
     stall: &'a [f64],
     load: &'a [f64],
+    load_into: &'a [f64],
 }
 
 fn row(name: &str, by: &str, t: Samples<'_>, bytes: u64, raw: u64, lim: &Limits) -> FormatRow {
     let (save, stall, load) = (t.save, t.stall, t.load);
     let (save_s, stall_s, load_s) = (Summary::of(save), Summary::of(stall), Summary::of(load));
+    let load_into_s = (!t.load_into.is_empty()).then(|| Summary::of(t.load_into));
     FormatRow {
+        load_into_vs_floor: load_into_s
+            .as_ref()
+            .map(|s| s.median / lim.read_cold_s.median),
+        load_into_s,
         name: name.to_owned(),
         by: by.to_owned(),
         save_gbps: Limits::gbps(raw, save_s.median),
@@ -125,7 +150,7 @@ impl FormatsBench {
         let mut rows = Vec::new();
         for (display, fmt, comp) in variants {
             pb.set_message(display.clone());
-            let (mut save, mut stall, mut load) = (vec![], vec![], vec![]);
+            let (mut save, mut stall, mut load, mut load_into) = (vec![], vec![], vec![], vec![]);
             let mut bytes = 0;
             for rep in 0..ctx.repeats {
                 let dir = ctx.fresh_dir(&format!("formats-{fmt}-{rep}"))?;
@@ -151,7 +176,35 @@ impl FormatsBench {
                         format!("{display}: loaded tensors differ from the saved ones").into(),
                     );
                 }
+                // Into buffers that exist before the load, as a live model's do.
+                let mut bufs: Vec<Vec<u8>> = state
+                    .tensors
+                    .iter()
+                    .map(|t| vec![0xA5; t.data.len()])
+                    .collect();
                 drop(loaded);
+                let id = cp.committed().await?.pop().ok_or("checkpoint not found")?;
+                drop(cp);
+                drop_cache_tree(&dir);
+                let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
+                let targets = state
+                    .tensors
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(t, b)| (t.name.as_str(), b.as_mut_slice()))
+                    .collect();
+                let t = Instant::now();
+                cp.load_into(&id, targets).await?;
+                load_into.push(t.elapsed().as_secs_f64());
+                if state
+                    .tensors
+                    .iter()
+                    .zip(&bufs)
+                    .any(|(t, b)| t.data.as_ref() != b.as_slice())
+                {
+                    return Err(format!("{display}: load_into filled different bytes").into());
+                }
+                drop(bufs);
                 let _ = std::fs::remove_dir_all(&dir);
                 pb.inc(1);
             }
@@ -159,6 +212,7 @@ impl FormatsBench {
                 save: &save,
                 stall: &stall,
                 load: &load,
+                load_into: &load_into,
             };
             rows.push(row(&display, "ckpt", t, bytes, raw, lim));
         }
@@ -195,6 +249,7 @@ impl FormatsBench {
                                 save: &s,
                                 stall: &st,
                                 load: &l,
+                                load_into: &[],
                             };
                             rows.push(row(name, "python", t, bytes, raw, lim));
                         }
@@ -208,8 +263,30 @@ impl FormatsBench {
         Ok(FormatResults {
             state_bytes: raw,
             tensors: state.tensors.len(),
+            targets: targets(&rows, state.tensors.len()),
             rows,
             python_error,
         })
     }
+}
+
+/// The native format (uncompressed) against the floors: time until durable
+/// and `load_into`, ratios of medians in the same run.
+pub fn targets(rows: &[FormatRow], tensors: usize) -> Vec<Target> {
+    let Some(native) = rows.iter().find(|r| r.name == "ckpt native") else {
+        return Vec::new();
+    };
+    let mut out = vec![Target::new(
+        format!("native save until durable / write+fsync floor ({tensors} tensors)"),
+        native.save_vs_floor,
+        NATIVE_SAVE_BOUND,
+    )];
+    if let Some(r) = native.load_into_vs_floor {
+        out.push(Target::new(
+            format!("native load_into / cold read floor ({tensors} tensors)"),
+            r,
+            NATIVE_LOAD_INTO_BOUND,
+        ));
+    }
+    out
 }

@@ -35,11 +35,8 @@ pub struct Native;
 
 type Pending = Shared<BoxFuture<'static, std::result::Result<u64, Arc<Error>>>>;
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("worker thread: {e}")))
-}
+// CPU work (hashing, zstd, verification) runs within the process's CPU budget.
+use ckpt_core::budget::run_cpu as blocking;
 
 /// Hash, dedupe, compress and upload one chunk; returns its reference.
 async fn write_chunk(
@@ -234,6 +231,7 @@ async fn read_chunk_into(
     tensor: &str,
     dst: &mut [u8],
 ) -> Result<()> {
+    let _permit = ctx.fetch_permit().await?;
     let (key, stored) = fetch_chunk(ctx, &c.hash, tensor).await?;
     let damaged = |e: crate::error::CodecError| {
         ctx.chunks.remove(&c.hash);
@@ -245,11 +243,11 @@ async fn read_chunk_into(
         // so the chunks of a load are hashed on every core, not on this one.
         Some(payload) => {
             let (p, h) = (payload.clone(), c.hash.clone());
-            let check = tokio::task::spawn_blocking(move || chunk::verify(&p, &h));
+            let check = tokio::spawn(blocking(move || chunk::verify(&p, &h)));
             dst.copy_from_slice(&payload);
             check
                 .await
-                .map_err(|e| Error::Internal(format!("worker thread: {e}")))?
+                .map_err(|e| Error::Internal(format!("worker thread: {e}")))??
                 .map_err(damaged)
         }
         // Compressed: decoded on this task, straight into the borrowed destination
@@ -314,6 +312,7 @@ async fn read_whole(
     tensor: &str,
     expect: Option<u64>,
 ) -> Result<Bytes> {
+    let _permit = ctx.fetch_permit().await?;
     let (key, stored) = fetch_chunk(ctx, hash, tensor).await?;
     let h = hash.to_owned();
     let max = expect.map_or(MAX_CHUNK_BYTES, |l| {

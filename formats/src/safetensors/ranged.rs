@@ -6,17 +6,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use ckpt_core::format::WriteStats;
-use ckpt_core::{Error, Layout, Result, Tensor, TensorRecord, WriteContext};
+use ckpt_core::{Layout, Result, Tensor, TensorRecord, WriteContext};
 use futures::{StreamExt, TryStreamExt};
 
-/// Run a closure on a blocking thread.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("worker thread: {e}")))
-}
+// CPU work (hashing) runs within the process's CPU budget.
+pub(crate) use ckpt_core::budget::run_cpu as blocking;
 
 /// blake3 (hex) of every tensor, computed on blocking threads, `concurrency` at a time.
 pub(crate) async fn hash_tensors(ctx: &WriteContext, tensors: &[Tensor]) -> Result<Vec<String>> {

@@ -1,0 +1,146 @@
+//! The CPU budget of background work, so that checkpointing does not take the
+//! training's cores.
+//!
+//! The CPU-heavy steps of a save or load (blake3 of chunks and tensors, zstd,
+//! verification) run through [`run_cpu`]: on tokio's blocking threads, at most
+//! [`cpu_threads`] at once in the whole process, whatever the number of
+//! checkpointers, saves and loads in flight. The default is every core the
+//! process may use; [`set_cpu_threads`] (or `CKPT_CPU_THREADS` in the
+//! environment, read once) lowers it.
+//!
+//! Priority is the other half: [`lower_priority`] makes the calling thread
+//! yield to the training's threads. Call it from the `on_thread_start` of the
+//! runtime that runs the engine's background work (the Python package does so
+//! for its runtime, with `CKPT_BACKGROUND_NICE`, default 10). The snapshot copy
+//! of an eager save runs on the thread that calls `save`, so the stall keeps the
+//! caller's priority.
+//!
+//! ```
+//! # async fn demo() -> ckpt_core::Result<()> {
+//! ckpt_core::budget::set_cpu_threads(1);
+//! let h = ckpt_core::budget::run_cpu(|| blake3::hash(b"chunk")).await?;
+//! assert_eq!(h, blake3::hash(b"chunk"));
+//! # Ok(()) }
+//! ```
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::Semaphore;
+
+use crate::error::{Error, Result};
+
+/// Environment variable read (once) for the default number of CPU threads.
+pub const CPU_THREADS_ENV: &str = "CKPT_CPU_THREADS";
+
+/// The budget now in force, and the semaphore that enforces it.
+fn slot() -> &'static Mutex<(usize, Arc<Semaphore>)> {
+    static SLOT: OnceLock<Mutex<(usize, Arc<Semaphore>)>> = OnceLock::new();
+    SLOT.get_or_init(|| {
+        let n = default_threads();
+        Mutex::new((n, Arc::new(Semaphore::new(n))))
+    })
+}
+
+fn default_threads() -> usize {
+    std::env::var(CPU_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// How many CPU-heavy jobs of checkpointing may run at once in this process.
+pub fn cpu_threads() -> usize {
+    slot().lock().unwrap_or_else(|p| p.into_inner()).0
+}
+
+/// Set the number of CPU-heavy jobs that may run at once (at least 1). Jobs
+/// already running finish; new ones wait under the new budget.
+pub fn set_cpu_threads(n: usize) {
+    let n = n.max(1);
+    *slot().lock().unwrap_or_else(|p| p.into_inner()) = (n, Arc::new(Semaphore::new(n)));
+}
+
+/// Run a CPU-heavy closure on a blocking thread, within the process's budget.
+pub async fn run_cpu<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    let sem = slot().lock().unwrap_or_else(|p| p.into_inner()).1.clone();
+    let permit = sem
+        .acquire_owned()
+        .await
+        .map_err(|_| Error::Internal("the CPU budget was closed".into()))?;
+    tokio::task::spawn_blocking(move || {
+        let out = f();
+        drop(permit);
+        out
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("worker thread: {e}")))
+}
+
+/// Lower the scheduling priority of the calling thread by `nice` (Linux: the
+/// thread's nice value; elsewhere nothing). Raising priority back needs
+/// privileges, so call this only on threads that do background work.
+pub fn lower_priority(nice: i32) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls on the calling thread; no memory is shared.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+            let want = (now + nice.max(0)).min(19);
+            if libc::setpriority(libc::PRIO_PROCESS, tid, want) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_more_than_the_budget_runs_at_once() {
+        set_cpu_threads(2);
+        assert_eq!(cpu_threads(), 2);
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let jobs: Vec<_> = (0..12)
+            .map(|_| {
+                let (running, most) = (running.clone(), most.clone());
+                run_cpu(move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    running.fetch_sub(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        for r in futures::future::join_all(jobs).await {
+            r.unwrap();
+        }
+        assert!(most.load(Ordering::SeqCst) <= 2);
+        assert!(most.load(Ordering::SeqCst) >= 1);
+        set_cpu_threads(default_threads());
+    }
+
+    #[test]
+    fn a_lowered_thread_has_a_higher_nice_value() {
+        std::thread::spawn(|| {
+            #[cfg(target_os = "linux")]
+            {
+                let tid = unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t };
+                let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+                lower_priority(5).unwrap();
+                let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+                assert_eq!(after, (before + 5).min(19));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+}

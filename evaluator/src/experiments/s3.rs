@@ -1,0 +1,219 @@
+//! S3: ckpt's save and load on an S3 server, beside what the server gives a
+//! plain client of the same bytes in the same run.
+//!
+//! The baseline is `object_store` itself, as any program would use it: the
+//! state's bytes as one object, uploaded in parts (`WriteMultipart`, the part
+//! size and parts in flight of ckpt's own large uploads), and read back by
+//! parallel ranged GETs (the chunk size, `load_concurrency` in flight). ckpt
+//! saves the same state in its native format (one object per chunk) and in
+//! safetensors (one object per rank), until committed, and loads it with a
+//! fresh checkpointer; each load is checked equal to the state. Every object is
+//! deleted after its repeat.
+//!
+//! Needs a server: `ckpt-eval s3 --s3-url s3://bucket/prefix` with the usual
+//! `AWS_*` variables (`scripts/garage.sh start` prints them for a Garage node
+//! on loopback). The target: ckpt's save and load at least 0.9x the baseline's
+//! throughput, i.e. at most 1.11x its time.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use ckpt_core::{CheckpointerOptions, State, WriteOptions};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use serde::Serialize;
+
+use super::engine::Target;
+use super::BoxError;
+use crate::limits::Limits;
+use crate::stats::Summary;
+
+/// Bound of ckpt's time over the baseline's (0.9x its throughput).
+pub const S3_BOUND: f64 = 1.0 / 0.9;
+
+/// Part size of the baseline's multipart upload (ckpt's own part size).
+const PART: usize = 16 << 20;
+
+/// Settings of the S3 experiment.
+#[derive(Debug, Clone)]
+pub struct S3Bench {
+    /// Root under which every repeat writes its own prefix.
+    pub url: String,
+    /// Timed saves and loads per method.
+    pub repeats: usize,
+}
+
+/// One way to move the state, measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct S3Row {
+    /// `object_store multipart / ranged`, `ckpt native`, `ckpt safetensors`.
+    pub name: String,
+    /// Upload (ckpt: until committed), seconds.
+    pub save_s: Summary,
+    /// Download (ckpt: `load_latest` with a fresh checkpointer), seconds.
+    pub load_s: Summary,
+    /// Raw bytes over the median save time, GB/s.
+    pub save_gbps: f64,
+    /// Raw bytes over the median load time, GB/s.
+    pub load_gbps: f64,
+    /// Objects one save wrote.
+    pub objects: u64,
+}
+
+/// Results of the S3 experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct S3Results {
+    /// The server's endpoint (`AWS_ENDPOINT`), for the report.
+    pub endpoint: String,
+    /// Raw bytes of the state.
+    pub state_bytes: u64,
+    /// Tensors in the state.
+    pub tensors: usize,
+    /// Uploads in flight (ckpt's write concurrency, the baseline's parts in flight).
+    pub write_concurrency: usize,
+    /// Reads in flight (ckpt's load concurrency, the baseline's ranged GETs).
+    pub read_concurrency: usize,
+    /// Baseline first.
+    pub rows: Vec<S3Row>,
+    /// ckpt native against the baseline.
+    pub targets: Vec<Target>,
+}
+
+/// Why the experiment cannot run here, if it cannot.
+pub fn unavailable(url: Option<&str>) -> Option<String> {
+    let Some(url) = url else {
+        return Some("no S3 server (give --s3-url s3://bucket/prefix and the AWS_* variables; scripts/garage.sh start prints them for a local Garage node)".into());
+    };
+    if !cfg!(feature = "s3") {
+        return Some(format!(
+            "this ckpt-eval was built without the `s3` feature, so {url} cannot be opened"
+        ));
+    }
+    None
+}
+
+async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), BoxError> {
+    let keys = store.list(None).map_ok(|m| m.location).boxed();
+    store.delete_stream(keys).try_collect::<Vec<_>>().await?;
+    Ok(())
+}
+
+impl S3Bench {
+    /// Run on `state`.
+    pub async fn run(&self, state: &State) -> Result<S3Results, BoxError> {
+        let opts = CheckpointerOptions::default();
+        let write = WriteOptions::default();
+        let (wc, rc, chunk) = (
+            write.concurrency.max(1),
+            opts.load_concurrency.max(1),
+            write.chunk_size.max(1),
+        );
+        let raw = state.nbytes();
+        let mut rows = Vec::new();
+
+        // The baseline: one object of the state's bytes.
+        let (mut save, mut load) = (vec![], vec![]);
+        for rep in 0..self.repeats.max(1) {
+            let store = ckpt_core::store::open_url(&format!("{}/baseline-{rep}", self.url))?;
+            let key = Path::from("state.bin");
+            let t = Instant::now();
+            let upload = store.put_multipart(&key).await?;
+            let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
+            for tensor in &state.tensors {
+                w.wait_for_capacity(wc).await?;
+                w.put(tensor.data.clone());
+            }
+            w.finish().await?;
+            save.push(t.elapsed().as_secs_f64());
+
+            let t = Instant::now();
+            let ranges: Vec<_> = (0..raw)
+                .step_by(chunk)
+                .map(|o| o..(o + chunk as u64).min(raw))
+                .collect();
+            let parts: Vec<Bytes> = futures::stream::iter(ranges)
+                .map(|r| {
+                    let (store, key) = (store.clone(), key.clone());
+                    async move { store.get_range(&key, r).await }
+                })
+                .buffered(rc)
+                .try_collect()
+                .await?;
+            load.push(t.elapsed().as_secs_f64());
+            let mut at = 0usize;
+            let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+            for tensor in &state.tensors {
+                let n = tensor.data.len();
+                if whole.get(at..at + n) != Some(tensor.data.as_ref()) {
+                    return Err(format!("baseline: tensor {} read back differently", tensor.name).into());
+                }
+                at += n;
+            }
+            delete_all(&store).await?;
+        }
+        rows.push(row("object_store multipart / ranged", &save, &load, raw, 1));
+
+        for fmt in ["native", "safetensors"] {
+            let (mut save, mut load, mut objects) = (vec![], vec![], 0);
+            for rep in 0..self.repeats.max(1) {
+                let url = format!("{}/ckpt-{fmt}-{rep}", self.url);
+                let cp = ckpt_formats::builder(url.as_str())
+                    .format(ckpt_formats::by_name(fmt)?)
+                    .build()
+                    .await?;
+                let t = Instant::now();
+                let report = cp.save(1, state).await?.wait().await?;
+                save.push(t.elapsed().as_secs_f64());
+                objects = report.objects;
+                drop(cp);
+                let cp = ckpt_formats::builder(url.as_str()).build().await?;
+                let t = Instant::now();
+                let loaded = cp.load_latest().await?.ok_or("checkpoint not found on S3")?;
+                load.push(t.elapsed().as_secs_f64());
+                if loaded.state.tensors != state.tensors {
+                    return Err(format!("ckpt {fmt}: loaded tensors differ on S3").into());
+                }
+                delete_all(cp.store()).await?;
+            }
+            rows.push(row(&format!("ckpt {fmt}"), &save, &load, raw, objects));
+        }
+
+        let base = &rows[0];
+        let mut targets = Vec::new();
+        if let Some(native) = rows.iter().find(|r| r.name == "ckpt native") {
+            targets.push(Target::new(
+                "S3: ckpt native save / multipart upload (time; <= 1.11 is >= 0.9x throughput)",
+                native.save_s.median / base.save_s.median,
+                S3_BOUND,
+            ));
+            targets.push(Target::new(
+                "S3: ckpt native load / ranged download (time; <= 1.11 is >= 0.9x throughput)",
+                native.load_s.median / base.load_s.median,
+                S3_BOUND,
+            ));
+        }
+        Ok(S3Results {
+            endpoint: std::env::var("AWS_ENDPOINT").unwrap_or_else(|_| "AWS".into()),
+            state_bytes: raw,
+            tensors: state.tensors.len(),
+            write_concurrency: wc,
+            read_concurrency: rc,
+            rows,
+            targets,
+        })
+    }
+}
+
+fn row(name: &str, save: &[f64], load: &[f64], raw: u64, objects: u64) -> S3Row {
+    let (save_s, load_s) = (Summary::of(save), Summary::of(load));
+    S3Row {
+        name: name.to_owned(),
+        save_gbps: Limits::gbps(raw, save_s.median),
+        load_gbps: Limits::gbps(raw, load_s.median),
+        save_s,
+        load_s,
+        objects,
+    }
+}
