@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use ckpt_core::testing::report::{parse_lines, RankReport};
+
 use super::inject::{pids_with_env, sigkill};
 use super::plan::{Kind, Rng};
 use super::report::{RunRecord, StartRecord};
@@ -91,11 +93,8 @@ fn wait(mut child: Child, limit: Duration, token: &str) -> Result<Output, String
     }
 }
 
-fn json_lines(o: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+fn rank_reports(o: &Output) -> Result<Vec<RankReport>, String> {
+    parse_lines(&String::from_utf8_lossy(&o.stdout))
 }
 
 fn tail(o: &Output) -> String {
@@ -249,21 +248,29 @@ pub fn rank_kill(bin: &Path, work: &Path, index: usize, rng: &mut Rng) -> RunRec
     match output(load, Duration::from_secs(90), &token) {
         Ok(o) => {
             st.recovery_ms = Some(t.elapsed().as_secs_f64() * 1e3);
-            let rows = json_lines(&o);
-            let steps: Vec<Option<u64>> = rows.iter().map(|r| r["loaded_step"].as_u64()).collect();
-            st.resumed_from = steps.first().copied().flatten();
-            let ok = o.status.success()
-                && rows.len() == m as usize
-                && rows.iter().all(|r| r["ok"] == true)
-                && steps.iter().all(|s| *s == expected);
-            rec.final_identical = Some(ok);
-            if !ok {
-                rec.problems.push(format!(
-                    "load with {m} ranks: expected step {expected:?} verified on every rank, got {steps:?} ({})",
-                    tail(&o)
-                ));
+            match rank_reports(&o) {
+                Ok(rows) => {
+                    // A rank reports `Loaded` only once it verified every byte.
+                    let steps: Vec<Option<u64>> =
+                        rows.iter().map(RankReport::loaded_step).collect();
+                    st.resumed_from = steps.first().copied().flatten();
+                    let ok = o.status.success()
+                        && rows.len() == m as usize
+                        && steps.iter().all(|s| s.is_some() && *s == expected);
+                    rec.final_identical = Some(ok);
+                    if !ok {
+                        rec.problems.push(format!(
+                            "load with {m} ranks: expected step {expected:?} verified on every rank, got {steps:?} ({})",
+                            tail(&o)
+                        ));
+                    }
+                    st.loaded_damaged = st.resumed_from.is_some() && st.resumed_from != expected;
+                }
+                Err(e) => {
+                    rec.final_identical = Some(false);
+                    rec.problems.push(format!("load with {m} ranks: {e}"));
+                }
             }
-            st.loaded_damaged = st.resumed_from.is_some() && st.resumed_from != expected;
         }
         Err(e) => rec.problems.push(e),
     }

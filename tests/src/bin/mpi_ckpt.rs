@@ -1,18 +1,22 @@
 //! A data-parallel + sharded checkpointing job for the MPI tests, run under `mpirun`.
 //!
 //! ```text
-//! mpi_ckpt save URL STEP [--abort-rank R] [--absent-rank R] [--timeout-s S]
+//! mpi_ckpt save URL STEP [--abort-rank R] [--absent-rank R] [--enospc-rank R] [--timeout-s S]
 //! mpi_ckpt load URL [--step S]
 //! ```
 //!
 //! Every tensor's content is a pure function of (step, name, global index), so a
 //! job of any size can check what a job of any other size saved, bitwise.
-//! `save` prints one JSON line per rank with the bytes it wrote.
+//! Each rank prints one JSON line, a [`RankReport`]: what it saved (or why its
+//! save failed), or what it loaded and verified.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::{Parser, Subcommand};
+
 use ckpt_core::coord::MpiCoordinator;
+use ckpt_core::testing::report::{print_line, RankReport};
 use ckpt_core::{CheckpointerOptions, Coordinator, DType, ShardSpec, State, Tensor, Value};
 
 /// Rows of the sharded embedding (split on dimension 0) and columns of the
@@ -119,24 +123,67 @@ fn state(step: u64, rank: usize, world: usize) -> State {
     )
 }
 
-fn arg(args: &[String], flag: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
+#[derive(Parser, Debug)]
+#[command(
+    name = "mpi_ckpt",
+    about = "The MPI test job: save or load a sharded checkpoint"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Save the state of `step` with every rank.
+    Save {
+        /// Checkpoint root URL.
+        url: String,
+        /// The step to save.
+        step: u64,
+        #[command(flatten)]
+        faults: SaveFaults,
+        /// Collective timeout, seconds.
+        #[arg(long)]
+        timeout_s: Option<u64>,
+    },
+    /// Load the newest checkpoint (or `--step`) and verify this rank's share.
+    Load {
+        /// Checkpoint root URL.
+        url: String,
+        /// Load this step instead of the newest.
+        #[arg(long)]
+        step: Option<u64>,
+    },
+}
+
+/// The failure of one rank during a save.
+#[derive(clap::Args, Debug)]
+struct SaveFaults {
+    /// This rank dies (abort) after its third object is durable.
+    #[arg(long)]
+    abort_rank: Option<usize>,
+    /// This rank never takes part in the save.
+    #[arg(long)]
+    absent_rank: Option<usize>,
+    /// This rank's store fails with ENOSPC.
+    #[arg(long)]
+    enospc_rank: Option<usize>,
 }
 
 async fn save(
     coord: Arc<MpiCoordinator>,
     url: &str,
     step: u64,
-    args: &[String],
+    faults: &SaveFaults,
+    timeout_s: Option<u64>,
 ) -> Result<(), String> {
     let rank = coord.rank();
     let world = coord.world_size();
     let mut opts = CheckpointerOptions::default();
     opts.write.chunk_size = 4096;
-    if let Some(s) = arg(args, "--timeout-s") {
-        opts.collective_timeout = Duration::from_secs(s.parse().map_err(|_| "bad --timeout-s")?);
+    if let Some(s) = timeout_s {
+        opts.collective_timeout = Duration::from_secs(s);
     }
     let cp = ckpt_formats::builder(url)
         .options(opts)
@@ -144,16 +191,16 @@ async fn save(
         .build()
         .await
         .map_err(|e| e.to_string())?;
-    if arg(args, "--abort-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+    if faults.abort_rank == Some(rank) {
         // Die after this rank's third object is durable: mid-save, no clean-up.
         ckpt_core::failpoint::set("save.mid_data", "3*abort");
     }
-    if arg(args, "--absent-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+    if faults.absent_rank == Some(rank) {
         // This rank never takes part in the save; the others must not hang.
         std::thread::sleep(Duration::from_secs(30));
         return Err("absent rank".into());
     }
-    if arg(args, "--enospc-rank").and_then(|r| r.parse::<usize>().ok()) == Some(rank) {
+    if faults.enospc_rank == Some(rank) {
         // This rank's disk is full: its share fails as a local store fails with ENOSPC.
         ckpt_core::failpoint::set("save.before_data", "enospc");
     }
@@ -171,9 +218,12 @@ async fn save(
                 ckpt_core::Error::Internal(_) => "internal",
                 _ => "other",
             };
-            let errno = e.os_errno().map_or("null".to_owned(), |n| n.to_string());
-            println!("{{\"rank\":{rank},\"error\":\"{kind}\",\"errno\":{errno}}}");
-            if arg(args, "--enospc-rank").is_some() {
+            print_line(&RankReport::SaveFailed {
+                rank,
+                error: kind.to_owned(),
+                errno: e.os_errno(),
+            });
+            if faults.enospc_rank.is_some() {
                 // The save failed in order on every rank: let every rank report
                 // before any exits (mpirun ends the job at the first exit).
                 use ckpt_core::Coordinator;
@@ -182,14 +232,17 @@ async fn save(
             return Err(e.to_string());
         }
     };
-    println!(
-        "{{\"rank\":{rank},\"world\":{world},\"raw_bytes\":{},\"stored_bytes\":{},\"committed\":\"{}\"}}",
-        r.raw_bytes, r.stored_bytes, r.id
-    );
+    print_line(&RankReport::Saved {
+        rank,
+        world,
+        raw_bytes: r.raw_bytes,
+        stored_bytes: r.stored_bytes,
+        committed: r.id.to_string(),
+    });
     Ok(())
 }
 
-async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<(), String> {
+async fn load(coord: Arc<MpiCoordinator>, url: &str, step: Option<u64>) -> Result<(), String> {
     let rank = coord.rank();
     let world = coord.world_size();
     let cp = ckpt_formats::builder(url)
@@ -197,16 +250,14 @@ async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<
         .build()
         .await
         .map_err(|e| e.to_string())?;
-    let id = match arg(args, "--step") {
-        Some(s) => {
-            let step: u64 = s.parse().map_err(|_| "bad --step")?;
-            cp.committed()
-                .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .find(|i| i.step == step)
-                .ok_or("no such step")?
-        }
+    let id = match step {
+        Some(step) => cp
+            .committed()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|i| i.step == step)
+            .ok_or("no such step")?,
         None => {
             cp.load_latest()
                 .await
@@ -256,30 +307,32 @@ async fn load(coord: Arc<MpiCoordinator>, url: &str, args: &[String]) -> Result<
             return Err(format!("rank {rank}: `{}` differs", t.name));
         }
     }
-    println!("{{\"rank\":{rank},\"world\":{world},\"loaded_step\":{step},\"saved_world\":{saved_world},\"ok\":true}}");
+    print_line(&RankReport::Loaded {
+        rank,
+        world,
+        loaded_step: step,
+        saved_world,
+    });
     Ok(())
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse();
     let coord = MpiCoordinator::init().expect("MPI init");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let url = args.get(2).cloned().unwrap_or_default();
     let result = rt.block_on(async {
-        match args.get(1).map(String::as_str) {
-            Some("save") => {
-                let step = args
-                    .get(3)
-                    .and_then(|s| s.parse().ok())
-                    .ok_or("usage: save URL STEP")?;
-                save(coord.clone(), &url, step, &args).await
-            }
-            Some("load") => load(coord.clone(), &url, &args).await,
-            _ => Err("usage: mpi_ckpt save|load URL ...".to_owned()),
+        match &cli.cmd {
+            Cmd::Save {
+                url,
+                step,
+                faults,
+                timeout_s,
+            } => save(coord.clone(), url, *step, faults, *timeout_s).await,
+            Cmd::Load { url, step } => load(coord.clone(), url, *step).await,
         }
     });
     drop(rt);
