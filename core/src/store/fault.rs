@@ -99,7 +99,7 @@ impl FaultPlan {
 }
 
 /// How many faults of each kind were injected.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FaultCounts {
     /// Operations seen.
     pub ops: u64,

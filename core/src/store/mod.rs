@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
 pub use counting::{CountingStore, OpCounts};
-pub use fault::{FaultPlan, FaultStore};
+pub use fault::{FaultCounts, FaultPlan, FaultStore};
 pub use retry::{RetryOptions, RetryStore};
 pub use s3::S3Options;
 

@@ -13,9 +13,10 @@
 //!   `RetryStore`; `SEED:full` makes every write fail, as a full disk does;
 //! - a failed save is reported and training goes on (a checkpoint that could not be
 //!   written must not stop the job);
-//! - `--report FILE` appends one JSON line per event, fsynced: `start` (resumed
-//!   from, skipped checkpoints with their errors, load time), `first_step`, `save`
-//!   (with the faults injected so far), `done`.
+//! - `--report FILE` appends one JSON line per event, fsynced, each an
+//!   `ckpt_eval::faults::event::Event`: `start` (resumed from, skipped
+//!   checkpoints with their errors, load time), `first_step`, `save` (with the
+//!   faults injected so far), `done`, `error`.
 //!
 //! ```text
 //! fault_victim --root DIR --out WEIGHTS --report FILE [--steps 40] [--every 4]
@@ -32,103 +33,109 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ckpt_core::store::{FaultPlan, FaultStore, RetryOptions, RetryStore};
+use clap::Parser;
+
+use ckpt_core::store::{FaultCounts, FaultPlan, FaultStore, RetryOptions, RetryStore};
 use ckpt_core::torch::tch::nn::{self, ModuleT};
 use ckpt_core::torch::tch::{self, Device, Kind, Tensor};
 use ckpt_core::torch::{restore, rng, Adam, AdamConfig, TorchCapture};
-use ckpt_core::{Error, Result, Retention, SaveHandle, SnapshotMode, Value};
+use ckpt_core::{CheckpointId, Error, Result, Retention, SaveHandle, SnapshotMode, Value};
+use ckpt_eval::faults::event::{Event, Failure};
+use ckpt_eval::faults::report::Skipped;
 
 const INPUTS: i64 = 32;
 const HIDDEN: i64 = 96;
 const OUTPUTS: i64 = 8;
 const BATCH: i64 = 64;
 
+/// The victim's command line (see the module docs).
+#[derive(Parser, Debug)]
+#[command(
+    name = "fault_victim",
+    about = "The training job a fault campaign kills"
+)]
 struct Args {
+    /// Checkpoint root directory.
+    #[arg(long)]
     root: PathBuf,
+    /// Where to write the final weights.
+    #[arg(long)]
     out: PathBuf,
-    report: PathBuf,
+    /// Append the report events to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Train until this many steps are done.
+    #[arg(long, default_value_t = 40)]
     steps: u64,
+    /// Checkpoint every this many steps (0 is taken as 1).
+    #[arg(long, default_value_t = 4)]
     every: u64,
+    /// The run's seed.
+    #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Checkpoints to keep.
+    #[arg(long, default_value_t = 3)]
     keep: usize,
-    lazy: bool,
+    /// Eager snapshots (the default is lazy).
+    #[arg(long)]
+    eager: bool,
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: Device,
+    /// `SEED:RATE` (flaky store) or `SEED:full` (every write fails).
+    #[arg(long, value_parser = parse_store_faults)]
     store_faults: Option<(u64, Option<f64>)>,
 }
 
-fn parse() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        root: PathBuf::new(),
-        out: PathBuf::new(),
-        report: PathBuf::new(),
-        steps: 40,
-        every: 4,
-        seed: 1,
-        keep: 3,
-        lazy: true,
-        device: Device::Cpu,
-        store_faults: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--eager" {
-            a.lazy = false;
-            continue;
-        }
-        let v = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
-        match flag.as_str() {
-            "--root" => a.root = v.into(),
-            "--out" => a.out = v.into(),
-            "--report" => a.report = v.into(),
-            "--steps" => a.steps = num(&v)?,
-            "--every" => a.every = num(&v)?.max(1),
-            "--seed" => a.seed = num(&v)?,
-            "--keep" => a.keep = num(&v)? as usize,
-            "--device" => {
-                a.device = match v.as_str() {
-                    "cpu" => Device::Cpu,
-                    "cuda" => Device::Cuda(0),
-                    o => return Err(format!("unknown device {o}")),
-                }
-            }
-            "--store-faults" => {
-                let (s, r) = v
-                    .split_once(':')
-                    .ok_or("--store-faults SEED:RATE or SEED:full")?;
-                let rate = match r {
-                    "full" => None,
-                    r => Some(r.parse::<f64>().map_err(|e| format!("{v}: {e}"))?),
-                };
-                a.store_faults = Some((num(s)?, rate));
-            }
-            o => return Err(format!("unknown flag {o}")),
-        }
+fn parse_device(v: &str) -> std::result::Result<Device, String> {
+    match v {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        o => Err(format!("unknown device {o} (cpu or cuda)")),
     }
-    if a.root.as_os_str().is_empty() || a.out.as_os_str().is_empty() {
-        return Err("--root and --out are required".into());
-    }
-    Ok(a)
 }
 
-/// Appends fsynced JSON lines to the report file.
+fn parse_store_faults(v: &str) -> std::result::Result<(u64, Option<f64>), String> {
+    let (s, r) = v
+        .split_once(':')
+        .ok_or("--store-faults SEED:RATE or SEED:full")?;
+    let seed = s.parse::<u64>().map_err(|e| format!("{v}: {e}"))?;
+    let rate = match r {
+        "full" => None,
+        r => Some(r.parse::<f64>().map_err(|e| format!("{v}: {e}"))?),
+    };
+    Ok((seed, rate))
+}
+
+/// Appends the events to the report file, if there is one.
 struct Report(Option<std::fs::File>);
 
 impl Report {
-    fn line(&mut self, v: serde_json::Value) {
+    fn event(&mut self, e: Event) {
         if let Some(f) = &mut self.0 {
-            let _ = writeln!(f, "{v}");
-            let _ = f.sync_data();
+            let _ = e.append(f);
         }
     }
 }
 
-fn counts(f: Option<&FaultStore>) -> serde_json::Value {
-    let c = f.map(FaultStore::injected).unwrap_or_default();
-    serde_json::json!({
-        "ops": c.ops, "errors": c.errors, "timeouts": c.timeouts,
-        "partial": c.partial, "lost_acks": c.lost_acks,
-    })
+fn counts(f: Option<&FaultStore>) -> FaultCounts {
+    f.map(FaultStore::injected).unwrap_or_default()
+}
+
+fn failure(e: &Error) -> Failure {
+    Failure {
+        kind: error_kind(e).to_owned(),
+        error: e.to_string(),
+    }
+}
+
+fn skipped(id: &CheckpointId, e: &Error) -> Skipped {
+    Skipped {
+        step: id.step,
+        attempt: id.attempt.clone(),
+        kind: error_kind(e).to_owned(),
+        error: e.to_string(),
+    }
 }
 
 fn error_kind(e: &Error) -> &'static str {
@@ -170,24 +177,24 @@ fn dump(vs: &nn::VarStore) -> Vec<u8> {
     out
 }
 
-/// Wait for a save; its report line.
-async fn finish(h: SaveHandle, faults: Option<&FaultStore>) -> serde_json::Value {
+/// Wait for a save; its report event.
+async fn finish(h: SaveHandle, faults: Option<&FaultStore>) -> Event {
     let step = h.id().step;
-    let mut line = match h.wait().await {
+    let failed = match h.wait().await {
         Ok(_) => {
             println!("checkpoint {step} committed");
-            serde_json::json!({"event": "save", "step": step, "ok": true})
+            None
         }
         Err(e) => {
             println!("checkpoint {step} failed: {e}");
-            serde_json::json!({
-                "event": "save", "step": step, "ok": false,
-                "kind": error_kind(&e), "error": e.to_string(),
-            })
+            Some(failure(&e))
         }
     };
-    line["faults"] = counts(faults);
-    line
+    Event::Save {
+        step,
+        failed,
+        faults: counts(faults),
+    }
 }
 
 async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
@@ -255,7 +262,7 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
         (Some(f), _) => builder.store(Arc::new(f.clone())),
         (None, _) => builder.store(base),
     };
-    if a.lazy {
+    if !a.eager {
         builder = builder.snapshot(SnapshotMode::Lazy);
     }
     let cp = builder.build().await?;
@@ -264,16 +271,8 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
     let t_load = Instant::now();
     let loaded = cp.load_latest().await?;
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
-    let mut start_line = serde_json::json!({
-        "event": "start",
-        "pid": std::process::id(),
-        "load_ms": load_ms,
-        "since_exec_ms": t0.elapsed().as_secs_f64() * 1e3,
-        "resumed_from": null,
-        "attempt": null,
-        "skipped": [],
-    });
-    match loaded {
+    let since_exec_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (resumed_from, attempt, skipped) = match loaded {
         Some(l) => {
             let meta = &l.state.meta;
             if meta.get("seed").and_then(Value::as_int) != Some(a.seed as i64) {
@@ -286,30 +285,20 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
                 .ok_or_else(|| Error::InvalidInput("checkpoint without a step".into()))?;
             restore::var_store(&mut vs, &l.state, "model/")?;
             opt.restore("optim/", &l.state)?;
-            start_line["resumed_from"] = step.into();
-            start_line["attempt"] = l.id.attempt.clone().into();
-            start_line["skipped"] = l
-                .skipped
-                .iter()
-                .map(|(id, e)| {
-                    serde_json::json!({
-                        "step": id.step, "attempt": id.attempt,
-                        "kind": error_kind(e), "error": e.to_string(),
-                    })
-                })
-                .collect();
             println!("resumed from step {step}");
+            (
+                Some(step),
+                Some(l.id.attempt.clone()),
+                l.skipped.iter().map(|(id, e)| skipped(id, e)).collect(),
+            )
         }
         None => {
             // `load_latest` does not return what it skipped when nothing loads:
             // ask each committed checkpoint, newest first, as it did.
-            let mut skipped = Vec::new();
+            let mut damaged = Vec::new();
             for id in cp.committed().await?.into_iter().rev() {
                 match cp.load(&id).await {
-                    Err(e) if e.is_damage() => skipped.push(serde_json::json!({
-                        "step": id.step, "attempt": id.attempt,
-                        "kind": error_kind(&e), "error": e.to_string(),
-                    })),
+                    Err(e) if e.is_damage() => damaged.push(skipped(&id, &e)),
                     Err(e) => return Err(e),
                     Ok(_) => {
                         return Err(Error::Internal(format!(
@@ -318,11 +307,18 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
                     }
                 }
             }
-            start_line["skipped"] = skipped.into();
             println!("fresh start");
+            (None, None, damaged)
         }
-    }
-    report.line(start_line);
+    };
+    report.event(Event::Start {
+        pid: std::process::id(),
+        load_ms,
+        since_exec_ms,
+        resumed_from,
+        attempt,
+        skipped,
+    });
 
     let mut pending: Option<SaveHandle> = None;
     let mut first = true;
@@ -345,15 +341,15 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
         println!("step {step}");
         if first {
             first = false;
-            report.line(serde_json::json!({
-                "event": "first_step", "step": step,
-                "since_exec_ms": t0.elapsed().as_secs_f64() * 1e3,
-                "faults": counts(faults.as_ref()),
-            }));
+            report.event(Event::FirstStep {
+                step,
+                since_exec_ms: t0.elapsed().as_secs_f64() * 1e3,
+                faults: counts(faults.as_ref()),
+            });
         }
         if step % a.every == 0 {
             if let Some(h) = pending.take() {
-                report.line(finish(h, faults.as_ref()).await);
+                report.event(finish(h, faults.as_ref()).await);
             }
             let mut cap = TorchCapture::new();
             cap.var_store("model/", &vs)?;
@@ -367,17 +363,17 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
                 }
                 Err(e) => {
                     println!("checkpoint {step} failed: {e}");
-                    report.line(serde_json::json!({
-                        "event": "save", "step": step, "ok": false,
-                        "kind": error_kind(&e), "error": e.to_string(),
-                        "faults": counts(faults.as_ref()),
-                    }));
+                    report.event(Event::Save {
+                        step,
+                        failed: Some(failure(&e)),
+                        faults: counts(faults.as_ref()),
+                    });
                 }
             }
         }
     }
     if let Some(h) = pending.take() {
-        report.line(finish(h, faults.as_ref()).await);
+        report.event(finish(h, faults.as_ref()).await);
     }
     let tmp = a.out.with_extension("tmp");
     {
@@ -386,9 +382,10 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
         f.sync_all()?;
     }
     std::fs::rename(&tmp, &a.out)?;
-    report.line(serde_json::json!({
-        "event": "done", "step": step, "faults": counts(faults.as_ref()),
-    }));
+    report.event(Event::Done {
+        step,
+        faults: counts(faults.as_ref()),
+    });
     println!("done {step}");
     Ok(step)
 }
@@ -396,26 +393,17 @@ async fn train(a: &Args, report: &mut Report, t0: Instant) -> Result<u64> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let t0 = Instant::now();
-    let a = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("fault_victim: {e}");
-            std::process::exit(2);
-        }
-    };
-    let mut report = Report(if a.report.as_os_str().is_empty() {
-        None
-    } else {
+    let mut a = Args::parse();
+    a.every = a.every.max(1);
+    let mut report = Report(a.report.as_ref().and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&a.report)
+            .open(p)
             .ok()
-    });
+    }));
     if let Err(e) = train(&a, &mut report, t0).await {
-        report.line(serde_json::json!({
-            "event": "error", "kind": error_kind(&e), "error": e.to_string(),
-        }));
+        report.event(Event::Error(failure(&e)));
         eprintln!("fault_victim: {e}");
         std::process::exit(1);
     }

@@ -10,12 +10,14 @@
 //! - [`inject`]: damage to objects, a tmpfs filled with ballast, SIGKILL by pid;
 //! - [`oracle`]: the committed checkpoints and which are intact, checked on disk;
 //! - [`victim`]: one supervised start of the tch job (`fault_victim`);
+//! - [`event`]: what the victim reports to the runner, a typed line each;
 //! - [`run`]: a tch run through its failures; [`mpi`]: the MPI kinds;
 //! - [`report`]: per start, per run, the summary and its text.
 //!
 //! The victim is built with `cargo build -p ckpt-eval --features faults` (tch on
 //! the venv's libtorch and ckpt's failpoints: `source scripts/env.sh` first).
 
+pub mod event;
 pub mod inject;
 pub mod mpi;
 pub mod oracle;

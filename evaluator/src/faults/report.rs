@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use serde::Serialize;
+use ckpt_core::store::FaultCounts;
+use serde::{Deserialize, Serialize};
 
 use super::inject::Corruption;
 use super::plan::Kind;
 
 /// A checkpoint `load_latest` skipped.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
     /// Its step.
     pub step: u64,
@@ -55,7 +56,7 @@ pub struct StartRecord {
     /// Saves that failed (step, error).
     pub failed_saves: Vec<(u64, String)>,
     /// Faults the store injected.
-    pub store_faults: Option<serde_json::Value>,
+    pub store_faults: Option<FaultCounts>,
     /// The loaded checkpoint was torn or damaged.
     pub loaded_damaged: bool,
 }
@@ -267,11 +268,14 @@ pub fn summarize(runs: &[RunRecord], seconds: f64, full_disk: &str) -> Summary {
             for (_, e) in &st.failed_saves {
                 bump(&mut s.failed_saves, save_failure_class(e), 1);
             }
-            if let Some(f) = st.store_faults.as_ref().and_then(|f| f.as_object()) {
-                for (k, v) in f {
-                    if k != "ops" {
-                        bump(&mut s.store_faults, k.clone(), v.as_u64().unwrap_or(0));
-                    }
+            if let Some(f) = &st.store_faults {
+                for (k, n) in [
+                    ("errors", f.errors),
+                    ("lost_acks", f.lost_acks),
+                    ("partial", f.partial),
+                    ("timeouts", f.timeouts),
+                ] {
+                    bump(&mut s.store_faults, k, n);
                 }
             }
         }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use ckpt_core::CheckpointId;
 
+use super::event::Event;
 use super::inject::{self, Corruption, Tmpfs};
 use super::oracle::{self, Scan};
 use super::plan::{self, Kind, Rng};
@@ -57,7 +58,7 @@ impl TchCtx {
             &[],
             Stop::Never,
         )
-        .map_err(|e| format!("starting {}: {e}", job.bin.display()))?;
+        .map_err(|e| format!("running {}: {e}", job.bin.display()))?;
         if !o.done {
             return Err(format!(
                 "the failure-free run of seed {seed} did not finish: {}",
@@ -86,38 +87,33 @@ fn check_start(
     let expected = scan.newest_intact().map(|c| c.id.clone());
     st.expected_resume = expected.as_ref().map(|i| i.step);
     st.expected_skipped = scan.must_skip().len();
-    let Some(line) = o.start_line() else {
-        let err = o.report.iter().find(|v| v["event"] == "error");
+    let Some(Event::Start {
+        resumed_from,
+        attempt,
+        load_ms,
+        skipped,
+        ..
+    }) = o.start_event()
+    else {
+        let err = o.error_event();
         match (kind, err) {
             // A start on a faulty store may fail to list or read: it is retried.
             (Some(Kind::StoreFaults), Some(_)) => {}
             _ => problems.push(format!(
                 "a start ended ({}) before reporting where it resumed: {:?}",
                 o.ended(),
-                err.map(|e| e["error"].to_string())
+                err.map(|e| &e.error)
             )),
         }
         return None;
     };
-    let resumed = line["resumed_from"].as_u64().map(|step| CheckpointId {
+    let resumed = resumed_from.map(|step| CheckpointId {
         step,
-        attempt: line["attempt"].as_str().unwrap_or_default().to_owned(),
+        attempt: attempt.clone().unwrap_or_default(),
     });
     st.resumed_from = resumed.as_ref().map(|i| i.step);
-    st.load_ms = line["load_ms"].as_f64();
-    st.skipped = line["skipped"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| Skipped {
-                    step: s["step"].as_u64().unwrap_or(0),
-                    attempt: s["attempt"].as_str().unwrap_or_default().to_owned(),
-                    kind: s["kind"].as_str().unwrap_or_default().to_owned(),
-                    error: s["error"].as_str().unwrap_or_default().to_owned(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    st.load_ms = Some(*load_ms);
+    st.skipped = skipped.clone();
     if let Some(r) = &resumed {
         let c = scan.committed.iter().find(|c| &c.id == r);
         if c.is_none_or(|c| c.damage.is_some()) {
@@ -332,7 +328,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
         let o = match victim::start(&job, &root, &out, &report, &env, &args, stop) {
             Ok(o) => o,
             Err(e) => {
-                rec.problems.push(format!("starting the job: {e}"));
+                rec.problems.push(format!("running the job: {e}"));
                 break;
             }
         };
@@ -347,7 +343,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
             reached: o.reached,
             ended: o.ended(),
             failed_saves: o.failed_saves.clone(),
-            store_faults: o.faults().cloned(),
+            store_faults: o.faults().copied(),
             ..Default::default()
         };
         if o.hung {
@@ -408,17 +404,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
             None => false,
             Some(Kind::Kill) | Some(Kind::Parked) => o.killed,
             Some(Kind::Crash) => o.signal == Some(6),
-            Some(Kind::StoreFaults) => {
-                o.faults()
-                    .map(|f| {
-                        ["errors", "timeouts", "partial", "lost_acks"]
-                            .iter()
-                            .map(|k| f[*k].as_u64().unwrap_or(0))
-                            .sum::<u64>()
-                    })
-                    .unwrap_or(0)
-                    > 0
-            }
+            Some(Kind::StoreFaults) => o.faults().is_some_and(|f| f.total() > 0),
             Some(Kind::DiskFull) => !o.failed_saves.is_empty(),
             Some(_) => false,
         };

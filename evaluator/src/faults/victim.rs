@@ -1,12 +1,16 @@
 //! One start of the victim training job (`fault_victim`), supervised: its stdout
 //! read line by line, SIGKILLed when the plan says, its report lines collected.
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use ckpt_core::store::FaultCounts;
+
+use super::event::{self, Event};
 
 /// The training job every start of a run shares.
 #[derive(Debug, Clone)]
@@ -72,24 +76,31 @@ pub struct StartOut {
     pub in_flight: Option<u64>,
     /// Steps of saves that failed.
     pub failed_saves: Vec<(u64, String)>,
-    /// Report lines this start appended.
-    pub report: Vec<serde_json::Value>,
+    /// The events this start appended to the report.
+    pub report: Vec<Event>,
     /// Ran past the watchdog.
     pub hung: bool,
 }
 
 impl StartOut {
-    /// The `start` report line.
-    pub fn start_line(&self) -> Option<&serde_json::Value> {
-        self.report.iter().find(|v| v["event"] == "start")
+    /// The `start` event.
+    pub fn start_event(&self) -> Option<&Event> {
+        self.report
+            .iter()
+            .find(|e| matches!(e, Event::Start { .. }))
+    }
+
+    /// The `error` event.
+    pub fn error_event(&self) -> Option<&event::Failure> {
+        self.report.iter().find_map(|e| match e {
+            Event::Error(f) => Some(f),
+            _ => None,
+        })
     }
 
     /// The last fault counts reported.
-    pub fn faults(&self) -> Option<&serde_json::Value> {
-        self.report
-            .iter()
-            .rev()
-            .find_map(|v| v.get("faults").filter(|f| f.is_object()))
+    pub fn faults(&self) -> Option<&FaultCounts> {
+        self.report.iter().rev().find_map(Event::faults)
     }
 
     /// How it ended, in words.
@@ -109,7 +120,8 @@ fn step_of(line: &str) -> Option<u64> {
     line.strip_prefix("step ")?.parse().ok()
 }
 
-/// Start the job once on `root` and supervise it.
+/// Start the job once on `root` and supervise it. An error: it could not be
+/// started, or its report has a line that is not an [`Event`].
 pub fn start(
     job: &Job,
     root: &Path,
@@ -230,18 +242,6 @@ pub fn start(
         o.killed = false;
     }
     o.in_flight = if o.done { None } else { open_save };
-    o.report = read_from(report, offset);
+    o.report = event::read_from(report, offset).map_err(std::io::Error::other)?;
     Ok(o)
-}
-
-fn read_from(path: &Path, offset: u64) -> Vec<serde_json::Value> {
-    let mut s = String::new();
-    if let Ok(mut f) = std::fs::File::open(path) {
-        if f.seek(SeekFrom::Start(offset)).is_ok() {
-            let _ = f.read_to_string(&mut s);
-        }
-    }
-    s.lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
