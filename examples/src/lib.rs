@@ -4,6 +4,8 @@
 //!   checkpointing its `VarStore`, its optimizer state, and its position every `k`
 //!   steps; killed at any instant and restarted, it ends with the same weights, bit
 //!   for bit, as a run that was never interrupted (`tests/tch_resume.rs` checks it).
+//!   Its loop (`tch_loop`) takes hooks; the fault campaign's victim in ckpt-eval
+//!   is the same loop with its own.
 //! - `tch_gpu_bench` (feature `torch`): the stall of a GPU save against a plain
 //!   device-to-host copy of the same tensors.
 //!

@@ -1,4 +1,5 @@
-//! The resumable tch training loop behind the `tch_train` example.
+//! The resumable tch training loop behind the `tch_train` example and the fault
+//! campaign's victim (`fault_victim` in ckpt-eval).
 //!
 //! An MLP with dropout learns a fixed random "teacher" function from generated
 //! batches, with [`Adam`] (whose state ckpt can save). Every `every` steps it saves
@@ -7,18 +8,30 @@
 //! at the top of every step), so a killed and restarted run computes exactly what
 //! an uninterrupted one does.
 //!
-//! It prints one line per event, which the crash tests read: `fresh start`,
-//! `resumed from step N`, `step N loss L`, `checkpoint N started`, `done N`.
+//! [`train`] is the plain loop; [`train_with`] runs the same loop with [`Hooks`]:
+//! another model, another checkpointer (a store that injects faults), reports at
+//! each event, and training that goes on when a save fails.
+//!
+//! It prints one line per event, which the crash tests and the fault campaign
+//! read: `fresh start`, `resumed from step N`, `step N loss L`,
+//! `checkpoint N started`, `checkpoint N committed`, `checkpoint N failed: ...`,
+//! `done N`.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use ckpt_core::torch::tch::nn::{self, ModuleT};
 use ckpt_core::torch::tch::{self, Device, Kind, Tensor};
 use ckpt_core::torch::{restore, rng, Adam, AdamConfig, TorchCapture};
-use ckpt_core::{Error, Result, Retention, SaveHandle, SnapshotMode, Value};
+use ckpt_core::{
+    Checkpointer, CheckpointerBuilder, Error, Loaded, Result, Retention, SaveHandle, SnapshotMode,
+    Value,
+};
 
-const INPUTS: i64 = 32;
-const HIDDEN: i64 = 128;
+/// Features of an input.
+pub const INPUTS: i64 = 32;
+/// Width of the hidden layers of the default model.
+pub const HIDDEN: i64 = 128;
 const OUTPUTS: i64 = 8;
 const BATCH: i64 = 64;
 
@@ -52,15 +65,87 @@ pub struct Outcome {
     pub finished_at: u64,
 }
 
-fn model(p: &nn::Path) -> impl ModuleT {
+/// `cpu` or `cuda` (device 0), as the command lines spell them.
+pub fn parse_device(name: &str) -> std::result::Result<Device, String> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::Cuda(0)),
+        other => Err(format!("unknown device {other} (cpu or cuda)")),
+    }
+}
+
+/// The MLP: `INPUTS` -> `hidden` -> dropout -> `hidden` -> `OUTPUTS`, ReLUs
+/// between, its variables under `p`.
+pub fn mlp(p: &nn::Path, hidden: i64) -> nn::SequentialT {
     nn::seq_t()
-        .add(nn::linear(p / "l1", INPUTS, HIDDEN, Default::default()))
+        .add(nn::linear(p / "l1", INPUTS, hidden, Default::default()))
         .add_fn(|x| x.relu())
         .add_fn_t(|x, train| x.dropout(0.1, train))
-        .add(nn::linear(p / "l2", HIDDEN, HIDDEN, Default::default()))
+        .add(nn::linear(p / "l2", hidden, hidden, Default::default()))
         .add_fn(|x| x.relu())
-        .add(nn::linear(p / "l3", HIDDEN, OUTPUTS, Default::default()))
+        .add(nn::linear(p / "l3", hidden, OUTPUTS, Default::default()))
 }
+
+/// What a job built on the loop adds to it. Every method has a default, and the
+/// defaults are the plain loop of [`train`].
+#[allow(async_fn_in_trait)]
+pub trait Hooks {
+    /// The model, built right after its `VarStore` (torch's generator is seeded
+    /// with the run's seed): what it draws from the generator, in the same order
+    /// in every process, is its initial weights. Default: [`mlp`] of [`HIDDEN`].
+    fn model(&mut self, vs: &nn::VarStore, cfg: &TrainConfig) -> Result<nn::SequentialT> {
+        let _ = cfg;
+        Ok(mlp(&vs.root(), HIDDEN))
+    }
+
+    /// The checkpointer's builder; the loop sets retention (`keep`) and the
+    /// snapshot mode on it. Default: `ckpt_formats::builder(root)`.
+    fn checkpointer(&mut self, cfg: &TrainConfig) -> Result<CheckpointerBuilder> {
+        Ok(ckpt_formats::builder(cfg.root.clone()))
+    }
+
+    /// After `load_latest` (which took `load_ms`): what it loaded, already
+    /// restored, or `None` for a fresh start. An error stops the job.
+    async fn loaded(
+        &mut self,
+        cp: &Checkpointer,
+        loaded: Option<&Loaded>,
+        load_ms: f64,
+    ) -> Result<()> {
+        let _ = (cp, loaded, load_ms);
+        Ok(())
+    }
+
+    /// After each optimizer step.
+    fn stepped(&mut self, step: u64) {
+        let _ = step;
+    }
+
+    /// The snapshot of the save in flight failed. Default: stop with its error;
+    /// `Ok` goes on, and the save's error comes to [`Hooks::save_ended`].
+    fn snapshot_failed(&mut self, step: u64, e: Error) -> Result<()> {
+        let _ = step;
+        Err(e)
+    }
+
+    /// A save ended: `Ok`, committed. Default: a failed save stops the job with
+    /// its error; `Ok` goes on without that checkpoint.
+    fn save_ended(&mut self, step: u64, result: Result<()>) -> Result<()> {
+        let _ = step;
+        result
+    }
+
+    /// Training is done and the final weights are written.
+    fn done(&mut self, step: u64) {
+        let _ = step;
+    }
+}
+
+/// The plain loop's hooks: every default.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Plain;
+
+impl Hooks for Plain {}
 
 fn capture(vs: &nn::VarStore, opt: &Adam, step: u64, seed: u64) -> Result<TorchCapture> {
     let mut cap = TorchCapture::new();
@@ -71,8 +156,28 @@ fn capture(vs: &nn::VarStore, opt: &Adam, step: u64, seed: u64) -> Result<TorchC
     Ok(cap)
 }
 
+/// Print how the save of `step` ended and hand it to the hooks.
+fn end_save(hooks: &mut impl Hooks, step: u64, result: Result<()>) -> Result<()> {
+    match &result {
+        Ok(()) => println!("checkpoint {step} committed"),
+        Err(e) => println!("checkpoint {step} failed: {e}"),
+    }
+    hooks.save_ended(step, result)
+}
+
+async fn finish(hooks: &mut impl Hooks, h: SaveHandle) -> Result<()> {
+    let step = h.id().step;
+    let result = h.wait().await.map(drop);
+    end_save(hooks, step, result)
+}
+
 /// Train, resuming from the newest checkpoint under `cfg.root` if there is one.
 pub async fn train(cfg: &TrainConfig) -> Result<Outcome> {
+    train_with(cfg, &mut Plain).await
+}
+
+/// [`train`] with `hooks`.
+pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Outcome> {
     if cfg.every == 0 {
         return Err(Error::InvalidInput("--every must be at least 1".into()));
     }
@@ -80,7 +185,7 @@ pub async fn train(cfg: &TrainConfig) -> Result<Outcome> {
     tch::set_num_threads(1);
     tch::manual_seed(cfg.seed as i64);
     let mut vs = nn::VarStore::new(cfg.device);
-    let net = model(&vs.root());
+    let net = hooks.model(&vs, cfg)?;
     let mut opt = Adam::new(
         &vs,
         AdamConfig {
@@ -94,34 +199,38 @@ pub async fn train(cfg: &TrainConfig) -> Result<Outcome> {
     let teacher =
         Tensor::randn([INPUTS, OUTPUTS], (Kind::Float, Device::Cpu)).to_device(cfg.device);
 
-    let mut builder =
-        ckpt_formats::builder(cfg.root.clone()).retention(Retention::keep_last(cfg.keep));
+    let mut builder = hooks
+        .checkpointer(cfg)?
+        .retention(Retention::keep_last(cfg.keep));
     if cfg.lazy {
         builder = builder.snapshot(SnapshotMode::Lazy);
     }
     let cp = builder.build().await?;
 
     let mut step = 0u64;
-    let mut resumed_from = None;
-    match cp.load_latest().await? {
-        Some(loaded) => {
-            let meta = &loaded.state.meta;
-            if meta.get("seed").and_then(Value::as_int) != Some(cfg.seed as i64) {
-                return Err(Error::InvalidInput(format!(
-                    "the checkpoint under {} belongs to a run with another seed",
-                    cfg.root
-                )));
-            }
-            step = meta
-                .get("step")
-                .and_then(Value::as_int)
-                .and_then(|s| u64::try_from(s).ok())
-                .ok_or_else(|| Error::InvalidInput("checkpoint without a step".into()))?;
-            restore::var_store(&mut vs, &loaded.state, "model/")?;
-            opt.restore("optim/", &loaded.state)?;
-            resumed_from = Some(step);
-            println!("resumed from step {step}");
+    let t_load = Instant::now();
+    let loaded = cp.load_latest().await?;
+    let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
+    if let Some(loaded) = &loaded {
+        let meta = &loaded.state.meta;
+        if meta.get("seed").and_then(Value::as_int) != Some(cfg.seed as i64) {
+            return Err(Error::InvalidInput(format!(
+                "the checkpoint under {} belongs to a run with another seed",
+                cfg.root
+            )));
         }
+        step = meta
+            .get("step")
+            .and_then(Value::as_int)
+            .and_then(|s| u64::try_from(s).ok())
+            .ok_or_else(|| Error::InvalidInput("checkpoint without a step".into()))?;
+        restore::var_store(&mut vs, &loaded.state, "model/")?;
+        opt.restore("optim/", &loaded.state)?;
+    }
+    hooks.loaded(&cp, loaded.as_ref(), load_ms).await?;
+    let resumed_from = loaded.map(|_| step);
+    match resumed_from {
+        Some(step) => println!("resumed from step {step}"),
         None => println!("fresh start"),
     }
 
@@ -135,25 +244,34 @@ pub async fn train(cfg: &TrainConfig) -> Result<Outcome> {
         loss.backward();
         if let Some(h) = &pending {
             // The snapshot must be complete before the step mutates what it copies.
-            h.wait_snapshot().await?;
+            if let Err(e) = h.wait_snapshot().await {
+                hooks.snapshot_failed(h.id().step, e)?;
+            }
         }
         opt.step()?;
         step += 1;
         println!("step {step} loss {:.6}", loss.double_value(&[]));
+        hooks.stepped(step);
         if step % cfg.every == 0 {
             if let Some(h) = pending.take() {
-                h.wait().await?;
+                finish(hooks, h).await?;
             }
-            pending = Some(cp.save(step, capture(&vs, &opt, step, cfg.seed)?).await?);
-            println!("checkpoint {step} started");
+            match cp.save(step, capture(&vs, &opt, step, cfg.seed)?).await {
+                Ok(h) => {
+                    println!("checkpoint {step} started");
+                    pending = Some(h);
+                }
+                Err(e) => end_save(hooks, step, Err(e))?,
+            }
         }
     }
     if let Some(h) = pending.take() {
-        h.wait().await?;
+        finish(hooks, h).await?;
     }
     if let Some(out) = &cfg.out {
         crate::weights::write(&vs, out)?;
     }
+    hooks.done(step);
     println!("done {step}");
     Ok(Outcome {
         resumed_from,

@@ -34,7 +34,7 @@ pub struct Job {
 pub enum Stop {
     /// Never: let it finish (or die by itself).
     Never,
-    /// After the line `step N` with N >= `step`, plus `delay_us`.
+    /// After the line `step N ...` with N >= `step`, plus `delay_us`.
     AtStep {
         /// The step.
         step: u64,
@@ -116,8 +116,9 @@ impl StartOut {
     }
 }
 
+/// N of the line `step N loss L`.
 fn step_of(line: &str) -> Option<u64> {
-    line.strip_prefix("step ")?.parse().ok()
+    line.strip_prefix("step ")?.split(' ').next()?.parse().ok()
 }
 
 /// Start the job once on `root` and supervise it. An error: it could not be

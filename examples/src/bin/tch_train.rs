@@ -6,59 +6,55 @@
 //!           [--eager] [--keep 2] [--out WEIGHTS]
 //! ```
 
-use ckpt_core::torch::tch::Device;
-use ckpt_examples::tch_loop::{train, TrainConfig};
+use std::path::PathBuf;
 
-fn parse() -> Result<TrainConfig, String> {
-    let mut cfg = TrainConfig {
-        root: String::new(),
-        steps: 60,
-        every: 5,
-        seed: 1,
-        device: Device::Cpu,
-        lazy: true,
-        keep: 2,
-        out: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--eager" {
-            cfg.lazy = false;
-            continue;
-        }
-        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}"));
-        match flag.as_str() {
-            "--root" => cfg.root = value,
-            "--steps" => cfg.steps = num(&value)?,
-            "--every" => cfg.every = num(&value)?,
-            "--seed" => cfg.seed = num(&value)?,
-            "--keep" => cfg.keep = num(&value)? as usize,
-            "--out" => cfg.out = Some(value.into()),
-            "--device" => {
-                cfg.device = match value.as_str() {
-                    "cpu" => Device::Cpu,
-                    "cuda" => Device::Cuda(0),
-                    other => return Err(format!("unknown device {other} (cpu or cuda)")),
-                }
-            }
-            other => return Err(format!("unknown flag {other}")),
-        }
-    }
-    if cfg.root.is_empty() {
-        return Err("--root DIR is required".into());
-    }
-    Ok(cfg)
+use clap::Parser;
+
+use ckpt_core::torch::tch::Device;
+use ckpt_examples::tch_loop::{parse_device, train, TrainConfig};
+
+/// Train a small MLP with tch, checkpointing and resuming.
+#[derive(Parser, Debug)]
+#[command(name = "tch_train")]
+struct Args {
+    /// Checkpoint root (a directory or a URL).
+    #[arg(long)]
+    root: String,
+    /// Train until this many steps are done.
+    #[arg(long, default_value_t = 60)]
+    steps: u64,
+    /// Checkpoint every this many steps.
+    #[arg(long, default_value_t = 5)]
+    every: u64,
+    /// The run's seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// `cpu` or `cuda`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: Device,
+    /// Eager snapshots (the default is lazy).
+    #[arg(long)]
+    eager: bool,
+    /// Checkpoints to keep.
+    #[arg(long, default_value_t = 2)]
+    keep: usize,
+    /// Where to write the final weights.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let cfg = match parse() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("tch_train: {e}");
-            std::process::exit(2);
-        }
+    let a = Args::parse();
+    let cfg = TrainConfig {
+        root: a.root,
+        steps: a.steps,
+        every: a.every,
+        seed: a.seed,
+        device: a.device,
+        lazy: !a.eager,
+        keep: a.keep,
+        out: a.out,
     };
     if let Err(e) = train(&cfg).await {
         eprintln!("tch_train: {e}");
