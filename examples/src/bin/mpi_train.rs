@@ -14,8 +14,11 @@
 //! newest intact checkpoint. `--die-at STEP --die-rank R` makes rank R abort at the
 //! start of that step (before its save), as a crash would.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+use clap::Parser;
 
 use ckpt_core::coord::MpiCoordinator;
 use ckpt_core::{Coordinator, DType, State, Tensor, Value};
@@ -24,10 +27,28 @@ const IN: usize = 64;
 const OUT: usize = 16;
 const BATCH: usize = 32;
 
-fn arg(args: &[String], flag: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1).cloned())
+/// Data-parallel training under mpirun that checkpoints and resumes.
+#[derive(Parser, Debug)]
+#[command(name = "mpi_train")]
+struct Args {
+    /// Checkpoint root directory.
+    #[arg(long)]
+    root: String,
+    /// Train until this many steps are done.
+    #[arg(long, default_value_t = 40)]
+    steps: u64,
+    /// Checkpoint every this many steps.
+    #[arg(long, default_value_t = 5)]
+    every: u64,
+    /// Rank `--die-rank` aborts at the start of this step.
+    #[arg(long)]
+    die_at: Option<u64>,
+    /// The rank that dies at `--die-at`.
+    #[arg(long, default_value_t = 0)]
+    die_rank: usize,
+    /// Rank 0 writes the final weights here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 /// A deterministic pseudo-random f32 in [-1, 1) from a seed.
@@ -71,20 +92,18 @@ fn from_bytes(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
-async fn train(coord: Arc<MpiCoordinator>, args: &[String]) -> Result<(), String> {
+async fn train(coord: Arc<MpiCoordinator>, args: &Args) -> Result<(), String> {
     let rank = coord.rank();
     let world = coord.world_size();
-    let root = arg(args, "--root").ok_or("--root DIR is required")?;
-    let steps: u64 = arg(args, "--steps")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(40);
-    let every: u64 = arg(args, "--every")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
-    let die_at: Option<u64> = arg(args, "--die-at").and_then(|s| s.parse().ok());
-    let die_rank: usize = arg(args, "--die-rank")
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let Args {
+        root,
+        steps,
+        every,
+        die_at,
+        die_rank,
+        ..
+    } = args;
+    let (steps, every, die_at, die_rank) = (*steps, *every, *die_at, *die_rank);
     let timeout = Duration::from_secs(30);
     let opts = ckpt_core::CheckpointerOptions {
         collective_timeout: timeout,
@@ -172,8 +191,8 @@ async fn train(coord: Arc<MpiCoordinator>, args: &[String]) -> Result<(), String
         }
     }
     if rank == 0 {
-        if let Some(out) = arg(args, "--out") {
-            std::fs::write(&out, to_bytes(&w)).map_err(|e| e.to_string())?;
+        if let Some(out) = &args.out {
+            std::fs::write(out, to_bytes(&w)).map_err(|e| e.to_string())?;
         }
         let loss: f32 = w
             .iter()
@@ -186,7 +205,7 @@ async fn train(coord: Arc<MpiCoordinator>, args: &[String]) -> Result<(), String
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
+    let args = Args::parse();
     let coord = MpiCoordinator::init().expect("MPI init");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
