@@ -205,11 +205,12 @@ pub fn rank_kill(bin: &Path, work: &Path, index: usize, rng: &mut Rng) -> RunRec
             return rec;
         }
     }
-    // Slow every object write down a little so the kill lands inside the save.
-    // The sleep waits on the timer, so the 8 writes in flight sleep together:
-    // 48 ms each is the save length that 12 ms gave when each sleep blocked one
-    // of the rank's 2 worker threads.
-    let mut cmd = mpirun(n, bin, &token, "save.mid_data=sleep(48)");
+    // Hold each rank's first durable object for 600 ms: the kill's clock starts
+    // when the first object is durable and its delay is under 500 ms, so the
+    // kill lands inside the save whatever the number of objects and however
+    // fast the disk (a per-object slowdown made the save's length depend on
+    // both, and a fast save ended before a late kill).
+    let mut cmd = mpirun(n, bin, &token, "save.mid_data=1*sleep(600)");
     cmd.args(["save", &url, "2", "--timeout-s", "20"]);
     let (out, phase, sent) = match kill_rank(cmd, &token, rank, delay, &dir, true) {
         Ok(x) => x,
