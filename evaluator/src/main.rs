@@ -113,6 +113,10 @@ struct Cli {
     /// Python: training steps between checkpoints in the training loop.
     #[arg(long, global = true, default_value_t = 4)]
     python_every: usize,
+    /// S3: root URL (`s3://bucket/prefix`, credentials from the AWS_* variables);
+    /// without it the S3 experiment is left out.
+    #[arg(long, global = true, env = "CKPT_EVAL_S3_URL")]
+    s3_url: Option<String>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -144,6 +148,8 @@ enum Cmd {
     /// A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside torch.save,
     /// safetensors, dcp and torch-checkpointing, and real training loops.
     Python,
+    /// Save and load on S3 beside a plain multipart upload and ranged download (needs --s3-url).
+    S3,
 }
 
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
@@ -174,6 +180,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         Some(Cmd::Scale) => (vec![Experiment::Scale], 0, 0),
         Some(Cmd::Sharded) => (vec![Experiment::Sharded], 0, 0),
         Some(Cmd::Python) => (vec![Experiment::Python], 0, 0),
+        Some(Cmd::S3) => (vec![Experiment::S3], 0, 0),
         Some(Cmd::Interval) => (
             vec![
                 Experiment::Formats,
@@ -224,6 +231,7 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         python_repeats: cli.python_repeats.max(1),
         python_rounds: cli.python_rounds.max(1),
         python_every: cli.python_every.max(1),
+        s3_url: cli.s3_url.clone(),
     };
     let started = std::time::Instant::now();
     let results = ckpt_eval::suite::run(&ctx, &cfg).await?;

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use crate::experiments::engine::EngineResults;
 use crate::experiments::pytrain::{PyMethodRow, PyTrainResults};
+use crate::experiments::s3::S3Results;
 use crate::experiments::sharded::{ShardedResults, ShardedRow};
 use crate::limits::Limits;
 use crate::plot::{Bar, Chart};
@@ -306,6 +307,9 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
         }
         out.push(t);
     }
+    if let Some(s3) = &r.s3 {
+        out.extend(s3_tables(s3));
+    }
     if let Some(sh) = &r.sharded {
         out.extend(sharded_tables(sh));
     }
@@ -317,6 +321,47 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
 
 fn opt_secs(s: Option<&Summary>) -> String {
     s.map_or_else(String::new, secs)
+}
+
+/// The S3 experiment: ckpt beside the plain transfers, then its targets.
+pub fn s3_tables(s: &S3Results) -> Vec<Table> {
+    let mut t = Table::new(
+        "s3",
+        format!(
+            "S3 ({}): {} MiB in {} tensors; median [min-max] of {} runs; baseline = one object by object_store, {} parts of 16 MiB in flight up, {} ranged GETs in flight down; ckpt = until committed, and load_latest with a fresh checkpointer",
+            s.endpoint,
+            mib(s.state_bytes as f64),
+            s.tensors,
+            s.rows.first().map_or(0, |x| x.save_s.n),
+            s.write_concurrency,
+            s.read_concurrency
+        ),
+        &["method", "save s", "load s", "save GB/s", "load GB/s", "objects/save"],
+    );
+    for x in &s.rows {
+        t.rows.push(vec![
+            x.name.clone(),
+            secs(&x.save_s),
+            secs(&x.load_s),
+            format!("{:.2}", x.save_gbps),
+            format!("{:.2}", x.load_gbps),
+            x.objects.to_string(),
+        ]);
+    }
+    let mut g = Table::new(
+        "s3_targets",
+        "S3: targets, ratios of medians in the same run (reported, not asserted)".into(),
+        &["target", "ratio", "bound", "met"],
+    );
+    for x in &s.targets {
+        g.rows.push(vec![
+            x.what.clone(),
+            format!("{:.3}", x.ratio),
+            format!("{:.2}", x.bound),
+            if x.met { "met" } else { "not met" }.into(),
+        ]);
+    }
+    vec![t, g]
 }
 
 /// The Python experiment: saves and loads per method, its floors, the

@@ -12,6 +12,7 @@ use crate::experiments::interference::{InterferenceBench, InterferenceResults};
 use crate::experiments::interval::{IntervalBench, IntervalResults};
 use crate::experiments::overhead::{OverheadBench, OverheadResults};
 use crate::experiments::pytrain::{PyTrainBench, PyTrainResults};
+use crate::experiments::s3::{S3Bench, S3Results};
 use crate::experiments::scale::{ScaleBench, ScaleResults};
 use crate::experiments::sharded::{ShardedBench, ShardedResults};
 use crate::experiments::{BoxError, Ctx};
@@ -40,11 +41,13 @@ pub enum Experiment {
     /// A GPT-2-shaped PyTorch model and AdamW through ckpt's Python API beside
     /// torch.save, safetensors, DCP and torch-checkpointing; real training loops.
     Python,
+    /// Save and load on an S3 server beside plain multipart and ranged transfers.
+    S3,
 }
 
 impl Experiment {
     /// Every experiment of the default suite, in order.
-    pub const ALL: [Experiment; 9] = [
+    pub const ALL: [Experiment; 10] = [
         Experiment::Engine,
         Experiment::Formats,
         Experiment::Overhead,
@@ -54,6 +57,7 @@ impl Experiment {
         Experiment::Scale,
         Experiment::Sharded,
         Experiment::Python,
+        Experiment::S3,
     ];
 }
 
@@ -114,6 +118,8 @@ pub struct SuiteConfig {
     pub python_rounds: usize,
     /// Python experiment: training steps between checkpoints in the loop.
     pub python_every: usize,
+    /// Root URL of the S3 experiment (`s3://bucket/prefix`); none: not run.
+    pub s3_url: Option<String>,
 }
 
 /// Everything a suite run measured.
@@ -145,6 +151,8 @@ pub struct SuiteResults {
     pub sharded: Option<ShardedResults>,
     /// A PyTorch model and its training loop, from Python.
     pub python: Option<PyTrainResults>,
+    /// S3 against its own baseline.
+    pub s3: Option<S3Results>,
     /// Experiments that failed, with the error.
     pub errors: Vec<(String, String)>,
     /// Experiments of the issue that are not in this suite, and why.
@@ -344,6 +352,23 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         .build()?;
         let out = bench.run(ctx, &small).await;
         r.interference = record(&mut r, "interference", t, out);
+    }
+    if has(Experiment::S3) {
+        match crate::experiments::s3::unavailable(cfg.s3_url.as_deref()) {
+            None => {
+                let t = Instant::now();
+                let bench = S3Bench {
+                    url: cfg.s3_url.clone().unwrap_or_default(),
+                    repeats: ctx.repeats,
+                };
+                let out = bench.run(&state).await;
+                r.s3 = record(&mut r, "s3", t, out);
+            }
+            Some(why) => {
+                eprintln!("s3: skipped: {why}");
+                r.not_included.push(("s3".into(), why));
+            }
+        }
     }
     if has(Experiment::Interval) {
         if let Some(o) = &r.overhead {
