@@ -379,6 +379,7 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         python_repeats: 1,
         python_rounds: 1,
         python_every: 1,
+        s3_url: None,
     };
     // The scale experiment needs the mpirun rank program (feature `mpi`).
     let cfg = if cfg!(feature = "mpi") {

@@ -19,7 +19,10 @@ fn s3_root() -> Option<String> {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos();
-    Some(format!("s3://{bucket}/eval-s3-{}-{stamp}", std::process::id()))
+    Some(format!(
+        "s3://{bucket}/eval-s3-{}-{stamp}",
+        std::process::id()
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +38,11 @@ async fn the_s3_experiment_measures_ckpt_beside_the_plain_transfers() {
     let names: Vec<&str> = res.rows.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(
         names,
-        ["object_store multipart / ranged", "ckpt native", "ckpt safetensors"]
+        [
+            "object_store multipart / ranged",
+            "ckpt native",
+            "ckpt safetensors"
+        ]
     );
     assert_eq!(res.state_bytes, state.nbytes());
     for r in &res.rows {

@@ -147,7 +147,9 @@ impl S3Bench {
             for tensor in &state.tensors {
                 let n = tensor.data.len();
                 if whole.get(at..at + n) != Some(tensor.data.as_ref()) {
-                    return Err(format!("baseline: tensor {} read back differently", tensor.name).into());
+                    return Err(
+                        format!("baseline: tensor {} read back differently", tensor.name).into(),
+                    );
                 }
                 at += n;
             }
@@ -170,7 +172,10 @@ impl S3Bench {
                 drop(cp);
                 let cp = ckpt_formats::builder(url.as_str()).build().await?;
                 let t = Instant::now();
-                let loaded = cp.load_latest().await?.ok_or("checkpoint not found on S3")?;
+                let loaded = cp
+                    .load_latest()
+                    .await?
+                    .ok_or("checkpoint not found on S3")?;
                 load.push(t.elapsed().as_secs_f64());
                 if loaded.state.tensors != state.tensors {
                     return Err(format!("ckpt {fmt}: loaded tensors differ on S3").into());
