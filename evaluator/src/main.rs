@@ -92,6 +92,31 @@ struct Cli {
     /// Sharded: timed saves and loads per method (after one untimed warm-up save).
     #[arg(long, global = true, default_value_t = 2)]
     sharded_repeats: usize,
+    /// Python: transformer blocks of the GPT-2-shaped model (GPT-2's vocabulary).
+    #[arg(long, global = true, default_value_t = 6)]
+    python_layers: usize,
+    /// Python: embedding width of the model (heads of 64).
+    #[arg(long, global = true, default_value_t = 384)]
+    python_width: usize,
+    /// Python: tokens per sequence (also the context length).
+    #[arg(long, global = true, default_value_t = 128)]
+    python_seq: usize,
+    /// Python: sequences per training step.
+    #[arg(long, global = true, default_value_t = 1)]
+    python_batch: usize,
+    /// Python: timed saves and loads per method.
+    #[arg(long, global = true, default_value_t = 2)]
+    python_repeats: usize,
+    /// Python: checkpoints per method in the training loop.
+    #[arg(long, global = true, default_value_t = 3)]
+    python_rounds: usize,
+    /// Python: training steps between checkpoints in the training loop.
+    #[arg(long, global = true, default_value_t = 4)]
+    python_every: usize,
+    /// S3: root URL (`s3://bucket/prefix`, credentials from the AWS_* variables);
+    /// without it the S3 experiment is left out.
+    #[arg(long, global = true, env = "CKPT_EVAL_S3_URL")]
+    s3_url: Option<String>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -120,6 +145,11 @@ enum Cmd {
     Scale,
     /// FSDP2 state on 2 and 4 ranks (torchrun): ckpt beside dcp and torch-checkpointing.
     Sharded,
+    /// A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside torch.save,
+    /// safetensors, dcp and torch-checkpointing, and real training loops.
+    Python,
+    /// Save and load on S3 beside a plain multipart upload and ranged download (needs --s3-url).
+    S3,
 }
 
 fn run_dir(out: &std::path::Path) -> std::io::Result<PathBuf> {
@@ -149,6 +179,8 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         Some(Cmd::Interference) => (vec![Experiment::Interference], 0, 0),
         Some(Cmd::Scale) => (vec![Experiment::Scale], 0, 0),
         Some(Cmd::Sharded) => (vec![Experiment::Sharded], 0, 0),
+        Some(Cmd::Python) => (vec![Experiment::Python], 0, 0),
+        Some(Cmd::S3) => (vec![Experiment::S3], 0, 0),
         Some(Cmd::Interval) => (
             vec![
                 Experiment::Formats,
@@ -192,6 +224,14 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
         sharded_ranks: cli.sharded_ranks.clone(),
         sharded_mib: cli.sharded_mib,
         sharded_repeats: cli.sharded_repeats.max(1),
+        python_layers: cli.python_layers.max(1),
+        python_width: cli.python_width.max(64),
+        python_seq: cli.python_seq.max(2),
+        python_batch: cli.python_batch.max(1),
+        python_repeats: cli.python_repeats.max(1),
+        python_rounds: cli.python_rounds.max(1),
+        python_every: cli.python_every.max(1),
+        s3_url: cli.s3_url.clone(),
     };
     let started = std::time::Instant::now();
     let results = ckpt_eval::suite::run(&ctx, &cfg).await?;

@@ -11,6 +11,8 @@ use crate::experiments::formats::{FormatResults, FormatsBench};
 use crate::experiments::interference::{InterferenceBench, InterferenceResults};
 use crate::experiments::interval::{IntervalBench, IntervalResults};
 use crate::experiments::overhead::{OverheadBench, OverheadResults};
+use crate::experiments::pytrain::{PyTrainBench, PyTrainResults};
+use crate::experiments::s3::{S3Bench, S3Results};
 use crate::experiments::scale::{ScaleBench, ScaleResults};
 use crate::experiments::sharded::{ShardedBench, ShardedResults};
 use crate::experiments::{BoxError, Ctx};
@@ -36,11 +38,16 @@ pub enum Experiment {
     Scale,
     /// FSDP2 state on 2 and 4 ranks under torchrun: ckpt beside DCP and torch-checkpointing.
     Sharded,
+    /// A GPT-2-shaped PyTorch model and AdamW through ckpt's Python API beside
+    /// torch.save, safetensors, DCP and torch-checkpointing; real training loops.
+    Python,
+    /// Save and load on an S3 server beside plain multipart and ranged transfers.
+    S3,
 }
 
 impl Experiment {
     /// Every experiment of the default suite, in order.
-    pub const ALL: [Experiment; 8] = [
+    pub const ALL: [Experiment; 10] = [
         Experiment::Engine,
         Experiment::Formats,
         Experiment::Overhead,
@@ -49,6 +56,8 @@ impl Experiment {
         Experiment::Interval,
         Experiment::Scale,
         Experiment::Sharded,
+        Experiment::Python,
+        Experiment::S3,
     ];
 }
 
@@ -95,6 +104,22 @@ pub struct SuiteConfig {
     pub sharded_mib: f64,
     /// Timed saves and loads per method in the sharded experiment.
     pub sharded_repeats: usize,
+    /// Python experiment: transformer blocks of the GPT-2-shaped model.
+    pub python_layers: usize,
+    /// Python experiment: embedding width.
+    pub python_width: usize,
+    /// Python experiment: tokens per sequence (and context length).
+    pub python_seq: usize,
+    /// Python experiment: sequences per training step.
+    pub python_batch: usize,
+    /// Python experiment: timed saves and loads per method.
+    pub python_repeats: usize,
+    /// Python experiment: checkpoints per method in the training loop.
+    pub python_rounds: usize,
+    /// Python experiment: training steps between checkpoints in the loop.
+    pub python_every: usize,
+    /// Root URL of the S3 experiment (`s3://bucket/prefix`); none: not run.
+    pub s3_url: Option<String>,
 }
 
 /// Everything a suite run measured.
@@ -124,6 +149,10 @@ pub struct SuiteResults {
     pub scale: Option<ScaleResults>,
     /// Sharded (FSDP2) state.
     pub sharded: Option<ShardedResults>,
+    /// A PyTorch model and its training loop, from Python.
+    pub python: Option<PyTrainResults>,
+    /// S3 against its own baseline.
+    pub s3: Option<S3Results>,
     /// Experiments that failed, with the error.
     pub errors: Vec<(String, String)>,
     /// Experiments of the issue that are not in this suite, and why.
@@ -213,10 +242,41 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
             }
         }
     }
+    if has(Experiment::Python) {
+        match (
+            &ctx.python,
+            crate::experiments::pytrain::unavailable(ctx.python.as_deref()),
+        ) {
+            (Some(py), None) => {
+                let t = Instant::now();
+                eprintln!(
+                    "python: GPT-2-shaped model, {} layers of width {}, plus AdamW",
+                    cfg.python_layers, cfg.python_width
+                );
+                let bench = PyTrainBench {
+                    layers: cfg.python_layers,
+                    width: cfg.python_width,
+                    seq: cfg.python_seq,
+                    batch: cfg.python_batch,
+                    repeats: cfg.python_repeats,
+                    rounds: cfg.python_rounds,
+                    every: cfg.python_every,
+                    timeout: Duration::from_secs(600),
+                };
+                let out = bench.run(ctx, py);
+                r.python = record(&mut r, "python", t, out);
+            }
+            (_, why) => {
+                let why = why.unwrap_or_default();
+                eprintln!("python: skipped: {why}");
+                r.not_included.push(("python".into(), why));
+            }
+        }
+    }
     let needs_state = cfg.experiments.iter().any(|e| {
         !matches!(
             e,
-            Experiment::Engine | Experiment::Scale | Experiment::Sharded
+            Experiment::Engine | Experiment::Scale | Experiment::Sharded | Experiment::Python
         )
     });
     if !needs_state {
@@ -292,6 +352,23 @@ pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError>
         .build()?;
         let out = bench.run(ctx, &small).await;
         r.interference = record(&mut r, "interference", t, out);
+    }
+    if has(Experiment::S3) {
+        match crate::experiments::s3::unavailable(cfg.s3_url.as_deref()) {
+            None => {
+                let t = Instant::now();
+                let bench = S3Bench {
+                    url: cfg.s3_url.clone().unwrap_or_default(),
+                    repeats: ctx.repeats,
+                };
+                let out = bench.run(&state).await;
+                r.s3 = record(&mut r, "s3", t, out);
+            }
+            Some(why) => {
+                eprintln!("s3: skipped: {why}");
+                r.not_included.push(("s3".into(), why));
+            }
+        }
     }
     if has(Experiment::Interval) {
         if let Some(o) = &r.overhead {

@@ -10,6 +10,7 @@ use ckpt_eval::experiments::formats::FormatsBench;
 use ckpt_eval::experiments::interference::InterferenceBench;
 use ckpt_eval::experiments::interval::IntervalBench;
 use ckpt_eval::experiments::overhead::OverheadBench;
+use ckpt_eval::experiments::pytrain::PyTrainBench;
 use ckpt_eval::experiments::sharded::ShardedBench;
 use ckpt_eval::experiments::Ctx;
 use ckpt_eval::limits::Limits;
@@ -270,6 +271,80 @@ fn sharded_rows_for_every_method_on_two_ranks() {
     }
 }
 
+#[test]
+fn python_rows_for_every_method_and_the_training_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let why = ckpt_eval::experiments::pytrain::unavailable(c.python.as_deref());
+    let Some(py) = c.python.clone().filter(|_| why.is_none()) else {
+        assert!(why.is_some(), "a reason is given when it cannot run");
+        return;
+    };
+    let bench = PyTrainBench {
+        layers: 1,
+        width: 64,
+        seq: 16,
+        batch: 1,
+        repeats: 1,
+        rounds: 1,
+        every: 1,
+        timeout: Duration::from_secs(300),
+    };
+    let r = bench.run(&c, &py).unwrap();
+    assert!(
+        r.state_bytes > 3 * 4 * r.params / 2 && r.tensors > 10,
+        "{r:?}"
+    );
+    assert!(r.floors.memcpy_s > 0.0 && r.floors.write_fsync_s > 0.0 && r.floors.read_cold_s > 0.0);
+    let names: Vec<&str> = r.methods.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "ckpt eager",
+            "ckpt lazy",
+            "torch.save",
+            "safetensors",
+            "dcp.save",
+            "dcp.async_save",
+            "torch-checkpointing"
+        ]
+    );
+    for x in &r.methods {
+        if x.name.starts_with("ckpt") || x.name.starts_with("dcp") || x.name == "torch.save" {
+            assert!(x.skipped.is_none(), "{}: {:?}", x.name, x.skipped);
+        }
+        if x.skipped.is_some() {
+            continue;
+        }
+        let (stall, durable) = (x.stall_s.as_ref().unwrap(), x.durable_s.as_ref().unwrap());
+        well_formed(stall, 1);
+        well_formed(durable, 1);
+        assert!(stall.median <= durable.median + 1e-9, "{}", x.name);
+        // One load per file format: ckpt lazy and dcp.async_save share another's.
+        let loads = !matches!(x.name.as_str(), "ckpt lazy" | "dcp.async_save");
+        assert_eq!(x.load_s.is_some(), loads, "{}", x.name);
+        assert_eq!(x.peak_load_extra_bytes.is_some(), loads, "{}", x.name);
+        assert!(
+            x.written_bytes as f64 > 0.9 * r.state_bytes as f64,
+            "{}",
+            x.name
+        );
+    }
+    let looped: Vec<&str> = r.loops.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        looped,
+        ["ckpt eager", "ckpt lazy", "torch.save", "dcp.async_save"]
+    );
+    for l in &r.loops {
+        assert_eq!(l.rounds, 1);
+        assert!(l.ckpt_steps.median >= 1.0 && l.step_s.median > 0.0, "{l:?}");
+        assert!(l.durable_s.median >= l.stall_s.median, "{l:?}");
+        assert!(l.durable_vs_idle.is_some(), "{l:?}");
+    }
+    // Four targets on stall and load, four on the loop.
+    assert_eq!(r.targets.len(), 8, "{:?}", r.targets);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_report_holds_every_table_csv_and_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -297,6 +372,14 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         sharded_ranks: vec![2],
         sharded_mib: 1.0,
         sharded_repeats: 1,
+        python_layers: 1,
+        python_width: 64,
+        python_seq: 16,
+        python_batch: 1,
+        python_repeats: 1,
+        python_rounds: 1,
+        python_every: 1,
+        s3_url: None,
     };
     // The scale experiment needs the mpirun rank program (feature `mpi`).
     let cfg = if cfg!(feature = "mpi") {
@@ -315,10 +398,15 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert!(r.engine.is_some() && r.formats.is_some() && r.overhead.is_some());
     assert!(r.determinism.is_some() && r.interference.is_some() && r.interval.is_some());
-    // faults is its own command; sharded needs Python, left out above.
+    // faults is its own command; sharded and python need Python, left out above.
     let missing: Vec<&str> = r.not_included.iter().map(|(w, _)| w.as_str()).collect();
-    assert_eq!(missing, ["faults", "sharded"], "{:?}", r.not_included);
-    assert!(r.sharded.is_none());
+    assert_eq!(
+        missing,
+        ["faults", "sharded", "python"],
+        "{:?}",
+        r.not_included
+    );
+    assert!(r.sharded.is_none() && r.python.is_none());
     if cfg!(feature = "mpi") {
         let scale = r.scale.as_ref().expect("scale ran");
         assert_eq!(scale.rows.len(), 4, "1 and 2 ranks, with and without dedup");

@@ -73,6 +73,23 @@ class Flattened:
     local_numpy_names: List[str] = field(default_factory=list)
 
 
+class _Where:
+    """Where a value sits in the saved tree (``$['model']['fc.weight']``), for
+    error messages: formatted only when a message needs it, not at every node
+    of every save (which showed in the stall of saves with many tensors)."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: List[str]) -> None:
+        self.path = path
+
+    def __str__(self) -> str:
+        return "$" + "".join(f"[{p!r}]" for p in self.path)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
 class _Flattener:
     def __init__(self, lazy: bool, exporter: Any) -> None:
         self.lazy = lazy
@@ -89,7 +106,7 @@ class _Flattener:
         return name
 
     def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
-        where = "$" + "".join(f"[{p!r}]" for p in path)
+        where = _Where(path)
         if depth > 200:
             raise InvalidInputError(f"{where}: nested too deeply (a cycle?)")
         if type(obj) in _PLAIN:

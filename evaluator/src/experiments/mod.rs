@@ -6,6 +6,7 @@ pub mod formats;
 pub mod interference;
 pub mod interval;
 pub mod overhead;
+pub mod pytrain;
 pub mod s3;
 pub mod scale;
 pub mod sharded;

@@ -146,8 +146,13 @@ fn free_port() -> std::io::Result<u16> {
 
 /// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
 /// It runs in a process group of its own, so past `limit` torchrun and every
-/// rank it started are killed together (killing torchrun alone orphans them).
-fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(bool, String, String), BoxError> {
+/// rank it started (or a script and its writer processes) are killed together
+/// (killing torchrun alone orphans them). `what` names it in the error.
+pub(crate) fn run_bounded(
+    mut cmd: Command,
+    limit: Duration,
+    what: &str,
+) -> Result<(bool, String, String), BoxError> {
     use std::os::unix::process::CommandExt;
     let mut child = cmd
         .process_group(0)
@@ -185,11 +190,12 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Result<(bool, String, Strin
     let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
     match status {
         Some(s) => Ok((s.success(), stdout, stderr)),
-        None => Err(format!("torchrun ran past {} s", limit.as_secs()).into()),
+        None => Err(format!("{what} ran past {} s", limit.as_secs()).into()),
     }
 }
 
-fn tail(s: &str, lines: usize) -> String {
+/// The last `lines` lines of `s`.
+pub(crate) fn tail(s: &str, lines: usize) -> String {
     let v: Vec<&str> = s.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
 }
@@ -336,7 +342,7 @@ impl ShardedBench {
                 .arg(self.mib.to_string())
                 .arg("--repeats")
                 .arg(self.repeats.max(1).to_string());
-            let (ok, stdout, stderr) = run_bounded(cmd, self.timeout)?;
+            let (ok, stdout, stderr) = run_bounded(cmd, self.timeout, "torchrun")?;
             let _ = std::fs::remove_dir_all(&work);
             let line = stdout.lines().rev().find(|l| l.starts_with('{'));
             let line = match (ok, line) {

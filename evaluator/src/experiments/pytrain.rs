@@ -1,0 +1,492 @@
+//! Python: a real PyTorch training state (a GPT-2-shaped `nn.Module` and AdamW,
+//! on CPU, one process) checkpointed through ckpt's public Python API (eager and
+//! lazy save, `load_latest` in place) beside `torch.save`/`torch.load`,
+//! `safetensors.torch`, `dcp.save`/`dcp.async_save`/`dcp.load` and
+//! `torch-checkpointing`'s `CheckpointManager`; and real training loops that
+//! checkpoint, for the interference both ways (the loop slowed by checkpointing,
+//! checkpointing slowed by the loop).
+//!
+//! The script is `evaluator/python/pytrain_bench.py` (embedded); its docstring
+//! says what each figure is. Targets compare ckpt with the same run's floors and
+//! peers as ratios; they are reported, not asserted.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::engine::Target;
+use super::sharded::{run_bounded, tail};
+use super::{BoxError, Ctx};
+use crate::python;
+use crate::stats::Summary;
+
+/// The script, embedded so the binary works from any directory.
+pub const SCRIPT: &str = include_str!("../../python/pytrain_bench.py");
+
+/// Settings of the Python experiment.
+#[derive(Debug, Clone)]
+pub struct PyTrainBench {
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Embedding width (heads of 64).
+    pub width: usize,
+    /// Tokens per sequence, also the context length.
+    pub seq: usize,
+    /// Sequences per training step.
+    pub batch: usize,
+    /// Timed saves (and loads) per method, after a warm-up save where the method
+    /// keeps state between saves.
+    pub repeats: usize,
+    /// Checkpoints per method in the training loop.
+    pub rounds: usize,
+    /// Training steps between checkpoints in the loop.
+    pub every: usize,
+    /// Limit for the whole script.
+    pub timeout: Duration,
+}
+
+/// The machine's floors for the state's bytes (the fastest of their repeats).
+#[derive(Debug, Clone, Serialize)]
+pub struct PyFloors {
+    /// Copy of the state into preallocated buffers, s.
+    pub memcpy_s: f64,
+    /// Write + fsync of the bytes to one file, s.
+    pub write_fsync_s: f64,
+    /// Read of that file back, page cache dropped where it could be, s.
+    pub read_cold_s: f64,
+    /// How the page cache was dropped: `drop_caches`, `fadvise` or `none`.
+    pub cache_drop: String,
+}
+
+/// One method's saves (and loads, for one method per file format).
+#[derive(Debug, Clone, Serialize)]
+pub struct PyMethodRow {
+    /// Method, e.g. `ckpt eager` or `dcp.async_save`.
+    pub name: String,
+    /// Why it did not run (it failed to import), if it did not.
+    pub skipped: Option<String>,
+    /// Time the save call blocked the training loop, s.
+    pub stall_s: Option<Summary>,
+    /// Time until the state may be mutated again, s.
+    pub snapshot_s: Option<Summary>,
+    /// Time until durable, s.
+    pub durable_s: Option<Summary>,
+    /// Load into the live model and optimizer, page cache dropped, s (`None`:
+    /// the same files and load as another row).
+    pub load_s: Option<Summary>,
+    /// Bytes written per save (median).
+    pub written_bytes: u64,
+    /// Peak extra host memory while saving (staging kept between saves counts), bytes.
+    pub peak_save_extra_bytes: u64,
+    /// Peak extra host memory while loading, bytes.
+    pub peak_load_extra_bytes: Option<u64>,
+    /// Stall over the memcpy floor.
+    pub stall_vs_memcpy: f64,
+    /// Time until durable over the write + fsync floor.
+    pub durable_vs_write: f64,
+    /// Load over the read floor.
+    pub load_vs_read: f64,
+}
+
+/// One method in the training loop: rounds of `every` steps without
+/// checkpointing, then a save and steps until at least `every` are done and the
+/// save is durable.
+#[derive(Debug, Clone, Serialize)]
+pub struct PyLoopRow {
+    /// Method checkpointing the loop.
+    pub name: String,
+    /// Rounds (checkpoints).
+    pub rounds: usize,
+    /// Time of one step without checkpointing, per round, s.
+    pub step_s: Summary,
+    /// Steps taken from the save until it was durable (at least `every`), per round.
+    pub ckpt_steps: Summary,
+    /// Time a checkpoint cost the loop: the part with the save minus as many
+    /// steps at the same round's pace without, s.
+    pub lost_s: Summary,
+    /// `lost_s` over the time of `every` steps without checkpointing: the
+    /// slowdown of a loop that checkpoints every `every` steps (fraction).
+    pub slowdown: Summary,
+    /// Stall of each save in the loop, s.
+    pub stall_s: Summary,
+    /// Time until durable of each save in the loop, s.
+    pub durable_s: Summary,
+    /// Time until durable in the loop over the same method's when idle.
+    pub durable_vs_idle: Option<f64>,
+}
+
+/// Results of the Python experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct PyTrainResults {
+    /// PyTorch's version.
+    pub torch: String,
+    /// Which model class.
+    pub model: String,
+    /// Blocks, width, vocabulary, sequence length, batch.
+    pub layers: u64,
+    /// Embedding width.
+    pub width: u64,
+    /// Vocabulary.
+    pub vocab: u64,
+    /// Tokens per sequence.
+    pub seq: u64,
+    /// Sequences per step.
+    pub batch: u64,
+    /// Parameters.
+    pub params: u64,
+    /// Bytes of model and optimizer state (tied weights once).
+    pub state_bytes: u64,
+    /// Tensors of model and optimizer state.
+    pub tensors: u64,
+    /// Timed saves per method.
+    pub repeats: usize,
+    /// Checkpoints per method in the training loop.
+    pub rounds: u64,
+    /// Training steps between checkpoints in the loop.
+    pub every: u64,
+    /// Compute threads of torch, and cores of the machine.
+    pub threads: u64,
+    /// Cores of the machine.
+    pub cores: u64,
+    /// Seconds the script ran.
+    pub total_s: f64,
+    /// The floors.
+    pub floors: PyFloors,
+    /// One row per method.
+    pub methods: Vec<PyMethodRow>,
+    /// One row per method in the training loop.
+    pub loops: Vec<PyLoopRow>,
+    /// The targets, as ratios in the same run.
+    pub targets: Vec<Target>,
+}
+
+/// Why this experiment cannot run here, if it cannot: no interpreter, or no
+/// torch or ckpt package in it.
+pub fn unavailable(python: Option<&Path>) -> Option<String> {
+    let Some(py) = python else {
+        return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
+    };
+    let ok = Command::new(py)
+        .args(["-c", "import torch, torch.distributed.checkpoint, ckpt"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (!ok).then(|| {
+        format!(
+            "{} cannot import torch, torch.distributed.checkpoint and ckpt",
+            py.display()
+        )
+    })
+}
+
+fn summary(v: &Json, key: &str) -> Option<Summary> {
+    let f = python::floats(v, key);
+    (!f.is_empty()).then(|| Summary::of(&f))
+}
+
+fn ratio(a: Option<&Summary>, b: f64) -> f64 {
+    a.map_or(f64::NAN, |s| s.median / b)
+}
+
+fn num(v: &Json, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
+}
+
+/// Turn the script's JSON into results (targets included).
+pub fn parse(v: &Json) -> Result<PyTrainResults, BoxError> {
+    let f = &v["floors"];
+    let floors = PyFloors {
+        memcpy_s: f["memcpy_s"].as_f64().ok_or("no memcpy floor")?,
+        write_fsync_s: f["write_fsync_s"].as_f64().ok_or("no write floor")?,
+        read_cold_s: f["read_cold_s"].as_f64().ok_or("no read floor")?,
+        cache_drop: f["cache_drop"].as_str().unwrap_or("none").to_owned(),
+    };
+    let mut methods = Vec::new();
+    for m in v["methods"].as_array().ok_or("no methods")? {
+        let name = m["name"].as_str().unwrap_or("?").to_owned();
+        let skipped = m["skipped"].as_str().map(str::to_owned);
+        let (stall_s, snapshot_s, durable_s, load_s) = (
+            summary(m, "stall_s"),
+            summary(m, "snapshot_s"),
+            summary(m, "durable_s"),
+            summary(m, "load_s"),
+        );
+        if skipped.is_none() && (stall_s.is_none() || durable_s.is_none()) {
+            return Err(format!("{name}: no timings").into());
+        }
+        methods.push(PyMethodRow {
+            name,
+            skipped,
+            stall_vs_memcpy: ratio(stall_s.as_ref(), floors.memcpy_s),
+            durable_vs_write: ratio(durable_s.as_ref(), floors.write_fsync_s),
+            load_vs_read: ratio(load_s.as_ref(), floors.read_cold_s),
+            stall_s,
+            snapshot_s,
+            durable_s,
+            load_s,
+            written_bytes: summary(m, "written_bytes").map_or(0.0, |s| s.median) as u64,
+            peak_save_extra_bytes: m["peak_save_extra_bytes"].as_f64().unwrap_or(0.0).max(0.0)
+                as u64,
+            peak_load_extra_bytes: m["peak_load_extra_bytes"]
+                .as_f64()
+                .map(|b| b.max(0.0) as u64),
+        });
+    }
+    let mut loops = Vec::new();
+    for l in v["loops"].as_array().ok_or("no loops")? {
+        let name = l["name"].as_str().unwrap_or("?").to_owned();
+        let get = |key: &str| {
+            let f = python::floats(l, key);
+            (!f.is_empty())
+                .then_some(f)
+                .ok_or_else(|| format!("{name} in the loop: no {key}"))
+        };
+        let (plain, plain_steps, ckpt, ckpt_steps) = (
+            get("plain_s")?,
+            get("plain_steps")?,
+            get("ckpt_s")?,
+            get("ckpt_steps")?,
+        );
+        let n = plain.len();
+        if [plain_steps.len(), ckpt.len(), ckpt_steps.len()] != [n; 3] {
+            return Err(format!("{name} in the loop: rounds of different lengths").into());
+        }
+        let pace: Vec<f64> = (0..n).map(|i| plain[i] / plain_steps[i]).collect();
+        let lost: Vec<f64> = (0..n).map(|i| ckpt[i] - ckpt_steps[i] * pace[i]).collect();
+        let slow: Vec<f64> = (0..n).map(|i| lost[i] / plain[i]).collect();
+        let durable_s = Summary::of(&get("durable_s")?);
+        let idle = methods
+            .iter()
+            .find(|m| m.name == name)
+            .and_then(|m| m.durable_s.as_ref());
+        loops.push(PyLoopRow {
+            rounds: n,
+            step_s: Summary::of(&pace),
+            ckpt_steps: Summary::of(&ckpt_steps),
+            lost_s: Summary::of(&lost),
+            slowdown: Summary::of(&slow),
+            stall_s: Summary::of(&get("stall_s")?),
+            durable_vs_idle: idle.map(|i| durable_s.median / i.median),
+            durable_s,
+            name,
+        });
+    }
+    let mut r = PyTrainResults {
+        torch: v["torch"].as_str().unwrap_or("").to_owned(),
+        model: v["model"].as_str().unwrap_or("").to_owned(),
+        layers: num(v, "layers"),
+        width: num(v, "width"),
+        vocab: num(v, "vocab"),
+        seq: num(v, "seq"),
+        batch: num(v, "batch"),
+        params: num(v, "params"),
+        state_bytes: num(v, "state_bytes"),
+        tensors: num(v, "tensors"),
+        repeats: num(v, "repeats") as usize,
+        rounds: num(v, "rounds"),
+        every: num(v, "every"),
+        threads: num(v, "threads"),
+        cores: num(v, "cores"),
+        total_s: v["total_s"].as_f64().unwrap_or(f64::NAN),
+        floors,
+        methods,
+        loops,
+        targets: vec![],
+    };
+    r.targets = targets(&r);
+    Ok(r)
+}
+
+/// The targets, as ratios of medians in the same run.
+pub fn targets(r: &PyTrainResults) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut push = |what: String, ratio: Option<f64>, bound: f64| {
+        if let Some(ratio) = ratio.filter(|x| !x.is_nan()) {
+            out.push(Target {
+                what,
+                ratio,
+                bound,
+                met: ratio <= bound,
+            });
+        }
+    };
+    let row = |name: &str| {
+        r.methods
+            .iter()
+            .find(|x| x.name == name && x.skipped.is_none())
+    };
+    let med = |s: Option<&Summary>| s.map(|s| s.median);
+    let eager = row("ckpt eager");
+    let load = med(eager.and_then(|x| x.load_s.as_ref()));
+    let torch_load = med(row("torch.save").and_then(|x| x.load_s.as_ref()));
+    push(
+        "ckpt load_latest in place / torch.load + load_state_dict, page cache dropped".into(),
+        load.zip(torch_load).map(|(a, b)| a / b),
+        1.0,
+    );
+    push(
+        "ckpt load_latest in place / cold read floor".into(),
+        load.map(|a| a / r.floors.read_cold_s),
+        1.3,
+    );
+    push(
+        "ckpt eager stall, warm staging pool / memcpy".into(),
+        med(eager.and_then(|x| x.stall_s.as_ref())).map(|a| a / r.floors.memcpy_s),
+        1.2,
+    );
+    push(
+        "ckpt lazy stall / memcpy".into(),
+        med(row("ckpt lazy").and_then(|x| x.stall_s.as_ref())).map(|a| a / r.floors.memcpy_s),
+        0.1,
+    );
+    let slowdown = |name: &str| {
+        r.loops
+            .iter()
+            .find(|l| l.name == name)
+            .map(|l| l.slowdown.median)
+    };
+    for mode in ["ckpt eager", "ckpt lazy"] {
+        let Some(mine) = slowdown(mode) else { continue };
+        for peer in ["torch.save", "dcp.async_save"] {
+            // A peer that did not slow the loop (noise) leaves no ratio to meet:
+            // infinite unless ckpt did not slow it either.
+            let ratio = slowdown(peer).map(|p| {
+                if p > 0.0 {
+                    mine / p
+                } else if mine <= 0.0 {
+                    0.0
+                } else {
+                    f64::INFINITY
+                }
+            });
+            push(
+                format!("{mode}: training-loop slowdown / {peer}'s"),
+                ratio,
+                0.5,
+            );
+        }
+    }
+    out
+}
+
+impl PyTrainBench {
+    /// Run the script once with `python`.
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, BoxError> {
+        let dir = ctx.fresh_dir("python")?;
+        let script: PathBuf = dir.join("pytrain_bench.py");
+        std::fs::write(&script, SCRIPT)?;
+        let pb = ctx.bar(1, "python");
+        pb.set_message(format!(
+            "GPT-2-shaped, {} layers of width {}",
+            self.layers, self.width
+        ));
+        let mut cmd = Command::new(python);
+        cmd.current_dir(&dir)
+            .arg(&script)
+            .arg("--dir")
+            .arg(dir.join("work"));
+        for (flag, v) in [
+            ("--layers", self.layers),
+            ("--width", self.width),
+            ("--seq", self.seq),
+            ("--batch", self.batch),
+            ("--repeats", self.repeats.max(1)),
+            ("--rounds", self.rounds.max(1)),
+            ("--every", self.every.max(1)),
+        ] {
+            cmd.arg(flag).arg(v.to_string());
+        }
+        let (ok, stdout, stderr) = run_bounded(cmd, self.timeout, "pytrain_bench.py")?;
+        pb.finish_and_clear();
+        let _ = std::fs::remove_dir_all(&dir);
+        let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+        match (ok, line) {
+            (true, Some(l)) => parse(&serde_json::from_str(l)?),
+            _ => Err(format!(
+                "pytrain_bench.py failed:\n{}",
+                tail(&format!("{stdout}\n{stderr}"), 12)
+            )
+            .into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_output_and_computes_the_targets() {
+        let m = |name: &str, stall: f64, durable: f64, load: Option<f64>| {
+            let mut v = serde_json::json!({"name": name, "stall_s": [stall, stall],
+                "snapshot_s": [stall], "durable_s": [durable], "written_bytes": [100.0],
+                "peak_save_extra_bytes": 50.0});
+            if let Some(l) = load {
+                v["load_s"] = serde_json::json!([l]);
+                v["peak_load_extra_bytes"] = serde_json::json!(-3.0);
+            }
+            v
+        };
+        // Rounds of 2 plain steps of 1 s, then `n` steps with a save taking `t` s.
+        let l = |name: &str, n: f64, t: f64| {
+            serde_json::json!({"name": name, "plain_s": [2.0, 2.0, 2.0], "plain_steps": [2, 2, 2],
+                "ckpt_s": [t, t, t], "ckpt_steps": [n, n, n], "stall_s": [0.01], "durable_s": [2.0]})
+        };
+        let v = serde_json::json!({
+            "torch": "x", "model": "m", "layers": 2, "width": 64, "vocab": 10, "seq": 8, "batch": 1,
+            "params": 5, "state_bytes": 1000, "tensors": 9, "repeats": 2, "rounds": 3, "every": 2,
+            "threads": 2, "cores": 2, "total_s": 3.0,
+            "floors": {"memcpy_s": 0.1, "write_fsync_s": 1.0, "read_cold_s": 0.5, "cache_drop": "drop_caches"},
+            "methods": [
+                m("ckpt eager", 0.11, 1.0, Some(0.6)),
+                m("ckpt lazy", 0.005, 1.0, None),
+                m("torch.save", 2.0, 2.0, Some(0.5)),
+                m("dcp.async_save", 0.01, 1.0, None),
+                {"name": "torch-checkpointing", "skipped": "ModuleNotFoundError: x"},
+            ],
+            "loops": [
+                l("ckpt eager", 3.0, 3.2),
+                l("ckpt lazy", 2.0, 1.9),
+                l("torch.save", 2.0, 2.6),
+                l("dcp.async_save", 2.0, 1.95),
+            ]
+        });
+        let r = parse(&v).unwrap();
+        assert_eq!(r.methods.len(), 5);
+        assert_eq!(
+            r.methods[0].peak_load_extra_bytes,
+            Some(0),
+            "negative peaks are 0"
+        );
+        assert!((r.methods[0].load_vs_read - 1.2).abs() < 1e-12);
+        let eager = &r.loops[0];
+        assert_eq!(eager.rounds, 3);
+        assert!((eager.lost_s.median - 0.2).abs() < 1e-12, "{eager:?}");
+        assert!((eager.slowdown.median - 0.1).abs() < 1e-12);
+        assert!((eager.durable_vs_idle.unwrap() - 2.0).abs() < 1e-12);
+        assert!((r.loops[2].slowdown.median - 0.3).abs() < 1e-12);
+        let t = &r.targets;
+        assert_eq!(t.len(), 8, "{t:?}");
+        assert!(
+            !t[0].met && (t[0].ratio - 1.2).abs() < 1e-12,
+            "load / torch.load"
+        );
+        assert!(t[1].met, "load / read floor");
+        assert!(t[2].met && (t[2].ratio - 1.1).abs() < 1e-9, "eager stall");
+        assert!(t[3].met, "lazy stall");
+        assert!(
+            t[4].met && (t[4].ratio - 1.0 / 3.0).abs() < 1e-9,
+            "eager vs torch.save"
+        );
+        assert!(
+            !t[5].met && t[5].ratio.is_infinite(),
+            "dcp.async_save sped the loop up"
+        );
+        assert!(t[6].met && t[7].met, "lazy sped it up too: {t:?}");
+    }
+}
