@@ -23,21 +23,27 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+
 use ckpt_core::torch::tch::{self, Device, Kind, Tensor};
 use ckpt_core::torch::TorchCapture;
 use ckpt_core::{Retention, SnapshotMode};
 
-fn flag(name: &str) -> bool {
-    std::env::args().any(|a| a == name)
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|e| panic!("{name} {v}: {e}")))
-        .unwrap_or(default)
+/// The stall of a GPU save against a plain device-to-host copy.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Total size of the state, MiB.
+    #[arg(long, default_value_t = 1024)]
+    mib: u64,
+    /// Number of float32 tensors.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    tensors: u64,
+    /// Timed repeats of each measurement (median).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    repeats: u64,
+    /// Run on CPU tensors instead of CUDA ones.
+    #[arg(long)]
+    cpu: bool,
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -98,7 +104,8 @@ async fn saves(ts: &[Tensor], lazy: bool, settle: bool, repeats: u64) -> (Durati
 
 #[tokio::main]
 async fn main() {
-    let device = if flag("--cpu") {
+    let args = Args::parse();
+    let device = if args.cpu {
         Device::Cpu
     } else if tch::Cuda::is_available() {
         Device::Cuda(0)
@@ -106,11 +113,7 @@ async fn main() {
         println!("tch_gpu_bench: skipped: no CUDA device (libtorch sees none); --cpu runs it on CPU tensors");
         return;
     };
-    let (mib, n, repeats) = (
-        arg("--mib", 1024),
-        arg("--tensors", 64),
-        arg("--repeats", 5).max(1),
-    );
+    let (mib, n, repeats) = (args.mib, args.tensors, args.repeats);
     let ts = state(mib, n, device);
     let bytes: u64 = ts.iter().map(|t| (t.numel() * 4) as u64).sum();
     sync(device);
