@@ -398,15 +398,16 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert!(r.engine.is_some() && r.formats.is_some() && r.overhead.is_some());
     assert!(r.determinism.is_some() && r.interference.is_some() && r.interval.is_some());
-    // faults is its own command; sharded and python need Python, left out above.
+    // faults is its own command; sharded and python need Python, left out
+    // above; s3 needs a server, named nowhere here.
     let missing: Vec<&str> = r.not_included.iter().map(|(w, _)| w.as_str()).collect();
     assert_eq!(
         missing,
-        ["faults", "sharded", "python"],
+        ["faults", "sharded", "python", "s3"],
         "{:?}",
         r.not_included
     );
-    assert!(r.sharded.is_none() && r.python.is_none());
+    assert!(r.sharded.is_none() && r.python.is_none() && r.s3.is_none());
     if cfg!(feature = "mpi") {
         let scale = r.scale.as_ref().expect("scale ran");
         assert_eq!(scale.rows.len(), 4, "1 and 2 ranks, with and without dedup");
