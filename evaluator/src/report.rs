@@ -370,7 +370,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
     let mut t = Table::new(
         "python_methods",
         format!(
-            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a warm-up save where the method keeps state between saves; stall = the call blocks the training loop, snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before; ratios to the same run's floors",
+            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks the training loop, snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before (staging kept between saves counts); ratios to the same run's floors",
             py.model,
             py.layers,
             py.width,
