@@ -13,8 +13,9 @@ optimizer state exists. The context is the sequence length, so every position
 embedding is trained, and every saved tensor changes with each step (nothing is
 deduplicated between saves).
 
-Per method (a saver kept across saves, as in training; one untimed warm-up save
-first for the methods that keep state between saves), ``--repeats`` times: a
+Per method (a saver kept across saves, as in training): a cold save (pools,
+stagers, writer processes start) and, after a training step, a warm one and a
+load, all sampled for memory (below); then ``--repeats`` times, unsampled: a
 training step, then
 
 - save: ``stall`` is how long the call blocks the training loop; ``snapshot``
@@ -23,6 +24,8 @@ training step, then
   themselves; after ``torch.save`` and ``safetensors.torch.save_file`` the file
   is fsynced; ``torch-checkpointing`` 0.1.1 does not fsync, so its
   ``pre_finalize_callback`` does it in its writer process before it finalizes.
+- disk: ckpt keeps the last two checkpoints (``keep_last=2``); the other
+  methods' older checkpoints are removed after each save is durable, untimed.
 - load, for one method per file format: the live model and optimizer are
   overwritten with other values, the page cache is dropped
   (``/proc/sys/vm/drop_caches``, else ``posix_fadvise(DONTNEED)`` on the files;
@@ -33,11 +36,13 @@ training step, then
   ``CheckpointManager.load``. Every tensor of model and optimizer is then
   checked equal (``torch.equal``) to the saved state.
 - peak extra host memory: proportional set size (Pss, ``smaps_rollup``) of this
-  process and its children, sampled every 10 ms, during the saves (from before
-  the warm-up save, so staging pools kept between saves count, minus the
-  reference copy the benchmark holds) and during the load, over the value
-  before. Garbage is collected and freed heap handed back (``malloc_trim``)
-  before each window.
+  process and its children, sampled every 10 ms during the two sampled saves
+  (from before the cold one, so staging pools kept between saves count, minus
+  the reference copy the benchmark holds) and during the sampled load, over the
+  value before. Garbage is collected and freed heap handed back
+  (``malloc_trim``) before each window. One Pss reading of this process takes
+  tens of milliseconds of a core, so the timed saves and loads run without the
+  sampler.
 
 Training-loop interference, both ways, with real compute: ``--rounds`` rounds
 per method of ``--every`` real training steps (forward, backward, AdamW step of
@@ -397,9 +402,6 @@ class Method(abc.ABC):
     name = "?"
     #: Whether this method's load is timed (one method per file format).
     loads = True
-    #: Whether it keeps state between saves (pools, stagers, writer processes):
-    #: those get a warm-up save first.
-    warm_up = False
 
     def __init__(self, work: str, tr: Trainer) -> None:
         self.dir = os.path.join(work, self.name.replace(" ", "_").replace(".", "_"))
@@ -430,12 +432,17 @@ class Method(abc.ABC):
     def measure_written(self, step: int) -> None:
         self.written = tree_bytes(self.step_dir(step))
 
+    def prune(self, step: int) -> None:
+        """Remove every checkpoint but ``step``'s (untimed; bounds the disk used)."""
+        for name in os.listdir(self.dir):
+            if name.startswith("step_") and name != f"step_{step}":
+                shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
+
     def close(self) -> None:
         pass
 
 
 class Ckpt(Method):
-    warm_up = True
 
     def __init__(self, work: str, tr: Trainer, lazy: bool) -> None:
         self.lazy = lazy
@@ -452,7 +459,8 @@ class Ckpt(Method):
         import ckpt
 
         super().open()
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
+        # Retention as a training run sets it (the disk holds two checkpoints).
+        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, keep_last=2)
 
     def start(self, step: int):
         before = self.cp.io_counts()["written_bytes"]
@@ -470,6 +478,9 @@ class Ckpt(Method):
 
     def measure_written(self, step: int) -> None:
         pass  # counted by the waiter
+
+    def prune(self, step: int) -> None:
+        pass  # keep_last
 
     def load(self, step: int) -> None:
         import ckpt
@@ -596,7 +607,6 @@ class DcpSave(Method):
 class DcpAsync(DcpSave):
     name = "dcp.async_save"
     loads = False  # dcp.save's files and load
-    warm_up = True
 
     def prepare(self) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
@@ -638,7 +648,6 @@ class DcpAsync(DcpSave):
 
 class TorchCheckpointing(Method):
     name = "torch-checkpointing"
-    warm_up = True
 
     def prepare(self) -> None:
         import torch_checkpointing  # noqa: F401
@@ -699,40 +708,58 @@ def timed_save(m: Method, step: int):
     return stall, snap, time.perf_counter() - t
 
 
+def checked_load(m: Method, tr: Trainer, ref: dict, step: int, peak: "Peak | None" = None):
+    """Scramble the live state, drop the page cache, load ``step`` into it (in a
+    window of ``peak`` if given), check it equals ``ref``; (seconds, cache drop)."""
+    scramble(tr)
+    how = drop_cache(m.dir)
+    t = time.perf_counter()
+    if peak is None:
+        m.load(step)
+    else:
+        with peak.active():
+            m.load(step)
+    took = time.perf_counter() - t
+    check(tr, ref, m.name)
+    return took, how
+
+
 def save_and_load(m: Method, tr: Trainer, a, state_bytes: int) -> dict:
+    """Two saves (and a load) sampled for memory, then ``a.repeats`` timed ones.
+    A Pss reading of this process takes tens of milliseconds, so the sampler
+    would slow what it samples: timed saves and loads run without it."""
     rows = {"stall_s": [], "snapshot_s": [], "durable_s": [], "load_s": [], "written_bytes": []}
-    cache = None
-    load_peak = 0
     with Peak() as p:  # from before the first save: staging pools and writer processes count
-        m.open()
-        if m.warm_up:
-            with p.active():
-                timed_save(m, 0)
-        for rep in range(a.repeats):
-            step = rep + 1
-            tr.step()  # every value changes
-            ref = reference(tr)
-            p.own = state_bytes
-            with p.active():
-                stall, snap, durable = timed_save(m, step)
-            m.measure_written(step)
-            for k, v in (("stall_s", stall), ("snapshot_s", snap), ("durable_s", durable),
-                         ("written_bytes", m.written)):
-                rows[k].append(v)
-            if m.loads:
-                scramble(tr)
-                cache = drop_cache(m.dir)
-                with Peak() as lp, lp.active():
-                    t = time.perf_counter()
-                    m.load(step)
-                    rows["load_s"].append(time.perf_counter() - t)
-                load_peak = max(load_peak, lp.extra)
-                check(tr, ref, m.name)
-            del ref
-    rows["peak_save_extra_bytes"] = p.extra
+        with p.active():
+            m.open()
+            timed_save(m, 0)  # cold: pools, stagers, writer processes start
+        tr.step()  # every value changes
+        ref = reference(tr)
+        p.own = state_bytes
+        with p.active():
+            timed_save(m, 1)  # warm
     if m.loads:
-        rows["peak_load_extra_bytes"] = load_peak
-        rows["cache_drop"] = cache
+        with Peak() as lp:
+            checked_load(m, tr, ref, 1, lp)
+        rows["peak_load_extra_bytes"] = lp.extra
+    rows["peak_save_extra_bytes"] = p.extra
+    del ref
+    m.prune(1)
+    for rep in range(a.repeats):
+        step = rep + 2
+        tr.step()
+        ref = reference(tr)
+        settle()
+        stall, snap, durable = timed_save(m, step)
+        m.measure_written(step)
+        for k, v in (("stall_s", stall), ("snapshot_s", snap), ("durable_s", durable),
+                     ("written_bytes", m.written)):
+            rows[k].append(v)
+        if m.loads:
+            took, rows["cache_drop"] = checked_load(m, tr, ref, step)
+            rows["load_s"].append(took)
+        del ref
+        m.prune(step)
     return rows
 
 
@@ -770,6 +797,7 @@ def train_rounds(tr: Trainer, m: Method, a, first_step: int) -> dict:
         if not durable:
             raise RuntimeError(f"{m.name}: a save in the training loop failed")
         out["durable_s"].append(durable[0])
+        m.prune(first_step + r)
     return out
 
 

@@ -370,7 +370,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
     let mut t = Table::new(
         "python_methods",
         format!(
-            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a warm-up save where the method keeps state between saves; stall = the call blocks the training loop, snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before; ratios to the same run's floors",
+            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks the training loop, snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before (staging kept between saves counts); ratios to the same run's floors",
             py.model,
             py.layers,
             py.width,
@@ -442,7 +442,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
     let mut l = Table::new(
         "python_loop",
         format!(
-            "Python: the training loop, {} rounds per method of {} real steps (forward, backward, AdamW; {} torch threads on {} cores, background work included) without checkpointing, then a save and steps until at least {} are done and it is durable; lost = that part's time minus as many steps at the round's pace; slowdown = lost over {} steps, of a loop that checkpoints every {} steps; durable in the loop / idle = checkpointing slowed by training; median [min-max] over the rounds",
+            "Python: the training loop, {} rounds per method of {} real steps (forward, backward, AdamW; {} torch threads on {} cores, background work included) without checkpointing, then a save and steps until at least {} are done and it is durable; step = one step without checkpointing, its spread across the rounds showing the machine's other load; lost = that part's time minus as many steps at the round's pace; slowdown = lost over {} steps, of a loop that checkpoints every {} steps; durable in the loop / idle = checkpointing slowed by training; median [min-max] over the rounds",
             py.rounds, py.every, py.threads, py.cores, py.every, py.every, py.every
         ),
         &[
@@ -453,7 +453,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
     for x in &py.loops {
         l.rows.push(vec![
             x.name.clone(),
-            format!("{:.3}", x.step_s.median),
+            secs(&x.step_s),
             format!("{:.0}", x.ckpt_steps.median),
             secs(&x.stall_s),
             secs(&x.lost_s),
