@@ -77,18 +77,23 @@ pub async fn run_cpu<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
     .map_err(|e| Error::Internal(format!("worker thread: {e}")))
 }
 
-/// Lower the scheduling priority of the calling thread by `nice` (Linux: the
-/// thread's nice value; elsewhere nothing). Raising priority back needs
+/// Lower the scheduling priority of the calling thread to `nice` above the
+/// process's main thread (Linux: nice values, capped at 19; elsewhere nothing).
+/// A thread already at least that low is left as it is, so a thread started by
+/// an already lowered one (a blocking-pool thread spawned from a worker) ends
+/// at the same level, not twice as low. Raising priority back needs
 /// privileges, so call this only on threads that do background work.
 pub fn lower_priority(nice: i32) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: plain system calls on the calling thread; no memory is shared.
+        // SAFETY: plain system calls about this process's threads; no memory is shared.
         unsafe {
             let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            // With a process id, getpriority reads the main thread's value.
+            let base = libc::getpriority(libc::PRIO_PROCESS, libc::getpid() as libc::id_t);
             let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-            let want = (now + nice.max(0)).min(19);
-            if libc::setpriority(libc::PRIO_PROCESS, tid, want) != 0 {
+            let want = (base + nice.max(0)).min(19);
+            if now < want && libc::setpriority(libc::PRIO_PROCESS, tid, want) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
@@ -129,18 +134,30 @@ mod tests {
     }
 
     #[test]
-    fn a_lowered_thread_has_a_higher_nice_value() {
-        std::thread::spawn(|| {
-            #[cfg(target_os = "linux")]
-            {
+    fn a_lowered_thread_sits_that_far_below_the_main_thread_once() {
+        #[cfg(target_os = "linux")]
+        {
+            let nice_of = |tid: libc::id_t| unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+            let main = nice_of(unsafe { libc::getpid() } as libc::id_t);
+            let (first, second) = std::thread::spawn(move || {
                 let tid = unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t };
-                let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
                 lower_priority(5).unwrap();
-                let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-                assert_eq!(after, (before + 5).min(19));
-            }
-        })
-        .join()
-        .unwrap();
+                let first = nice_of(tid);
+                // A thread started by a lowered thread inherits its value; lowering
+                // it again keeps it there.
+                let second = std::thread::spawn(move || {
+                    let tid = unsafe { libc::syscall(libc::SYS_gettid) as libc::id_t };
+                    lower_priority(5).unwrap();
+                    nice_of(tid)
+                })
+                .join()
+                .unwrap();
+                (first, second)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(first, (main + 5).min(19));
+            assert_eq!(second, first);
+        }
     }
 }
