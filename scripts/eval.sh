@@ -16,7 +16,13 @@ if [ ! -x target/release/ckpt-eval ]; then
   echo "[eval] building ckpt-eval (release; usually 4-5 min the first time on 2 cores) ..." >&2
 fi
 start=$SECONDS
-cargo build --release -q -p ckpt-eval --features mpi,hdf5
+# S3 support (the `s3` experiment) only when asked for: it adds the AWS client to the build.
+features=mpi,hdf5
+case " $* " in
+  *" s3 "*|*" --s3-url"*) features=$features,s3 ;;
+esac
+if [ -n "${CKPT_EVAL_S3_URL:-}" ]; then features=$features,s3; fi
+cargo build --release -q -p ckpt-eval --features "$features"
 echo "[eval] ckpt-eval ready after $((SECONDS - start)) s; running the suite" >&2
 status=0
 ./target/release/ckpt-eval "$@" || status=$?
