@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::experiments::engine::EngineResults;
+use crate::experiments::engine::{EngineResults, Target};
 use crate::experiments::pytrain::{PyMethodRow, PyTrainResults};
 use crate::experiments::s3::S3Results;
 use crate::experiments::sharded::{ShardedResults, ShardedRow};
@@ -146,20 +146,11 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
         }
         out.push(t);
         if !f.targets.is_empty() {
-            let mut g = Table::new(
+            out.push(targets_table(
                 "formats_targets",
-                "Formats: the native format's targets, ratios of medians in the same run (reported, not asserted)".into(),
-                &["target", "ratio", "bound", "met"],
-            );
-            for x in &f.targets {
-                g.rows.push(vec![
-                    x.what.clone(),
-                    format!("{:.3}", x.ratio),
-                    format!("{:.2}", x.bound),
-                    if x.met { "met" } else { "not met" }.into(),
-                ]);
-            }
-            out.push(g);
+                "Formats: the native format's targets, ratios of medians in the same run (reported, not asserted)",
+                &f.targets,
+            ));
         }
     }
     if let Some(l) = &r.limits {
@@ -319,6 +310,20 @@ pub fn tables(r: &SuiteResults) -> Vec<Table> {
     out
 }
 
+/// An experiment's targets: each measured ratio against its bound, met or not.
+fn targets_table(name: &str, title: &str, targets: &[Target]) -> Table {
+    let mut g = Table::new(name, title.into(), &["target", "ratio", "bound", "met"]);
+    for x in targets {
+        g.rows.push(vec![
+            x.what.clone(),
+            format!("{:.3}", x.ratio),
+            format!("{:.2}", x.bound),
+            if x.met { "met" } else { "not met" }.into(),
+        ]);
+    }
+    g
+}
+
 fn opt_secs(s: Option<&Summary>) -> String {
     s.map_or_else(String::new, secs)
 }
@@ -348,19 +353,11 @@ pub fn s3_tables(s: &S3Results) -> Vec<Table> {
             x.objects.to_string(),
         ]);
     }
-    let mut g = Table::new(
+    let g = targets_table(
         "s3_targets",
-        "S3: targets, ratios of medians in the same run (reported, not asserted)".into(),
-        &["target", "ratio", "bound", "met"],
+        "S3: targets, ratios of medians in the same run (reported, not asserted)",
+        &s.targets,
     );
-    for x in &s.targets {
-        g.rows.push(vec![
-            x.what.clone(),
-            format!("{:.3}", x.ratio),
-            format!("{:.2}", x.bound),
-            if x.met { "met" } else { "not met" }.into(),
-        ]);
-    }
     vec![t, g]
 }
 
@@ -468,20 +465,11 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
                 .map_or_else(String::new, |r| format!("{r:.2}")),
         ]);
     }
-    let mut g = Table::new(
+    let g = targets_table(
         "python_targets",
-        "Python: targets of the issue, ratios of medians in the same run (reported, not asserted)"
-            .into(),
-        &["target", "ratio", "bound", "met"],
+        "Python: targets of the issue, ratios of medians in the same run (reported, not asserted)",
+        &py.targets,
     );
-    for x in &py.targets {
-        g.rows.push(vec![
-            x.what.clone(),
-            format!("{:.3}", x.ratio),
-            format!("{:.2}", x.bound),
-            if x.met { "met" } else { "not met" }.into(),
-        ]);
-    }
     vec![t, f, l, g]
 }
 
@@ -544,19 +532,11 @@ pub fn sharded_tables(sh: &ShardedResults) -> Vec<Table> {
             format!("{:.4}", fl.memcpy_s),
         ]);
     }
-    let mut g = Table::new(
+    let g = targets_table(
         "sharded_targets",
-        "Sharded state: targets of the issue, ratios of medians in the same run (reported, not asserted)".into(),
-        &["target", "ratio", "bound", "met"],
+        "Sharded state: targets of the issue, ratios of medians in the same run (reported, not asserted)",
+        &sh.targets,
     );
-    for x in &sh.targets {
-        g.rows.push(vec![
-            x.what.clone(),
-            format!("{:.3}", x.ratio),
-            format!("{:.2}", x.bound),
-            if x.met { "met" } else { "not met" }.into(),
-        ]);
-    }
     vec![t, f, g]
 }
 
