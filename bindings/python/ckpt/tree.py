@@ -96,6 +96,8 @@ class _Flattener:
         self.exporter = exporter
         self.out = Flattened()
         self.names: Set[str] = set()
+        # Looked up once per save rather than at every node of the walk.
+        self._torch_mod = _torch()
 
     def name_for(self, path: List[str]) -> str:
         base = ".".join(path) or "tensor"
@@ -106,15 +108,17 @@ class _Flattener:
         return name
 
     def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
+        if type(obj) in _PLAIN:
+            return obj
         where = _Where(path)
         if depth > 200:
             raise InvalidInputError(f"{where}: nested too deeply (a cycle?)")
-        if type(obj) in _PLAIN:
-            return obj
-        torch, np = _torch(), _numpy()
-        if torch is not None and isinstance(obj, torch.Tensor) and is_dtensor(obj):
+        # torch may be imported during the walk (by a state_dict()); look again then.
+        torch, np = self._torch_mod or _torch(), _numpy()
+        is_tensor = torch is not None and isinstance(obj, torch.Tensor)
+        if is_tensor and is_dtensor(obj):
             return self.walk_dtensor(obj, path, lazy_ptrs, where)
-        if torch is not None and isinstance(obj, torch.Tensor):
+        if is_tensor:
             may_defer = lazy_ptrs is None or (obj.device.type == "cpu" and obj.data_ptr() in lazy_ptrs)
             copy_now = self.lazy and not may_defer
             dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
