@@ -122,6 +122,12 @@ pub fn floats(v: &Json, key: &str) -> Vec<f64> {
         .unwrap_or_default()
 }
 
+/// The summary of the numbers under `key`, if there are any.
+pub fn summary(v: &Json, key: &str) -> Option<crate::stats::Summary> {
+    let f = floats(v, key);
+    (!f.is_empty()).then(|| crate::stats::Summary::of(&f))
+}
+
 /// Read a state written as a spec + blob (by [`export`] or by the script).
 pub fn import(spec: &Path, blob: &Path) -> Result<State, String> {
     let spec: Json = serde_json::from_slice(&std::fs::read(spec).map_err(|e| e.to_string())?)

@@ -76,5 +76,42 @@ pub fn dir_bytes(dir: &std::path::Path) -> u64 {
         .sum()
 }
 
+/// What the Python benchmark scripts share (`benchlib.py`), written next to each.
+pub const BENCHLIB: &str = include_str!("../../python/benchlib.py");
+
+/// Write a Python benchmark script and the module it imports into `dir`;
+/// returns the script's path.
+pub(crate) fn write_bench_script(
+    dir: &std::path::Path,
+    name: &str,
+    script: &str,
+) -> std::io::Result<PathBuf> {
+    std::fs::write(dir.join("benchlib.py"), BENCHLIB)?;
+    let path = dir.join(name);
+    std::fs::write(&path, script)?;
+    Ok(path)
+}
+
+/// Why a Python-driven experiment cannot run: no interpreter, or `imports`
+/// (a Python `import` statement's list) fail in it; `None` when it can.
+pub(crate) fn python_missing(python: Option<&std::path::Path>, imports: &str) -> Option<String> {
+    let Some(py) = python else {
+        return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
+    };
+    let ok = std::process::Command::new(py)
+        .args(["-c", &format!("import {imports}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (!ok).then(|| format!("{} cannot import {imports}", py.display()))
+}
+
+/// The median of `a` over `b` (NaN when `a` is missing).
+pub(crate) fn ratio(a: Option<&crate::stats::Summary>, b: f64) -> f64 {
+    a.map_or(f64::NAN, |s| s.median / b)
+}
+
 /// Error type of the experiments.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

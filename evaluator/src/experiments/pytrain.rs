@@ -10,8 +10,8 @@
 //! says what each figure is. Targets compare ckpt with the same run's floors and
 //! peers as ratios; they are reported, not asserted.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -19,7 +19,7 @@ use serde_json::Value as Json;
 
 use super::engine::Target;
 use super::sharded::{run_bounded, tail};
-use super::{BoxError, Ctx};
+use super::{python_missing, ratio, write_bench_script, BoxError, Ctx};
 use crate::python;
 use crate::stats::Summary;
 
@@ -166,31 +166,7 @@ pub struct PyTrainResults {
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
 /// torch or ckpt package in it.
 pub fn unavailable(python: Option<&Path>) -> Option<String> {
-    let Some(py) = python else {
-        return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
-    };
-    let ok = Command::new(py)
-        .args(["-c", "import torch, torch.distributed.checkpoint, ckpt"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    (!ok).then(|| {
-        format!(
-            "{} cannot import torch, torch.distributed.checkpoint and ckpt",
-            py.display()
-        )
-    })
-}
-
-fn summary(v: &Json, key: &str) -> Option<Summary> {
-    let f = python::floats(v, key);
-    (!f.is_empty()).then(|| Summary::of(&f))
-}
-
-fn ratio(a: Option<&Summary>, b: f64) -> f64 {
-    a.map_or(f64::NAN, |s| s.median / b)
+    python_missing(python, "torch, torch.distributed.checkpoint, ckpt")
 }
 
 fn num(v: &Json, key: &str) -> u64 {
@@ -211,10 +187,10 @@ pub fn parse(v: &Json) -> Result<PyTrainResults, BoxError> {
         let name = m["name"].as_str().unwrap_or("?").to_owned();
         let skipped = m["skipped"].as_str().map(str::to_owned);
         let (stall_s, snapshot_s, durable_s, load_s) = (
-            summary(m, "stall_s"),
-            summary(m, "snapshot_s"),
-            summary(m, "durable_s"),
-            summary(m, "load_s"),
+            python::summary(m, "stall_s"),
+            python::summary(m, "snapshot_s"),
+            python::summary(m, "durable_s"),
+            python::summary(m, "load_s"),
         );
         if skipped.is_none() && (stall_s.is_none() || durable_s.is_none()) {
             return Err(format!("{name}: no timings").into());
@@ -229,7 +205,7 @@ pub fn parse(v: &Json) -> Result<PyTrainResults, BoxError> {
             snapshot_s,
             durable_s,
             load_s,
-            written_bytes: summary(m, "written_bytes").map_or(0.0, |s| s.median) as u64,
+            written_bytes: python::summary(m, "written_bytes").map_or(0.0, |s| s.median) as u64,
             peak_save_extra_bytes: m["peak_save_extra_bytes"].as_f64().unwrap_or(0.0).max(0.0)
                 as u64,
             peak_load_extra_bytes: m["peak_load_extra_bytes"]
@@ -378,8 +354,7 @@ impl PyTrainBench {
     /// Run the script once with `python`.
     pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, BoxError> {
         let dir = ctx.fresh_dir("python")?;
-        let script: PathBuf = dir.join("pytrain_bench.py");
-        std::fs::write(&script, SCRIPT)?;
+        let script = write_bench_script(&dir, "pytrain_bench.py", SCRIPT)?;
         let pb = ctx.bar(1, "python");
         pb.set_message(format!(
             "GPT-2-shaped, {} layers of width {}",

@@ -143,7 +143,7 @@ impl S3Bench {
                 .await?;
             load.push(t.elapsed().as_secs_f64());
             let mut at = 0usize;
-            let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+            let whole: Vec<u8> = parts.concat();
             for tensor in &state.tensors {
                 let n = tensor.data.len();
                 if whole.get(at..at + n) != Some(tensor.data.as_ref()) {

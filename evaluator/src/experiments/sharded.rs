@@ -10,7 +10,7 @@
 //! ckpt with the others as ratios in the same run; they are reported, not asserted.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use super::engine::Target;
-use super::{BoxError, Ctx};
+use super::{python_missing, ratio, write_bench_script, BoxError, Ctx};
 use crate::python;
 use crate::stats::Summary;
 
@@ -117,25 +117,10 @@ pub struct ShardedResults {
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
 /// `torch.distributed` in it.
 pub fn unavailable(python: Option<&Path>) -> Option<String> {
-    let Some(py) = python else {
-        return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
-    };
-    let ok = Command::new(py)
-        .args([
-            "-c",
-            "import torch.distributed.fsdp, torch.distributed.checkpoint",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    (!ok).then(|| {
-        format!(
-            "{} cannot import torch.distributed (FSDP2 and DCP are needed)",
-            py.display()
-        )
-    })
+    python_missing(
+        python,
+        "torch.distributed.fsdp, torch.distributed.checkpoint",
+    )
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -200,15 +185,6 @@ pub(crate) fn tail(s: &str, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-fn summary(v: &Json, key: &str) -> Option<Summary> {
-    let f = python::floats(v, key);
-    (!f.is_empty()).then(|| Summary::of(&f))
-}
-
-fn ratio(a: Option<&Summary>, b: f64) -> f64 {
-    a.map_or(f64::NAN, |s| s.median / b)
-}
-
 /// Turn the JSON rank 0 printed into a run.
 pub fn parse_run(v: &Json) -> Result<ShardedRun, BoxError> {
     let ranks = v["ranks"].as_u64().ok_or("no ranks")? as usize;
@@ -225,16 +201,16 @@ pub fn parse_run(v: &Json) -> Result<ShardedRun, BoxError> {
         let name = m["name"].as_str().unwrap_or("?").to_owned();
         let skipped = m["skipped"].as_str().map(str::to_owned);
         let (stall_s, snapshot_s, durable_s, load_s) = (
-            summary(m, "stall_s"),
-            summary(m, "snapshot_s"),
-            summary(m, "durable_s"),
-            summary(m, "load_s"),
+            python::summary(m, "stall_s"),
+            python::summary(m, "snapshot_s"),
+            python::summary(m, "durable_s"),
+            python::summary(m, "load_s"),
         );
         if skipped.is_none() && (stall_s.is_none() || durable_s.is_none() || load_s.is_none()) {
             return Err(format!("{name} on {ranks} ranks: no timings").into());
         }
-        let written = summary(m, "written_bytes").map_or(0.0, |s| s.median);
-        let peak = summary(m, "peak_extra_bytes").map_or(0.0, |s| s.max);
+        let written = python::summary(m, "written_bytes").map_or(0.0, |s| s.median);
+        let peak = python::summary(m, "peak_extra_bytes").map_or(0.0, |s| s.max);
         rows.push(ShardedRow {
             ranks,
             name,
@@ -321,8 +297,7 @@ impl ShardedBench {
     /// Run one torchrun job per rank count with `python`.
     pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, BoxError> {
         let dir = ctx.fresh_dir("sharded")?;
-        let script: PathBuf = dir.join("sharded_bench.py");
-        std::fs::write(&script, SCRIPT)?;
+        let script = write_bench_script(&dir, "sharded_bench.py", SCRIPT)?;
         let pb = ctx.bar(self.ranks.len() as u64, "sharded");
         let mut runs = Vec::new();
         let mut torch = String::new();
