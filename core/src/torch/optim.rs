@@ -92,6 +92,27 @@ impl Adam {
         self.t
     }
 
+    /// Set the step count, for a restore of the moments through another serializer
+    /// (see [`Adam::named_state`]); [`Adam::restore`] sets it by itself.
+    pub fn set_steps(&mut self, t: i64) {
+        self.t = t;
+    }
+
+    /// The moment tensors under the names [`Adam::capture`] gives them
+    /// (`prefix + "m/" + name`, `prefix + "v/" + name`), as shallow clones: they
+    /// share storage with the optimizer's own, so copying into them restores it.
+    /// For writing the state with another serializer (libtorch's
+    /// `Tensor::save_multi`); the rest of the state is [`Adam::steps`] and
+    /// [`Adam::config`].
+    pub fn named_state(&self, prefix: &str) -> Vec<(String, Tensor)> {
+        let mut out = Vec::with_capacity(2 * self.params.len());
+        for ((name, _), (m, v)) in self.params.iter().zip(self.m.iter().zip(self.v.iter())) {
+            out.push((format!("{prefix}m/{name}"), m.shallow_clone()));
+            out.push((format!("{prefix}v/{name}"), v.shallow_clone()));
+        }
+        out
+    }
+
     /// Clear the gradients of every parameter.
     pub fn zero_grad(&mut self) {
         for (_, p) in &mut self.params {

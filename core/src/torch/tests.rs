@@ -247,6 +247,37 @@ fn adam_resumes_bitwise_from_its_captured_state() {
 }
 
 #[test]
+fn adam_named_state_matches_the_capture_and_restores_in_place() {
+    let _rng = rng_lock();
+    tch::manual_seed(5);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = mlp(&vs.root());
+    let mut opt = Adam::new(&vs, AdamConfig::default()).unwrap();
+    train_steps(&vs, &mut opt, &net, 0, 3);
+    let mut cap = TorchCapture::new();
+    opt.capture("optim/", &mut cap).unwrap();
+    let state = freeze(cap.into());
+    let named = opt.named_state("optim/");
+    assert_eq!(named.len(), state.tensors.len());
+    for (name, t) in &named {
+        assert_eq!(bytes_of(t), state.tensor(name).unwrap().data, "{name}");
+    }
+
+    // Copying into the named tensors of a fresh optimizer restores its moments.
+    let vs2 = nn::VarStore::new(Device::Cpu);
+    let _net2 = mlp(&vs2.root());
+    let mut opt2 = Adam::new(&vs2, AdamConfig::default()).unwrap();
+    for ((_, mut dst), (_, src)) in opt2.named_state("optim/").into_iter().zip(&named) {
+        tch::no_grad(|| dst.copy_(src));
+    }
+    opt2.set_steps(opt.steps());
+    assert_eq!(opt2.steps(), 3);
+    let mut cap2 = TorchCapture::new();
+    opt2.capture("optim/", &mut cap2).unwrap();
+    assert_eq!(freeze(cap2.into()).tensors, state.tensors);
+}
+
+#[test]
 fn adam_restore_refuses_a_foreign_state() {
     let vs = nn::VarStore::new(Device::Cpu);
     let _net = mlp(&vs.root());
