@@ -10,7 +10,9 @@
 //!
 //! [`train`] is the plain loop; [`train_with`] runs the same loop with [`Hooks`]:
 //! another model, another checkpointer (a store that injects faults), reports at
-//! each event, and training that goes on when a save fails.
+//! each event, and training that goes on when a save fails. [`Trainer`] is what
+//! both train (model, optimizer, teacher, one step), for code that restarts the
+//! same state another way (`crate::torch_file`).
 //!
 //! It prints one line per event, which the crash tests and the fault campaign
 //! read: `fresh start`, `resumed from step N`, `step N loss L`,
@@ -147,13 +149,106 @@ pub struct Plain;
 
 impl Hooks for Plain {}
 
-fn capture(vs: &nn::VarStore, opt: &Adam, step: u64, seed: u64) -> Result<TorchCapture> {
-    let mut cap = TorchCapture::new();
-    cap.var_store("model/", vs)?;
-    opt.capture("optim/", &mut cap)?;
-    cap.meta("step", Value::Int(step as i64));
-    cap.meta("seed", Value::Int(seed as i64));
-    Ok(cap)
+/// What the loop trains: the model, its variables, the optimizer and the teacher
+/// it learns. Every process of a run builds the same one ([`Trainer::new`]), then
+/// puts a checkpoint's state into it.
+pub struct Trainer {
+    /// The model's variables.
+    pub vs: nn::VarStore,
+    /// The optimizer.
+    pub opt: Adam,
+    net: nn::SequentialT,
+    teacher: Tensor,
+    seed: u64,
+    device: Device,
+}
+
+impl Trainer {
+    /// Seed torch with the run's seed and build the model (`hooks.model`), its
+    /// Adam and the teacher, as every start of the run does. Also sets torch to one
+    /// intra-op thread: the same reductions in the same order in every process.
+    pub fn new(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Self> {
+        tch::set_num_threads(1);
+        tch::manual_seed(cfg.seed as i64);
+        let vs = nn::VarStore::new(cfg.device);
+        let net = hooks.model(&vs, cfg)?;
+        let opt = Adam::new(
+            &vs,
+            AdamConfig {
+                lr: 3e-3,
+                weight_decay: 1e-5,
+                ..Default::default()
+            },
+        )?;
+        // The teacher depends on the seed alone, not on how far the run got.
+        rng::reseed(cfg.seed, u64::MAX);
+        let teacher =
+            Tensor::randn([INPUTS, OUTPUTS], (Kind::Float, Device::Cpu)).to_device(cfg.device);
+        Ok(Trainer {
+            vs,
+            opt,
+            net,
+            teacher,
+            seed: cfg.seed,
+            device: cfg.device,
+        })
+    }
+
+    /// The forward and backward pass of the step that follows `step` (its batch
+    /// and dropout drawn from `(seed, step)`): gradients are left for
+    /// [`Trainer::apply`]. Returns the loss.
+    pub fn backward(&mut self, step: u64) -> Tensor {
+        rng::reseed(self.seed, step);
+        let x = Tensor::randn([BATCH, INPUTS], (Kind::Float, self.device));
+        let y = x.matmul(&self.teacher).tanh();
+        let loss = self
+            .net
+            .forward_t(&x, true)
+            .mse_loss(&y, tch::Reduction::Mean);
+        self.opt.zero_grad();
+        loss.backward();
+        loss
+    }
+
+    /// The optimizer step after [`Trainer::backward`].
+    pub fn apply(&mut self) -> Result<()> {
+        self.opt.step()
+    }
+
+    /// What a checkpoint of step `step` holds: the variables under `model/`, the
+    /// optimizer under `optim/`, the step and the seed as meta.
+    pub fn capture(&self, step: u64) -> Result<TorchCapture> {
+        let mut cap = TorchCapture::new();
+        cap.var_store("model/", &self.vs)?;
+        self.opt.capture("optim/", &mut cap)?;
+        cap.meta("step", Value::Int(step as i64));
+        cap.meta("seed", Value::Int(self.seed as i64));
+        Ok(cap)
+    }
+
+    /// Put a loaded checkpoint's state in place; returns its step. A checkpoint of
+    /// a run with another seed is refused.
+    pub fn restore(&mut self, loaded: &Loaded, root: &str) -> Result<u64> {
+        let meta = &loaded.state.meta;
+        if meta.get("seed").and_then(Value::as_int) != Some(self.seed as i64) {
+            return Err(Error::InvalidInput(format!(
+                "the checkpoint under {root} belongs to a run with another seed"
+            )));
+        }
+        let step = meta
+            .get("step")
+            .and_then(Value::as_int)
+            .and_then(|s| u64::try_from(s).ok())
+            .ok_or_else(|| Error::InvalidInput("checkpoint without a step".into()))?;
+        restore::var_store(&mut self.vs, &loaded.state, "model/")?;
+        self.opt.restore("optim/", &loaded.state)?;
+        Ok(step)
+    }
+
+    /// The run's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
 }
 
 /// Print how the save of `step` ended and hand it to the hooks.
@@ -181,23 +276,7 @@ pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Out
     if cfg.every == 0 {
         return Err(Error::InvalidInput("--every must be at least 1".into()));
     }
-    // One thread: the same reductions in the same order in every process.
-    tch::set_num_threads(1);
-    tch::manual_seed(cfg.seed as i64);
-    let mut vs = nn::VarStore::new(cfg.device);
-    let net = hooks.model(&vs, cfg)?;
-    let mut opt = Adam::new(
-        &vs,
-        AdamConfig {
-            lr: 3e-3,
-            weight_decay: 1e-5,
-            ..Default::default()
-        },
-    )?;
-    // The teacher depends on the seed alone, not on how far the run got.
-    rng::reseed(cfg.seed, u64::MAX);
-    let teacher =
-        Tensor::randn([INPUTS, OUTPUTS], (Kind::Float, Device::Cpu)).to_device(cfg.device);
+    let mut tr = Trainer::new(cfg, hooks)?;
 
     let mut builder = hooks
         .checkpointer(cfg)?
@@ -212,20 +291,7 @@ pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Out
     let loaded = cp.load_latest().await?;
     let load_ms = t_load.elapsed().as_secs_f64() * 1e3;
     if let Some(loaded) = &loaded {
-        let meta = &loaded.state.meta;
-        if meta.get("seed").and_then(Value::as_int) != Some(cfg.seed as i64) {
-            return Err(Error::InvalidInput(format!(
-                "the checkpoint under {} belongs to a run with another seed",
-                cfg.root
-            )));
-        }
-        step = meta
-            .get("step")
-            .and_then(Value::as_int)
-            .and_then(|s| u64::try_from(s).ok())
-            .ok_or_else(|| Error::InvalidInput("checkpoint without a step".into()))?;
-        restore::var_store(&mut vs, &loaded.state, "model/")?;
-        opt.restore("optim/", &loaded.state)?;
+        step = tr.restore(loaded, &cfg.root)?;
     }
     hooks.loaded(&cp, loaded.as_ref(), load_ms).await?;
     let resumed_from = loaded.map(|_| step);
@@ -236,19 +302,14 @@ pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Out
 
     let mut pending: Option<SaveHandle> = None;
     while step < cfg.steps {
-        rng::reseed(cfg.seed, step);
-        let x = Tensor::randn([BATCH, INPUTS], (Kind::Float, cfg.device));
-        let y = x.matmul(&teacher).tanh();
-        let loss = net.forward_t(&x, true).mse_loss(&y, tch::Reduction::Mean);
-        opt.zero_grad();
-        loss.backward();
+        let loss = tr.backward(step);
         if let Some(h) = &pending {
             // The snapshot must be complete before the step mutates what it copies.
             if let Err(e) = h.wait_snapshot().await {
                 hooks.snapshot_failed(h.id().step, e)?;
             }
         }
-        opt.step()?;
+        tr.apply()?;
         step += 1;
         println!("step {step} loss {:.6}", loss.double_value(&[]));
         hooks.stepped(step);
@@ -256,7 +317,7 @@ pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Out
             if let Some(h) = pending.take() {
                 finish(hooks, h).await?;
             }
-            match cp.save(step, capture(&vs, &opt, step, cfg.seed)?).await {
+            match cp.save(step, tr.capture(step)?).await {
                 Ok(h) => {
                     println!("checkpoint {step} started");
                     pending = Some(h);
@@ -269,7 +330,7 @@ pub async fn train_with(cfg: &TrainConfig, hooks: &mut impl Hooks) -> Result<Out
         finish(hooks, h).await?;
     }
     if let Some(out) = &cfg.out {
-        crate::weights::write(&vs, out)?;
+        crate::weights::write(&tr.vs, out)?;
     }
     hooks.done(step);
     println!("done {step}");
