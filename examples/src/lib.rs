@@ -5,7 +5,8 @@
 //!   steps; killed at any instant and restarted, it ends with the same weights, bit
 //!   for bit, as a run that was never interrupted (`tests/tch_resume.rs` checks it).
 //!   Its loop (`tch_loop`) takes hooks; the fault campaign's victim in ckpt-eval
-//!   is the same loop with its own.
+//!   is the same loop with its own. `torch_file` writes and reads the loop's
+//!   state with libtorch's own serializer instead, the baseline of the campaign.
 //! - `tch_gpu_bench` (feature `torch`): the stall of a GPU save against a plain
 //!   device-to-host copy of the same tensors.
 //!
@@ -14,5 +15,7 @@
 
 #[cfg(feature = "torch")]
 pub mod tch_loop;
+#[cfg(feature = "torch")]
+pub mod torch_file;
 #[cfg(feature = "torch")]
 pub mod weights;
