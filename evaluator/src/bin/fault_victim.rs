@@ -16,23 +16,32 @@
 //! - `--report FILE` appends one JSON line per event, fsynced, each an
 //!   `ckpt_eval::faults::event::Event`: `start` (resumed from, skipped
 //!   checkpoints with their errors, load time), `first_step`, `save` (with the
-//!   faults injected so far), `done`, `error`.
+//!   faults injected so far), `done`, `error`;
+//! - `--torch-baseline save|restore --torch-file FILE` leaves ckpt out and goes
+//!   through libtorch's own serializer instead (`torch_baseline`): `save` trains
+//!   to `--steps` and writes the same state with `Tensor::save_multi` (event
+//!   `torch_save`), `restore` reads it in a fresh process, takes one step and
+//!   stops (events `torch_load`, `first_step`); `--root` is not used.
 //!
 //! ```text
 //! fault_victim --root DIR --out WEIGHTS --report FILE [--steps 40] [--every 4]
 //!              [--seed 1] [--keep 3] [--eager] [--device cpu|cuda]
 //!              [--store-faults SEED:RATE|SEED:full]
+//!              [--torch-baseline save|restore --torch-file FILE]
 //! ```
 //!
 //! Stdout: the loop's lines (`fresh start` / `resumed from step N`,
 //! `step N loss L`, `checkpoint N started`, `checkpoint N committed`,
 //! `checkpoint N failed: ...`, `done N`).
 
+#[path = "fault_victim/torch_baseline.rs"]
+mod torch_baseline;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 use ckpt_core::store::{FaultCounts, FaultPlan, FaultStore, RetryOptions, RetryStore};
 use ckpt_core::torch::rng;
@@ -82,6 +91,21 @@ struct Args {
     /// `SEED:RATE` (flaky store) or `SEED:full` (every write fails).
     #[arg(long, value_parser = parse_store_faults)]
     store_faults: Option<(u64, Option<f64>)>,
+    /// Save or restore through libtorch's serializer instead of ckpt (the baseline).
+    #[arg(long, value_enum, requires = "torch_file")]
+    torch_baseline: Option<Baseline>,
+    /// The file of `--torch-baseline`.
+    #[arg(long, requires = "torch_baseline")]
+    torch_file: Option<PathBuf>,
+}
+
+/// What `--torch-baseline` does.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Baseline {
+    /// Train to `--steps` and write the state.
+    Save,
+    /// Read the state, take one step, stop.
+    Restore,
 }
 
 fn parse_store_faults(v: &str) -> std::result::Result<(u64, Option<f64>), String> {
@@ -316,7 +340,12 @@ async fn main() {
         t0,
         first_step: true,
     };
-    if let Err(e) = tch_loop::train_with(&cfg, &mut victim).await {
+    let ran = match (a.torch_baseline, &a.torch_file) {
+        (Some(Baseline::Save), Some(f)) => torch_baseline::save(&cfg, &mut victim, f),
+        (Some(Baseline::Restore), Some(f)) => torch_baseline::restore(&cfg, &mut victim, f),
+        _ => tch_loop::train_with(&cfg, &mut victim).await.map(drop),
+    };
+    if let Err(e) = ran {
         victim.report(Event::Error(failure(&e)));
         eprintln!("fault_victim: {e}");
         std::process::exit(1);

@@ -66,6 +66,31 @@ pub enum Event {
     },
     /// The job stopped with an error.
     Error(Failure),
+    /// `--torch-baseline save`: the state at `step` is written with libtorch's
+    /// own serializer (`Tensor::save_multi`) and fsynced.
+    TorchSave {
+        /// The step of the state.
+        step: u64,
+        /// Tensors written.
+        tensors: usize,
+        /// Bytes of the file.
+        bytes: u64,
+        /// `save_multi` and the fsyncs, ms.
+        save_ms: f64,
+    },
+    /// `--torch-baseline restore`: the file is read (`Tensor::load_multi`) and its
+    /// state copied into the model and the optimizer.
+    TorchLoad {
+        /// The victim's pid.
+        pid: u32,
+        /// The step it resumed from.
+        step: u64,
+        /// `load_multi`, ms (the copy into place not included, as `load_ms` of
+        /// [`Event::Start`] leaves out ckpt's).
+        load_ms: f64,
+        /// From the start of the process, ms.
+        since_exec_ms: f64,
+    },
 }
 
 impl Event {
@@ -75,7 +100,10 @@ impl Event {
             Event::FirstStep { faults, .. }
             | Event::Save { faults, .. }
             | Event::Done { faults, .. } => Some(faults),
-            Event::Start { .. } | Event::Error(_) => None,
+            Event::Start { .. }
+            | Event::Error(_)
+            | Event::TorchSave { .. }
+            | Event::TorchLoad { .. } => None,
         }
     }
 
@@ -139,6 +167,18 @@ mod tests {
                 kind: "io".into(),
                 error: "gone".into(),
             }),
+            Event::TorchSave {
+                step: 24,
+                tensors: 27,
+                bytes: 150_000,
+                save_ms: 3.5,
+            },
+            Event::TorchLoad {
+                pid: 8,
+                step: 24,
+                load_ms: 1.25,
+                since_exec_ms: 30.0,
+            },
         ];
         let mut f = std::fs::File::create(&path).unwrap();
         for e in &events {
