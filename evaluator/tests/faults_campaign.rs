@@ -59,6 +59,48 @@ fn small_campaign_loses_nothing() {
     assert_eq!(s.finals_compared, s.runs, "{text}");
     assert_eq!(s.finals_identical, s.runs, "{text}");
     assert!(r.passed(), "{text}");
+    torch_baseline_is_reported(&r, &text);
+}
+
+/// The restart figures beside the torch baseline: present, positive, in the text.
+fn torch_baseline_is_reported(r: &report::CampaignReport, text: &str) {
+    let c = r
+        .summary
+        .torch_baseline
+        .as_ref()
+        .unwrap_or_else(|| panic!("no torch baseline: {:?}\n{text}", r.summary.not_run));
+    let b = &c.torch;
+    // One restore after each tch run, at least three.
+    assert!(b.restores >= 3.max(r.summary.runs), "{text}");
+    assert_eq!(b.load_ms.n, b.restores, "{text}");
+    assert_eq!(b.recovery_ms.n, b.restores, "{text}");
+    assert!(
+        b.load_ms.median > 0.0 && b.recovery_ms.median > 0.0,
+        "{text}"
+    );
+    assert!(b.tensors > 0 && b.bytes > 0 && b.save_ms > 0.0, "{text}");
+    assert!(
+        c.ckpt_recovery_ms.n >= 1,
+        "no comparable ckpt restart\n{text}"
+    );
+    assert!(c.ckpt_load_ms.median > 0.0, "{text}");
+    for ratio in [c.recovery_ratio, c.load_ratio] {
+        assert!(ratio.is_some_and(|x| x.is_finite() && x > 0.0), "{text}");
+    }
+    assert!(
+        text.contains("restart beside torch save_multi/load_multi"),
+        "{text}"
+    );
+    assert!(text.contains("ckpt/torch"), "{text}");
+    let json = serde_json::to_value(r).unwrap();
+    let j = &json["summary"]["torch_baseline"];
+    assert!(j["recovery_ratio"].as_f64().is_some_and(|x| x > 0.0), "{j}");
+    assert!(
+        j["torch"]["load_ms"]["median"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0),
+        "{j}"
+    );
 }
 
 #[test]
@@ -95,6 +137,10 @@ fn mpi_ranks_killed_mid_save_lose_nothing() {
     );
     assert_eq!(s.finals_identical, s.finals_compared, "{text}");
     assert!(r.passed(), "{text}");
+    assert!(
+        s.torch_baseline.is_none(),
+        "no tch run, no baseline\n{text}"
+    );
 }
 
 /// A binary of another package in the same target directory (built by

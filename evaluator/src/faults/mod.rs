@@ -12,11 +12,14 @@
 //! - [`victim`]: one supervised start of the tch job (`fault_victim`);
 //! - [`event`]: what the victim reports to the runner, a typed line each;
 //! - [`run`]: a tch run through its failures; [`mpi`]: the MPI kinds;
+//! - [`baseline`]: the same state restarted through libtorch's serializer, for
+//!   the restart figures' comparison;
 //! - [`report`]: per start, per run, the summary and its text.
 //!
 //! The victim is built with `cargo build -p ckpt-eval --features faults` (tch on
 //! the venv's libtorch and ckpt's failpoints: `source scripts/env.sh` first).
 
+pub mod baseline;
 pub mod event;
 pub mod inject;
 pub mod mpi;
@@ -63,6 +66,9 @@ pub struct CampaignConfig {
     pub work: PathBuf,
     /// A line per run on stderr.
     pub progress: bool,
+    /// Fewest restores of the torch baseline: one after each tch run, topped up
+    /// to this many at the end (0: no baseline).
+    pub torch_restores: usize,
 }
 
 impl CampaignConfig {
@@ -81,6 +87,7 @@ impl CampaignConfig {
             mpi: mpi::MpiBins::default(),
             work,
             progress: false,
+            torch_restores: 3,
         }
     }
 }
@@ -126,6 +133,15 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
         can_mount,
         references: HashMap::new(),
     };
+    // The same state restarted through libtorch's serializer, on the tch job's
+    // model and device, restored after each tch run.
+    let mut torch = (cfg.torch_restores > 0).then(|| {
+        let job = victim::Job {
+            seed: 1000,
+            ..ctx.job.clone()
+        };
+        baseline::Runner::new(job, work.join("torch-baseline"))
+    });
     let mut mpi_refs = HashMap::new();
     let mut rng = Rng::new(cfg.seed);
     let mut stream = KindStream::new(&kinds);
@@ -167,7 +183,11 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
                     None => break,
                 }
             }
-            run::tch_run(&mut ctx, index, &mut sub, &run_kinds)
+            let rec = run::tch_run(&mut ctx, index, &mut sub, &run_kinds);
+            if let Some(t) = &mut torch {
+                t.restore();
+            }
+            rec
         };
         let n = rec.failures.len() as u64;
         injected += n;
@@ -192,7 +212,22 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
         Ok(()) => "a 32 MiB tmpfs filled with ballast (ENOSPC)".to_owned(),
         Err(why) => format!("FaultStore failing every write ({why})"),
     };
+    let torch = match (torch, runs.iter().any(|r| r.job == "tch")) {
+        (None, _) => None,
+        (Some(_), false) => {
+            not_run.push(("torch baseline".into(), "no tch run".into()));
+            None
+        }
+        (Some(t), true) => match t.finish(cfg.torch_restores) {
+            Ok(b) => Some(b),
+            Err(why) => {
+                not_run.push(("torch baseline".into(), why));
+                None
+            }
+        },
+    };
     let mut summary = report::summarize(&runs, t0.elapsed().as_secs_f64(), &full_disk);
+    summary.torch_baseline = torch.map(|b| baseline::compare(&runs, b));
     summary.not_run = not_run;
     if injected < cfg.count {
         summary.problems.push(format!(
@@ -202,7 +237,7 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
     }
     let config = serde_json::json!({
         "count": cfg.count, "seed": cfg.seed, "steps": cfg.steps, "every": cfg.every,
-        "keep": cfg.keep, "device": cfg.device,
+        "keep": cfg.keep, "device": cfg.device, "torch_restores": cfg.torch_restores,
         "kinds": kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
     });
     Ok(CampaignReport {
@@ -279,6 +314,10 @@ pub struct FaultsCli {
     /// No progress lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Fewest restores of the torch baseline (the same state through libtorch's
+    /// serializer), timed after each tch run and topped up at the end; 0: none.
+    #[arg(long, default_value_t = 3)]
+    pub torch_restores: usize,
 }
 
 /// `ckpt-eval faults ARGS...` (`args` starts with `faults`).
@@ -314,6 +353,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     cfg.per_run = cli.per_run;
     cfg.device = cli.device.clone();
     cfg.progress = !cli.quiet;
+    cfg.torch_restores = cli.torch_restores;
     cfg.mpi = mpi::MpiBins {
         ckpt: cli.mpi_ckpt.clone().or_else(|| find_binary("mpi_ckpt")),
         train: cli.mpi_train.clone().or_else(|| find_binary("mpi_train")),

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use ckpt_core::store::FaultCounts;
 use serde::{Deserialize, Serialize};
 
+use super::baseline::Comparison;
 use super::inject::Corruption;
 use super::plan::Kind;
 
@@ -119,6 +120,12 @@ impl Spread {
             max: xs[xs.len() - 1],
         }
     }
+
+    /// The ratio of the medians, `self / base` (`None` when either is empty or
+    /// `base`'s median is not positive).
+    pub fn ratio_to(&self, base: &Spread) -> Option<f64> {
+        (self.n > 0 && base.n > 0 && base.median > 0.0).then(|| self.median / base.median)
+    }
 }
 
 /// The campaign's summary.
@@ -160,6 +167,9 @@ pub struct Summary {
     pub recovery_ms: Spread,
     /// `load_latest` at restarts, ms.
     pub load_ms: Spread,
+    /// Restarts beside the same state restarted through libtorch's serializer
+    /// (`None`: not run; `not_run` says why).
+    pub torch_baseline: Option<Comparison>,
     /// Work lost per failure, steps.
     pub lost_steps: Spread,
     /// Work lost in all, steps.
@@ -298,6 +308,54 @@ pub fn summarize(runs: &[RunRecord], seconds: f64, full_disk: &str) -> Summary {
     s
 }
 
+/// ckpt's clean restarts beside the torch baseline's.
+fn torch_table(t: &mut String, c: &Comparison) {
+    let b = &c.torch;
+    let _ = writeln!(
+        t,
+        "\nrestart beside torch save_multi/load_multi of the same state (median / p95 / max, ms)"
+    );
+    let _ = writeln!(
+        t,
+        "  {:<28} {:>26} {:>26} {:>12}",
+        "", "ckpt", "torch", "ckpt/torch"
+    );
+    let cell = |x: &Spread| format!("{:.1} / {:.1} / {:.1}", x.median, x.p95, x.max);
+    let ratio = |r: Option<f64>| r.map_or_else(|| "-".to_owned(), |r| format!("{r:.2}x"));
+    for (k, ckpt, torch, r) in [
+        (
+            "restart to first new step",
+            &c.ckpt_recovery_ms,
+            &b.recovery_ms,
+            c.recovery_ratio,
+        ),
+        ("load", &c.ckpt_load_ms, &b.load_ms, c.load_ratio),
+    ] {
+        let _ = writeln!(
+            t,
+            "  {k:<28} {:>26} {:>26} {:>12}",
+            cell(ckpt),
+            cell(torch),
+            ratio(r)
+        );
+    }
+    let _ = writeln!(
+        t,
+        "  {:<28} {:>26} {:>26}",
+        "restarts timed", c.ckpt_recovery_ms.n, b.restores
+    );
+    let _ = writeln!(
+        t,
+        "  ckpt: tch restarts that loaded a checkpoint, skipped none, on a store without faults"
+    );
+    let _ = writeln!(
+        t,
+        "  torch: {} tensors, {} bytes at step {}, save_multi + fsync {:.1} ms",
+        b.tensors, b.bytes, b.step, b.save_ms
+    );
+    let _ = writeln!(t, "  page cache: {}", c.page_cache);
+}
+
 /// The report as text (also the body of `faults.md`).
 pub fn to_text(r: &CampaignReport) -> String {
     let s = &r.summary;
@@ -384,6 +442,9 @@ pub fn to_text(r: &CampaignReport) -> String {
         "work lost in all, steps",
         s.lost_steps_total.to_string(),
     );
+    if let Some(c) = &s.torch_baseline {
+        torch_table(&mut t, c);
+    }
     let _ = writeln!(t, "\nverdict per run");
     let mut by_job: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for run in &r.runs {
