@@ -122,6 +122,14 @@ def test_read_keeps_types_exactly(url: str) -> None:
         "empty": torch.empty(0, 3),
         "strided": torch.arange(12.0).reshape(3, 4).t(),
         "u64": np.array([2**64 - 1], dtype=np.uint64),
+        # Tensors the export's fast path (numpy's view) must hand to the slow
+        # one, or take only the viewed bytes of.
+        "grad_leaf": torch.ones(3, requires_grad=True),
+        "offset_view": torch.arange(10.0)[3:7],
+        "expanded": torch.arange(3.0).expand(4, 3),
+        "conj": torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64).conj(),
+        "neg": torch._neg_view(torch.arange(3.0)),
+        "f64_scalar": torch.tensor(0.25, dtype=torch.float64),
     }
     cp = ckpt.Checkpointer(url, rng=False)
     cp.save(1, state).wait()
@@ -129,6 +137,10 @@ def test_read_keeps_types_exactly(url: str) -> None:
     assert back is not None and back.step == 1
     want = dict(state)
     want["strided"] = state["strided"].contiguous()
+    want["grad_leaf"] = torch.ones(3)
+    want["expanded"] = torch.tensor([[0.0, 1.0, 2.0]] * 4)
+    want["conj"] = torch.tensor([1 - 2j, 3 + 1j], dtype=torch.complex64)
+    want["neg"] = torch.tensor([-0.0, -1.0, -2.0])
     assert_same(want, back.state)
     assert math.copysign(1.0, back.state["floats"][1]) == -1.0
     assert back.state["np_scalar"].dtype == np.float32 and isinstance(back.state["np_scalar"], np.float32)

@@ -74,6 +74,10 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
+#: Names of the dtypes the export fast path takes.
+_FAST_NAMES: Dict[torch.dtype, str] = {d: _TO_NAME[d] for d in _NUMPY_DTYPES if d in _TO_NAME}
+
+
 def _byte_view(t: torch.Tensor) -> Any:
     """A numpy ``uint8`` view of a contiguous, detached CPU tensor's bytes (no copy)."""
     if t.dtype in _NUMPY_DTYPES:
@@ -125,6 +129,24 @@ class Exporter:
 
     def export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
+        # Most of a state dict: dense, contiguous CPU tensors of a dtype numpy
+        # has. ``numpy()`` views them without a copy and refuses everything the
+        # checks below sort out (other devices and layouts, meta, quantized,
+        # conjugate or negative bits, bf16 and fp8), so one call replaces a
+        # dozen; the engine takes any C-contiguous buffer as bytes.
+        name = _FAST_NAMES.get(t.dtype)
+        if name is not None and not t.requires_grad:
+            try:
+                arr = t.numpy()
+            except (RuntimeError, TypeError):
+                pass
+            else:
+                if arr.flags.c_contiguous:
+                    # A 0-d array exports no shape through the buffer protocol.
+                    return name, arr.shape, arr if arr.ndim else arr.reshape(1), copy_now
+        return self._export(t, path, copy_now)
+
+    def _export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         if t.layout != torch.strided:
             raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
         if t.is_quantized or t.is_meta or getattr(t, "is_nested", False):
@@ -188,8 +210,11 @@ def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
     if isinstance(obj, torch.optim.Optimizer):
         return None
     if isinstance(obj, torch.nn.Module):
-        from .dtensor import local_tensor
+        from .dtensor import _dtensor_type
 
-        locals_ = (local_tensor(p) for p in obj.parameters())
-        return {t.data_ptr() for t in locals_ if t.device.type == "cpu"}
+        dt = _dtensor_type()
+        if dt is None:
+            return {p.data_ptr() for p in obj.parameters() if p.is_cpu}
+        locals_ = (p.to_local() if isinstance(p, dt) else p for p in obj.parameters())
+        return {t.data_ptr() for t in locals_ if t.is_cpu}
     return set()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._ckpt import TensorRef
-from .dtensor import is_dtensor, local_pieces
+from .dtensor import _dtensor_type, local_pieces
 from .errors import InvalidInputError
 
 __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
@@ -96,8 +96,14 @@ class _Flattener:
         self.exporter = exporter
         self.out = Flattened()
         self.names: Set[str] = set()
-        # Looked up once per save rather than at every node of the walk.
-        self._torch_mod = _torch()
+        self._classes()
+
+    def _classes(self) -> None:
+        """Look torch's tensor classes up once per save (and again after a
+        ``state_dict()``, which may import torch), not at every node."""
+        torch = _torch()
+        self._tensor = torch.Tensor if torch is not None else None
+        self._dtensor = _dtensor_type()
 
     def name_for(self, path: List[str]) -> str:
         base = ".".join(path) or "tensor"
@@ -108,27 +114,35 @@ class _Flattener:
         return name
 
     def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
-        if type(obj) in _PLAIN:
+        # The common kinds first, by exact type: a save walks every node of
+        # every state dict, and its time is the stall of a lazy save.
+        kind = type(obj)
+        if kind in _PLAIN:
             return obj
-        where = _Where(path)
         if depth > 200:
-            raise InvalidInputError(f"{where}: nested too deeply (a cycle?)")
-        # torch may be imported during the walk (by a state_dict()); look again then.
-        torch, np = self._torch_mod or _torch(), _numpy()
-        is_tensor = torch is not None and isinstance(obj, torch.Tensor)
-        if is_tensor and is_dtensor(obj):
-            return self.walk_dtensor(obj, path, lazy_ptrs, where)
-        if is_tensor:
-            may_defer = lazy_ptrs is None or (obj.device.type == "cpu" and obj.data_ptr() in lazy_ptrs)
-            copy_now = self.lazy and not may_defer
-            dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
+            raise InvalidInputError(f"{_Where(path)}: nested too deeply (a cycle?)")
+        tensor = self._tensor
+        if tensor is not None and isinstance(obj, tensor):
+            if self._dtensor is not None and isinstance(obj, self._dtensor):
+                return self.walk_dtensor(obj, path, lazy_ptrs, _Where(path))
+            copy_now = self.lazy and not (lazy_ptrs is None or (obj.is_cpu and obj.data_ptr() in lazy_ptrs))
+            dtype, shape, buf, copy_now = self.exporter.export(obj, _Where(path), copy_now)
             name = self.name_for(path)
             self.out.tensors.append((name, dtype, shape, buf, copy_now, None))
             return TensorRef(name)
+        if kind is dict or isinstance(obj, Mapping):
+            return self.walk_mapping(obj, path, lazy_ptrs, depth)
+        if kind is list or kind is tuple:
+            items_ = [
+                v if type(v) in _PLAIN else self.walk(v, path + [str(i)], lazy_ptrs, depth + 1)
+                for i, v in enumerate(obj)
+            ]
+            return items_ if kind is list else tuple(items_)
+        np = _numpy()
         if np is not None and isinstance(obj, np.ndarray):
             from . import _numpy as npg
 
-            dtype, shape, arr = npg.export(obj, where)
+            dtype, shape, arr = npg.export(obj, _Where(path))
             name = self.name_for(path)
             self.out.tensors.append((name, dtype, shape, arr, self.lazy, None))
             self.out.numpy_names.append(name)
@@ -138,29 +152,32 @@ class _Flattener:
         if is_stateful(obj):
             self.out.stateful.append(obj)
             ptrs = _stateful_lazy_ptrs(obj)
-            return self.walk(obj.state_dict(), path, ptrs, depth + 1)
-        if isinstance(obj, Mapping):
-            items = {}
-            for k, v in obj.items():
-                if type(k) not in (str, int):
-                    raise InvalidInputError(f"{where}: dict keys must be str or int, not {type(k).__name__}")
-                if k == TAG:
-                    raise InvalidInputError(f"{where}: the key {TAG!r} is reserved by ckpt")
-                items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
-            meta = getattr(obj, "_metadata", None)
-            if isinstance(obj, OrderedDict) or meta is not None:
-                encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
-                return {TAG: "odict", "items": items, "metadata": encoded_meta}
-            return items
+            state = obj.state_dict()
+            self._classes()
+            return self.walk(state, path, ptrs, depth + 1)
         if isinstance(obj, (list, tuple)):
             items_ = [self.walk(v, path + [str(i)], lazy_ptrs, depth + 1) for i, v in enumerate(obj)]
             return items_ if isinstance(obj, list) else tuple(items_)
         raise InvalidInputError(
-            f"{where}: cannot store a value of type {type(obj).__name__} "
+            f"{_Where(path)}: cannot store a value of type {type(obj).__name__} "
             "(tensors, arrays, objects with state_dict(), and plain data: None, bool, int, float, str, "
             "bytes, list, tuple, dict)"
         )
 
+    def walk_mapping(self, obj: Mapping, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
+        items = {}
+        for k, v in obj.items():
+            kk = type(k)
+            if kk is not str and kk is not int:
+                raise InvalidInputError(f"{_Where(path)}: dict keys must be str or int, not {kk.__name__}")
+            if k == TAG:
+                raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
+            items[k] = v if type(v) in _PLAIN else self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
+        meta = getattr(obj, "_metadata", None)
+        if isinstance(obj, OrderedDict) or meta is not None:
+            encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
+            return {TAG: "odict", "items": items, "metadata": encoded_meta}
+        return items
 
     def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: str) -> Any:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
