@@ -32,9 +32,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(n: int, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
+def torchrun(n: int, *args: str, expect_ok: bool = True, monitor_s: float = 0) -> subprocess.CompletedProcess:
+    """Run the worker on ``n`` ranks; ``monitor_s`` is how long the launcher may
+    take to notice a dead worker (and tear the others down)."""
+    monitor = ["--monitor-interval", str(monitor_s)] if monitor_s else []
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), WORKER, *args]
+           "--master_port", str(free_port()), *monitor, WORKER, *args]
     p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-6000:]
@@ -126,8 +129,10 @@ def test_fsdp_x_tp_2x2_loads_into_2_rank_fsdp_and_one_process(tmp_path: Path) ->
 def test_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
     root, out = tmp_path / "ck", tmp_path / "out"
     url = root.as_uri()
+    # The launcher tears the job down once it sees the dead rank: give the
+    # survivor its whole timeout to report first, however loaded the machine.
     p = torchrun(2, "train", url, str(out / "a"), "--steps", "6", "--save-at", "2,4", "--die-rank", "1",
-                 "--die-at", "4", "--timeout", "10", expect_ok=False)
+                 "--die-at", "4", "--timeout", "10", expect_ok=False, monitor_s=12)
     assert p.returncode != 0
     survivor = json.loads((out / "a" / "train-rank0.json").read_text())
     assert survivor["error"] == "CheckpointTimeoutError", survivor
