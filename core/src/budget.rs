@@ -25,7 +25,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 
@@ -61,13 +61,19 @@ pub fn set_cpu_threads(n: usize) {
     *slot().lock().unwrap_or_else(|p| p.into_inner()) = (n, Arc::new(Semaphore::new(n)));
 }
 
+/// A turn within the process's budget, for CPU-heavy work on a thread the
+/// caller already has (a scoped thread working on borrowed memory); the turn
+/// ends when the permit is dropped. [`run_cpu`] is the usual way in.
+pub async fn cpu_permit() -> Result<OwnedSemaphorePermit> {
+    let sem = slot().lock().unwrap_or_else(|p| p.into_inner()).1.clone();
+    sem.acquire_owned()
+        .await
+        .map_err(|_| Error::Internal("the CPU budget was closed".into()))
+}
+
 /// Run a CPU-heavy closure on a blocking thread, within the process's budget.
 pub async fn run_cpu<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    let sem = slot().lock().unwrap_or_else(|p| p.into_inner()).1.clone();
-    let permit = sem
-        .acquire_owned()
-        .await
-        .map_err(|_| Error::Internal("the CPU budget was closed".into()))?;
+    let permit = cpu_permit().await?;
     tokio::task::spawn_blocking(move || {
         let out = f();
         drop(permit);

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -185,6 +186,42 @@ pub trait Format: Send + Sync + fmt::Debug {
         dst.copy_from_slice(&data);
         Ok(())
     }
+
+    /// Read many tensors, each into its buffer (exactly the tensor's length),
+    /// verified; an error names its tensor. The default runs
+    /// [`Format::read_into`] on many tensors at once ([`read_each_into`]); a
+    /// format overrides it to plan the reads of the whole batch.
+    async fn read_many_into(
+        &self,
+        ctx: &ReadContext,
+        targets: Vec<(&TensorRecord, &mut [u8])>,
+    ) -> Result<()> {
+        read_each_into(self, ctx, targets).await
+    }
+}
+
+/// [`Format::read_into`] on each target, many tensors in flight: the storage
+/// always has reads queued (bounded by [`ReadContext::fetches`]), even while a
+/// run of small tensors waits on the one packed chunk they share.
+pub async fn read_each_into<F: Format + ?Sized>(
+    format: &F,
+    ctx: &ReadContext,
+    targets: Vec<(&TensorRecord, &mut [u8])>,
+) -> Result<()> {
+    let reads: Vec<_> = targets
+        .into_iter()
+        .map(|(r, dst)| async move {
+            format
+                .read_into(ctx, r, dst)
+                .await
+                .map_err(|e| e.with_tensor(&r.name))
+        })
+        .collect();
+    futures::stream::iter(reads)
+        .buffer_unordered(crate::load::read::TENSORS_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(drop)
 }
 
 /// Read a [`Layout::Range`] tensor and verify its blake3.

@@ -204,26 +204,7 @@ impl Checkpointer {
             }
             jobs.push((record, dst));
         }
-        let ctx = self.read_ctx();
-        let reads: Vec<_> = jobs
-            .into_iter()
-            .map(|(r, dst)| {
-                let (format, ctx) = (format.clone(), ctx.clone());
-                async move {
-                    format
-                        .read_into(&ctx, r, dst)
-                        .await
-                        .map_err(|e| e.with_tensor(&r.name))
-                }
-            })
-            .collect();
-        // Many tensors in flight, reads bounded by the context's fetch limit: the
-        // storage always has `load_concurrency` reads queued, even while a run of
-        // small tensors waits on the one packed chunk they share.
-        futures::stream::iter(reads)
-            .buffer_unordered(TENSORS_IN_FLIGHT)
-            .try_collect::<Vec<()>>()
-            .await?;
+        format.read_many_into(&self.read_ctx(), jobs).await?;
         Ok(manifest)
     }
 

@@ -289,40 +289,47 @@ impl Checkpointer {
         // are in flight (the storage always has work queued).
         let assembling = tokio::sync::Semaphore::new(self.inner.opts.load_concurrency.max(1));
         let assembling = &assembling;
-        let loads = jobs.into_iter().map(|(t, records, len)| {
+        // Each box with the distinct stored boxes that overlap it (identical
+        // replicas are the same data). A box that is exactly one stored piece
+        // is read in place, with the rest of its kind in one batch.
+        let mut in_place = Vec::new();
+        let mut assemble = Vec::new();
+        for (t, records, len) in jobs {
+            let want = Region {
+                offsets: &t.spec.offsets,
+                shape: &t.shape,
+            };
+            let mut seen = std::collections::HashSet::new();
+            let overlapping: Vec<(&TensorRecord, Vec<u64>)> = records
+                .iter()
+                .map(|r| (*r, placement(r)))
+                .filter(|(_, (off, shape, _))| {
+                    intersect(
+                        &Region {
+                            offsets: off,
+                            shape,
+                        },
+                        &want,
+                    )
+                    .is_some()
+                        && seen.insert((off.clone(), shape.clone()))
+                })
+                .map(|(r, (off, _, _))| (r, off))
+                .collect();
+            match overlapping.as_slice() {
+                [(r, off)] if *off == t.spec.offsets && r.shape == t.shape => {
+                    in_place.push((*r, t.dst));
+                }
+                _ => assemble.push((t, records, len, overlapping)),
+            }
+        }
+        let assembled = assemble.into_iter().map(|(t, records, len, overlapping)| {
             let (format, ctx, key) = (format.clone(), ctx.clone(), key.clone());
             async move {
                 let want = Region {
                     offsets: &t.spec.offsets,
                     shape: &t.shape,
                 };
-                // Each distinct stored box once (identical replicas are the same data).
-                let mut seen = std::collections::HashSet::new();
-                let overlapping: Vec<(&TensorRecord, Vec<u64>)> = records
-                    .iter()
-                    .map(|r| (*r, placement(r)))
-                    .filter(|(_, (off, shape, _))| {
-                        intersect(
-                            &Region {
-                                offsets: off,
-                                shape,
-                            },
-                            &want,
-                        )
-                        .is_some()
-                            && seen.insert((off.clone(), shape.clone()))
-                    })
-                    .map(|(r, (off, _, _))| (r, off))
-                    .collect();
-                if let [(r, off)] = overlapping.as_slice() {
-                    if *off == t.spec.offsets && r.shape == t.shape {
-                        // The stored piece is exactly the box: decode in place.
-                        return format
-                            .read_into(&ctx, r, t.dst)
-                            .await
-                            .map_err(|e| e.with_tensor(t.name));
-                    }
-                }
                 let _turn = assembling
                     .acquire()
                     .await
@@ -351,10 +358,10 @@ impl Checkpointer {
                 Ok(())
             }
         });
-        futures::stream::iter(loads)
+        let assembled = futures::stream::iter(assembled)
             .buffer_unordered(crate::load::read::TENSORS_IN_FLIGHT)
-            .try_collect::<Vec<()>>()
-            .await?;
+            .try_collect::<Vec<()>>();
+        futures::try_join!(format.read_many_into(&ctx, in_place), assembled)?;
         Ok(manifest)
     }
 }
