@@ -49,24 +49,42 @@ async fn expect_fallback(
     loaded.skipped
 }
 
-/// `load_into` caller buffers (the path that verifies raw chunks on other
-/// threads while it copies them) of every tensor of the newest checkpoint.
-async fn load_into_err(cp: &Checkpointer) -> Error {
-    let id = cp.committed().await.unwrap().pop().unwrap();
-    let m = cp.manifest(&id).await.unwrap();
-    let mut bufs: Vec<(String, Vec<u8>)> = m
-        .tensors
-        .iter()
-        .map(|t| {
-            let n: u64 = t.shape.iter().product();
-            (t.name.clone(), vec![0u8; (n * 4) as usize])
-        })
-        .collect();
-    let targets = bufs
-        .iter_mut()
-        .map(|(n, b)| (n.as_str(), b.as_mut_slice()))
-        .collect();
-    cp.load_into(&id, targets).await.unwrap_err()
+/// `load_into` caller buffers of every tensor of the newest checkpoint, both
+/// ways the native format reads: here, on the test's one-thread runtime (each
+/// tensor on tokio tasks, raw chunks verified on other threads while copied),
+/// and on a multi-threaded runtime (the whole batch read in place by scoped
+/// threads). Returns both errors.
+async fn load_into_err(cp: &Checkpointer) -> [Error; 2] {
+    async fn load(cp: &Checkpointer) -> Error {
+        let id = cp.committed().await.unwrap().pop().unwrap();
+        let m = cp.manifest(&id).await.unwrap();
+        let mut bufs: Vec<(String, Vec<u8>)> = m
+            .tensors
+            .iter()
+            .map(|t| {
+                let n: u64 = t.shape.iter().product();
+                (t.name.clone(), vec![0u8; (n * 4) as usize])
+            })
+            .collect();
+        let targets = bufs
+            .iter_mut()
+            .map(|(n, b)| (n.as_str(), b.as_mut_slice()))
+            .collect();
+        cp.load_into(&id, targets).await.unwrap_err()
+    }
+    let tasks = load(cp).await;
+    let cp2 = cp.clone();
+    let batch = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(load(&cp2))
+    })
+    .join()
+    .unwrap();
+    [tasks, batch]
 }
 
 fn assert_corrupt(e: &Error, object: &str, tensor: Option<&str>) {
@@ -93,7 +111,9 @@ async fn flipped_byte_in_chunk() {
     std::fs::write(&path, bytes).unwrap();
     let id = cp.committed().await.unwrap().pop().unwrap();
     assert_corrupt(&cp.load(&id).await.unwrap_err(), &key, Some(&tensor));
-    assert_corrupt(&load_into_err(&cp).await, &key, Some(&tensor));
+    for e in load_into_err(&cp).await {
+        assert_corrupt(&e, &key, Some(&tensor));
+    }
     assert!(cp.verify(&id).await.is_err());
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
@@ -125,7 +145,9 @@ async fn truncated_chunk() {
     let (key, path, tensor) = newest_chunk(&cp, dir.path(), 0).await;
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
-    assert_corrupt(&load_into_err(&cp).await, &key, Some(&tensor));
+    for e in load_into_err(&cp).await {
+        assert_corrupt(&e, &key, Some(&tensor));
+    }
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
 }
@@ -135,6 +157,9 @@ async fn deleted_chunk() {
     let (dir, cp, old) = two_checkpoints().await;
     let (key, path, tensor) = newest_chunk(&cp, dir.path(), 2).await;
     std::fs::remove_file(&path).unwrap();
+    for e in load_into_err(&cp).await {
+        assert_corrupt(&e, &key, Some(&tensor));
+    }
     let skipped = expect_fallback(dir.path(), &old).await;
     assert_corrupt(&skipped[0].1, &key, Some(&tensor));
 }

@@ -71,6 +71,14 @@ pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecErr
     })
 }
 
+/// Check a stored chunk's header (its first [`HEADER_LEN`] bytes): the raw
+/// length of a raw chunk, whose payload is the raw bytes themselves, or `None`
+/// for a compressed one.
+pub fn raw_len(header: &[u8]) -> Result<Option<u64>, CodecError> {
+    let (codec, claimed) = parse_header(header)?;
+    Ok((codec == RAW).then_some(claimed))
+}
+
 /// Decode a stored chunk and verify that blake3 of the raw bytes is `hash` (hex).
 ///
 /// `max_raw` caps the raw length a header may claim. Raw payloads come back as a

@@ -9,6 +9,7 @@
 //! the chunks already stored, compressed if asked, and uploaded, with at most
 //! `concurrency` chunks in flight, so hashing overlaps writing.
 
+pub mod batch;
 pub mod chunk;
 pub mod pack;
 
@@ -221,6 +222,19 @@ impl Format for Native {
             .try_collect::<Vec<()>>()
             .await?;
         Ok(())
+    }
+
+    async fn read_many_into(
+        &self,
+        ctx: &ReadContext,
+        targets: Vec<(&TensorRecord, &mut [u8])>,
+    ) -> Result<()> {
+        let rest = if batch::available() {
+            batch::read_many_into(ctx, targets).await?
+        } else {
+            targets
+        };
+        ckpt_core::format::read_each_into(self, ctx, rest).await
     }
 }
 
