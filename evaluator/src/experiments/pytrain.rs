@@ -311,6 +311,14 @@ pub fn targets(r: &PyTrainResults) -> Vec<Target> {
         1.3,
     );
     push(
+        "ckpt load_latest in place: peak extra host memory / state".into(),
+        eager
+            .and_then(|x| x.peak_load_extra_bytes)
+            .filter(|_| r.state_bytes > 0)
+            .map(|b| b as f64 / r.state_bytes as f64),
+        0.1,
+    );
+    push(
         "ckpt eager stall, warm staging pool / memcpy".into(),
         med(eager.and_then(|x| x.stall_s.as_ref())).map(|a| a / r.floors.memcpy_s),
         1.2,
@@ -446,22 +454,23 @@ mod tests {
         assert!((eager.durable_vs_idle.unwrap() - 2.0).abs() < 1e-12);
         assert!((r.loops[2].slowdown.median - 0.3).abs() < 1e-12);
         let t = &r.targets;
-        assert_eq!(t.len(), 8, "{t:?}");
+        assert_eq!(t.len(), 9, "{t:?}");
         assert!(
             !t[0].met && (t[0].ratio - 1.2).abs() < 1e-12,
             "load / torch.load"
         );
         assert!(t[1].met, "load / read floor");
-        assert!(t[2].met && (t[2].ratio - 1.1).abs() < 1e-9, "eager stall");
-        assert!(t[3].met, "lazy stall");
+        assert!(t[2].met && t[2].ratio == 0.0, "load peak (negative is 0)");
+        assert!(t[3].met && (t[3].ratio - 1.1).abs() < 1e-9, "eager stall");
+        assert!(t[4].met, "lazy stall");
         assert!(
-            t[4].met && (t[4].ratio - 1.0 / 3.0).abs() < 1e-9,
+            t[5].met && (t[5].ratio - 1.0 / 3.0).abs() < 1e-9,
             "eager vs torch.save"
         );
         assert!(
-            !t[5].met && t[5].ratio.is_infinite(),
+            !t[6].met && t[6].ratio.is_infinite(),
             "dcp.async_save sped the loop up"
         );
-        assert!(t[6].met && t[7].met, "lazy sped it up too: {t:?}");
+        assert!(t[7].met && t[8].met, "lazy sped it up too: {t:?}");
     }
 }
