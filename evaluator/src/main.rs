@@ -86,8 +86,9 @@ struct Cli {
     /// Sharded: rank counts to run under torchrun.
     #[arg(long, global = true, value_delimiter = ',', default_value = "2,4")]
     sharded_ranks: Vec<usize>,
-    /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that).
-    #[arg(long, global = true, default_value_t = 64.0)]
+    /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that);
+    /// a few hundred, so each rank's share is far above the engine's fixed costs.
+    #[arg(long, global = true, default_value_t = 256.0)]
     sharded_mib: f64,
     /// Sharded: timed saves and loads per method (after one untimed warm-up save).
     #[arg(long, global = true, default_value_t = 2)]
