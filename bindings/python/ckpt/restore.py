@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._ckpt import TensorRef
-from .dtensor import is_dtensor, local_pieces
+from .dtensor import is_dtensor, local_of, local_pieces
 from .errors import CorruptError, InvalidInputError, UnsupportedError
 from .tree import TAG, is_stateful
 
@@ -159,7 +159,7 @@ class RestorePlan:
     def _fill_torch(self, name: str, dtype: str, shape: Tuple[int, ...], t: Any) -> None:
         if is_dtensor(t):
             _, pieces = local_pieces(t, name)
-            local = t.to_local()
+            local = local_of(t)
             whole = len(pieces) == 1 and pieces[0].shape == shape
             for p in pieces:
                 self._into_torch(name, dtype, p.shape, None if whole else (shape, p.offsets), p.view(local))

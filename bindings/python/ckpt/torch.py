@@ -210,11 +210,11 @@ def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
     if isinstance(obj, torch.optim.Optimizer):
         return None
     if isinstance(obj, torch.nn.Module):
-        from .dtensor import _dtensor_type
+        from .dtensor import _dtensor_type, local_of
 
         dt = _dtensor_type()
         if dt is None:
             return {p.data_ptr() for p in obj.parameters() if p.is_cpu}
-        locals_ = (p.to_local() if isinstance(p, dt) else p for p in obj.parameters())
+        locals_ = (local_of(p) if isinstance(p, dt) else p for p in obj.parameters())
         return {t.data_ptr() for t in locals_ if t.is_cpu}
     return set()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ._ckpt import TensorRef
-from .dtensor import _dtensor_type, local_pieces
+from .dtensor import _dtensor_type, local_of, local_pieces
 from .errors import InvalidInputError
 
 __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
@@ -182,7 +182,7 @@ class _Flattener:
     def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: str) -> Any:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
         global_shape, pieces = local_pieces(obj, where)
-        local = obj.to_local()
+        local = local_of(obj)
         may_defer = lazy_ptrs is None or (local.device.type == "cpu" and local.data_ptr() in lazy_ptrs)
         copy_now = self.lazy and not may_defer
         name = self.name_for(path)
