@@ -187,6 +187,17 @@ pub trait Format: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Read many tensors' bytes, in the order given, each verified; an error
+    /// names its tensor. The default runs [`Format::read`] on many tensors at
+    /// once ([`read_each`]); a format overrides it to plan the whole batch.
+    async fn read_many(
+        &self,
+        ctx: &ReadContext,
+        records: Vec<&TensorRecord>,
+    ) -> Result<Vec<Bytes>> {
+        read_each(self, ctx, records).await
+    }
+
     /// Read many tensors, each into its buffer (exactly the tensor's length),
     /// verified; an error names its tensor. The default runs
     /// [`Format::read_into`] on many tensors at once ([`read_each_into`]); a
@@ -198,6 +209,27 @@ pub trait Format: Send + Sync + fmt::Debug {
     ) -> Result<()> {
         read_each_into(self, ctx, targets).await
     }
+}
+
+/// [`Format::read`] on each record, many tensors in flight, results in order.
+pub async fn read_each<F: Format + ?Sized>(
+    format: &F,
+    ctx: &ReadContext,
+    records: Vec<&TensorRecord>,
+) -> Result<Vec<Bytes>> {
+    let reads: Vec<_> = records
+        .into_iter()
+        .map(|r| async move {
+            format
+                .read(ctx, r)
+                .await
+                .map_err(|e| e.with_tensor(&r.name))
+        })
+        .collect();
+    futures::stream::iter(reads)
+        .buffered(crate::load::read::TENSORS_IN_FLIGHT)
+        .try_collect()
+        .await
 }
 
 /// [`Format::read_into`] on each target, many tensors in flight: the storage

@@ -53,8 +53,9 @@ async fn expect_fallback(
 /// ways the native format reads: here, on the test's one-thread runtime (each
 /// tensor on tokio tasks, raw chunks verified on other threads while copied),
 /// and on a multi-threaded runtime (the whole batch read in place by scoped
-/// threads). Returns both errors.
-async fn load_into_err(cp: &Checkpointer) -> [Error; 2] {
+/// threads), and `load` into new buffers on the latter (the same batch).
+/// Returns the three errors.
+async fn load_into_err(cp: &Checkpointer) -> [Error; 3] {
     async fn load(cp: &Checkpointer) -> Error {
         let id = cp.committed().await.unwrap().pop().unwrap();
         let m = cp.manifest(&id).await.unwrap();
@@ -74,17 +75,20 @@ async fn load_into_err(cp: &Checkpointer) -> [Error; 2] {
     }
     let tasks = load(cp).await;
     let cp2 = cp.clone();
-    let batch = std::thread::spawn(move || {
+    let (batch, whole) = std::thread::spawn(move || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap()
-            .block_on(load(&cp2))
+            .block_on(async {
+                let id = cp2.committed().await.unwrap().pop().unwrap();
+                (load(&cp2).await, cp2.load(&id).await.unwrap_err())
+            })
     })
     .join()
     .unwrap();
-    [tasks, batch]
+    [tasks, batch, whole]
 }
 
 fn assert_corrupt(e: &Error, object: &str, tensor: Option<&str>) {

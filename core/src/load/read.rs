@@ -4,7 +4,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::checkpointer::Checkpointer;
@@ -270,19 +269,15 @@ impl Checkpointer {
     ) -> Result<Vec<Tensor>> {
         let format = self.inner.registry.get(&manifest.format)?;
         let ctx = self.read_ctx();
-        let datas: Vec<Bytes> = futures::stream::iter(records.iter().copied())
-            .map(|r| {
-                let (format, ctx) = (format.clone(), ctx.clone());
-                async move {
-                    format
-                        .read(&ctx, r)
-                        .await
-                        .map_err(|e| e.with_tensor(&r.name))
-                }
-            })
-            .buffered(TENSORS_IN_FLIGHT)
-            .try_collect()
-            .await?;
+        let datas = format.read_many(&ctx, records.clone()).await?;
+        if datas.len() != records.len() {
+            return Err(Error::Internal(format!(
+                "format `{}` read {} of {} tensors",
+                manifest.format,
+                datas.len(),
+                records.len()
+            )));
+        }
         records
             .into_iter()
             .zip(datas)

@@ -62,6 +62,34 @@ impl Job<'_> {
     }
 }
 
+/// A zeroed buffer of `record`'s length, for a load that returns new memory.
+///
+/// Zeroed by the allocator (fresh pages are zero, so nothing is written
+/// twice), and refused with a typed error, not an abort, when a manifest
+/// claims more than can be allocated.
+pub fn zeroed(record: &TensorRecord) -> Result<Vec<u8>> {
+    let too_big = || {
+        Error::corrupt(
+            "manifest",
+            Some(&record.name),
+            "the tensor's length cannot be allocated",
+        )
+    };
+    let n = usize::try_from(record.nbytes()?).map_err(|_| too_big())?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| too_big())?;
+    // SAFETY: `layout` has a non-zero size. A non-null result is `n` zeroed
+    // bytes from the global allocator with the layout of `[u8; n]`, which is
+    // what `Vec::<u8>::from_raw_parts(p, n, n)` takes ownership of.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(too_big());
+    }
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 /// Whether this thread can run a batch in place (a multi-threaded runtime).
 pub fn available() -> bool {
     Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
@@ -415,6 +443,17 @@ mod tests {
                 assert!(m.tensors.iter().any(|t| matches!(&t.layout, Layout::Chunks { chunks } if chunks.iter().any(|c| c.offset.is_some()))));
                 for window in [1, 100_000, u64::MAX] {
                     check(url, &m, &st, window).await.unwrap();
+                }
+                // Into new buffers (a load that returns the state): the same batch.
+                let got = ckpt_core::Format::read_many(
+                    &super::super::Native,
+                    &ctx(url),
+                    m.tensors.iter().collect(),
+                )
+                .await
+                .unwrap();
+                for (t, b) in st.tensors.iter().zip(&got) {
+                    assert_eq!(&t.data[..], &b[..], "{}", t.name);
                 }
             }
         }

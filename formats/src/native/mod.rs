@@ -236,6 +236,28 @@ impl Format for Native {
         };
         ckpt_core::format::read_each_into(self, ctx, rest).await
     }
+
+    async fn read_many(
+        &self,
+        ctx: &ReadContext,
+        records: Vec<&TensorRecord>,
+    ) -> Result<Vec<Bytes>> {
+        if !batch::available() {
+            return ckpt_core::format::read_each(self, ctx, records).await;
+        }
+        // New buffers of each tensor's length, filled by one planned batch.
+        let mut bufs = records
+            .iter()
+            .map(|r| batch::zeroed(r))
+            .collect::<Result<Vec<_>>>()?;
+        let targets = records
+            .iter()
+            .copied()
+            .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+            .collect();
+        self.read_many_into(ctx, targets).await?;
+        Ok(bufs.into_iter().map(Bytes::from).collect())
+    }
 }
 
 /// Fetch a chunk, decode it into `dst` and verify it.
