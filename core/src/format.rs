@@ -129,6 +129,11 @@ pub struct ReadContext {
     /// work queued, whichever tensors share a packed chunk) and this bounds the
     /// reads, and the buffers they fill, to `load_concurrency`.
     pub fetches: Arc<tokio::sync::Semaphore>,
+    /// Largest span of bytes one ranged read may cover when neighbouring
+    /// tensors of a single-file format are merged ([`Format::read_many`]); 0
+    /// reads each tensor on its own. Merging pays on a remote store, where a
+    /// request costs a round trip; on a local disk smaller reads pipeline better.
+    pub coalesce_bytes: u64,
 }
 
 impl ReadContext {
@@ -189,13 +194,38 @@ pub trait Format: Send + Sync + fmt::Debug {
 
     /// Read many tensors' bytes, in the order given, each verified; an error
     /// names its tensor. The default runs [`Format::read`] on many tensors at
-    /// once ([`read_each`]); a format overrides it to plan the whole batch.
+    /// once ([`read_each`]); where [`ReadContext::coalesce_bytes`] allows (a
+    /// remote store), it reads the [`Layout::Range`] tensors as the default
+    /// `read` would, but with neighbours in one object merged into one ranged
+    /// read. A format that overrides `read` for ranges overrides this too.
     async fn read_many(
         &self,
         ctx: &ReadContext,
         records: Vec<&TensorRecord>,
     ) -> Result<Vec<Bytes>> {
-        read_each(self, ctx, records).await
+        if ctx.coalesce_bytes == 0 {
+            return read_each(self, ctx, records).await;
+        }
+        let (ranged, other): (Vec<_>, Vec<_>) = records
+            .iter()
+            .copied()
+            .enumerate()
+            .partition(|(_, r)| matches!(&r.layout, Layout::Range { len, .. } if *len > 0));
+        let (ranged_at, ranged): (Vec<usize>, Vec<&TensorRecord>) = ranged.into_iter().unzip();
+        let (other_at, other): (Vec<usize>, Vec<&TensorRecord>) = other.into_iter().unzip();
+        let (a, b) = futures::try_join!(
+            crate::load::ranges::read_coalesced(ctx, &ranged),
+            read_each(self, ctx, other)
+        )?;
+        let mut out = vec![Bytes::new(); records.len()];
+        for (i, data) in ranged_at
+            .into_iter()
+            .zip(a)
+            .chain(other_at.into_iter().zip(b))
+        {
+            out[i] = data;
+        }
+        Ok(out)
     }
 
     /// Read many tensors, each into its buffer (exactly the tensor's length),
@@ -324,7 +354,7 @@ pub fn storage_err(e: object_store::Error, object: &str, tensor: &str) -> Error 
 
 /// A ranged read failed: if the object is now shorter than the range, it was
 /// truncated (corruption); otherwise the error is the store's.
-async fn range_error(
+pub(crate) async fn range_error(
     ctx: &ReadContext,
     e: object_store::Error,
     object: &str,

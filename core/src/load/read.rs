@@ -71,6 +71,11 @@ impl Checkpointer {
             fetches: Arc::new(tokio::sync::Semaphore::new(
                 self.inner.opts.load_concurrency.max(1),
             )),
+            coalesce_bytes: if self.inner.url.starts_with("s3://") {
+                crate::load::ranges::MAX_SPAN
+            } else {
+                0
+            },
         }
     }
 

@@ -403,6 +403,7 @@ mod tests {
             cache: Arc::new(ChunkCache::new()),
             concurrency: 4,
             fetches: Arc::new(tokio::sync::Semaphore::new(4)),
+            coalesce_bytes: 0,
         }
     }
 
