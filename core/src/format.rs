@@ -230,14 +230,40 @@ pub trait Format: Send + Sync + fmt::Debug {
 
     /// Read many tensors, each into its buffer (exactly the tensor's length),
     /// verified; an error names its tensor. The default runs
-    /// [`Format::read_into`] on many tensors at once ([`read_each_into`]); a
+    /// [`Format::read_into`] on many tensors at once ([`read_each_into`]), and
+    /// merges the reads of [`Layout::Range`] tensors where
+    /// [`ReadContext::coalesce_bytes`] allows, as [`Format::read_many`] does; a
     /// format overrides it to plan the reads of the whole batch.
     async fn read_many_into(
         &self,
         ctx: &ReadContext,
         targets: Vec<(&TensorRecord, &mut [u8])>,
     ) -> Result<()> {
-        read_each_into(self, ctx, targets).await
+        if ctx.coalesce_bytes == 0 {
+            return read_each_into(self, ctx, targets).await;
+        }
+        // Where reads are merged, the ranges come in merged reads and are
+        // copied into their buffers; the rest go one by one.
+        let (ranged, other): (Vec<_>, Vec<_>) = targets
+            .into_iter()
+            .partition(|(r, _)| matches!(&r.layout, Layout::Range { len, .. } if *len > 0));
+        let records: Vec<&TensorRecord> = ranged.iter().map(|(r, _)| *r).collect();
+        let fill = async {
+            let datas = crate::load::ranges::read_coalesced(ctx, &records).await?;
+            for ((r, dst), data) in ranged.into_iter().zip(datas) {
+                if data.len() != dst.len() {
+                    return Err(Error::InvalidInput(format!(
+                        "tensor `{}` has {} bytes, the buffer {}",
+                        r.name,
+                        data.len(),
+                        dst.len()
+                    )));
+                }
+                dst.copy_from_slice(&data);
+            }
+            Ok(())
+        };
+        futures::try_join!(fill, read_each_into(self, ctx, other)).map(drop)
     }
 }
 

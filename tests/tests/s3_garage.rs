@@ -67,6 +67,55 @@ async fn large_checkpoint_in_parts_round_trips() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_file_format_loads_merge_their_ranged_reads() -> Result<()> {
+    let Some(url) = s3_url("ranges") else {
+        return Ok(());
+    };
+    let safetensors = || ckpt_formats::by_name("safetensors").unwrap();
+    let state =
+        big_state(300, 1000, 3).with_tensor(Tensor::from_f32("empty", vec![0], &[]).unwrap());
+    let cp = ckpt_formats::builder(url.as_str())
+        .format(safetensors())
+        .build()
+        .await?;
+    cp.save(1, &state).await?.wait().await?;
+
+    // A fresh checkpointer: a few merged GETs, not one per tensor.
+    let counting = CountingStore::new(store::open_url(&url)?);
+    let cp2 = ckpt_formats::builder(url.as_str())
+        .store(Arc::new(counting.clone()))
+        .build()
+        .await?;
+    let id = cp2.committed().await?.pop().expect("committed on S3");
+    let before = counting.counts();
+    let loaded = cp2.load(&id).await?;
+    assert_eq!(loaded.state.tensors, state.tensors);
+    let gets = (counting.counts() - before).gets;
+    assert!(gets < 20, "{gets} GETs for 301 tensors");
+
+    // In place too.
+    let mut bufs: Vec<Vec<u8>> = state
+        .tensors
+        .iter()
+        .map(|t| vec![0; t.data.len()])
+        .collect();
+    let targets = state
+        .tensors
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(t, b)| (t.name.as_str(), b.as_mut_slice()))
+        .collect();
+    let before = counting.counts();
+    cp2.load_into(&id, targets).await?;
+    for (t, b) in state.tensors.iter().zip(&bufs) {
+        assert_eq!(&t.data[..], &b[..], "{}", t.name);
+    }
+    let gets = (counting.counts() - before).gets;
+    assert!(gets < 20, "{gets} GETs for 301 tensors in place");
+    Ok(())
+}
+
 #[tokio::test]
 async fn s3_configuration_errors_are_typed() {
     assert!(matches!(
