@@ -83,11 +83,13 @@ pub fn zeroed(record: &TensorRecord) -> Result<Vec<u8>> {
     // SAFETY: `layout` has a non-zero size. A non-null result is `n` zeroed
     // bytes from the global allocator with the layout of `[u8; n]`, which is
     // what `Vec::<u8>::from_raw_parts(p, n, n)` takes ownership of.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return Err(too_big());
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout);
+        if p.is_null() {
+            return Err(too_big());
+        }
+        Ok(Vec::from_raw_parts(p, n, n))
     }
-    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 
 /// Whether this thread can run a batch in place (a multi-threaded runtime).
@@ -95,12 +97,12 @@ pub fn available() -> bool {
     Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
 }
 
+/// A tensor to load and the buffer it goes into.
+pub type Target<'a> = (&'a TensorRecord, &'a mut [u8]);
+
 /// Split each target into chunk jobs; a packed chunk is one job for all the
 /// tensors it holds. Targets of other layouts are returned apart.
-#[allow(clippy::type_complexity)]
-fn plan<'a>(
-    targets: Vec<(&'a TensorRecord, &'a mut [u8])>,
-) -> Result<(Vec<Job<'a>>, Vec<(&'a TensorRecord, &'a mut [u8])>)> {
+fn plan<'a>(targets: Vec<Target<'a>>) -> Result<(Vec<Job<'a>>, Vec<Target<'a>>)> {
     let mut jobs: Vec<Job<'a>> = Vec::new();
     let mut packs: HashMap<&'a str, usize> = HashMap::new();
     let mut other = Vec::new();
@@ -152,16 +154,16 @@ fn plan<'a>(
 /// back the targets of other layouts. Call only where [`available`] says so.
 pub async fn read_many_into<'a>(
     ctx: &ReadContext,
-    targets: Vec<(&'a TensorRecord, &'a mut [u8])>,
-) -> Result<Vec<(&'a TensorRecord, &'a mut [u8])>> {
+    targets: Vec<Target<'a>>,
+) -> Result<Vec<Target<'a>>> {
     read_in_windows(ctx, targets, WINDOW_BYTES).await
 }
 
 async fn read_in_windows<'a>(
     ctx: &ReadContext,
-    targets: Vec<(&'a TensorRecord, &'a mut [u8])>,
+    targets: Vec<Target<'a>>,
     window_bytes: u64,
-) -> Result<Vec<(&'a TensorRecord, &'a mut [u8])>> {
+) -> Result<Vec<Target<'a>>> {
     let (jobs, other) = plan(targets)?;
     let handle = Handle::current();
     let mut jobs = jobs.into_iter().peekable();
