@@ -248,21 +248,22 @@ pub trait Format: Send + Sync + fmt::Debug {
             .into_iter()
             .partition(|(r, _)| matches!(&r.layout, Layout::Range { len, .. } if *len > 0));
         let records: Vec<&TensorRecord> = ranged.iter().map(|(r, _)| *r).collect();
-        let fill = async {
-            let datas = crate::load::ranges::read_coalesced(ctx, &records).await?;
-            for ((r, dst), data) in ranged.into_iter().zip(datas) {
-                if data.len() != dst.len() {
-                    return Err(Error::InvalidInput(format!(
-                        "tensor `{}` has {} bytes, the buffer {}",
-                        r.name,
-                        data.len(),
-                        dst.len()
-                    )));
-                }
-                dst.copy_from_slice(&data);
+        let mut dsts: Vec<&mut [u8]> = ranged.into_iter().map(|(_, d)| d).collect();
+        // Each tensor is copied in as its span arrives, so the spans in flight
+        // are all the memory this holds.
+        let fill = crate::load::ranges::for_each_span(ctx, &records, |i, data| {
+            let dst = &mut dsts[i];
+            if data.len() != dst.len() {
+                return Err(Error::InvalidInput(format!(
+                    "tensor `{}` has {} bytes, the buffer {}",
+                    records[i].name,
+                    data.len(),
+                    dst.len()
+                )));
             }
+            dst.copy_from_slice(&data);
             Ok(())
-        };
+        });
         futures::try_join!(fill, read_each_into(self, ctx, other)).map(drop)
     }
 }

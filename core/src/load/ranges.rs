@@ -115,19 +115,34 @@ pub(crate) async fn read_coalesced(
     ctx: &ReadContext,
     records: &[&TensorRecord],
 ) -> Result<Vec<Bytes>> {
+    let mut out = vec![Bytes::new(); records.len()];
+    for_each_span(ctx, records, |index, data| {
+        out[index] = data;
+        Ok(())
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Read non-empty `Layout::Range` tensors, verified, and hand each to `take`
+/// (its index in `records` and its bytes) as soon as its span is in: spans in
+/// flight are all the memory it holds (`load_concurrency` spans at most).
+pub(crate) async fn for_each_span(
+    ctx: &ReadContext,
+    records: &[&TensorRecord],
+    mut take: impl FnMut(usize, Bytes) -> Result<()>,
+) -> Result<()> {
     let reads: Vec<_> = spans(records, ctx.coalesce_bytes)?
         .into_iter()
         .map(|span| read_span(ctx, span))
         .collect();
-    let fetched: Vec<Vec<(usize, Bytes)>> = futures::stream::iter(reads)
-        .buffer_unordered(ctx.concurrency.max(1))
-        .try_collect()
-        .await?;
-    let mut out = vec![Bytes::new(); records.len()];
-    for (index, data) in fetched.into_iter().flatten() {
-        out[index] = data;
+    let mut fetched = futures::stream::iter(reads).buffer_unordered(ctx.concurrency.max(1));
+    while let Some(tensors) = fetched.try_next().await? {
+        for (index, data) in tensors {
+            take(index, data)?;
+        }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The first tensor of `span` that does not fit in an object of `size` bytes.
