@@ -210,7 +210,7 @@ pub trait Format: Send + Sync + fmt::Debug {
             .iter()
             .copied()
             .enumerate()
-            .partition(|(_, r)| matches!(&r.layout, Layout::Range { len, .. } if *len > 0));
+            .partition(|(_, r)| merged_range(r));
         let (ranged_at, ranged): (Vec<usize>, Vec<&TensorRecord>) = ranged.into_iter().unzip();
         let (other_at, other): (Vec<usize>, Vec<&TensorRecord>) = other.into_iter().unzip();
         let (a, b) = futures::try_join!(
@@ -244,9 +244,8 @@ pub trait Format: Send + Sync + fmt::Debug {
         }
         // Where reads are merged, the ranges come in merged reads and are
         // copied into their buffers; the rest go one by one.
-        let (ranged, other): (Vec<_>, Vec<_>) = targets
-            .into_iter()
-            .partition(|(r, _)| matches!(&r.layout, Layout::Range { len, .. } if *len > 0));
+        let (ranged, other): (Vec<_>, Vec<_>) =
+            targets.into_iter().partition(|(r, _)| merged_range(r));
         let records: Vec<&TensorRecord> = ranged.iter().map(|(r, _)| *r).collect();
         let mut dsts: Vec<&mut [u8]> = ranged.into_iter().map(|(_, d)| d).collect();
         // Each tensor is copied in as its span arrives, so the spans in flight
@@ -266,6 +265,13 @@ pub trait Format: Send + Sync + fmt::Debug {
         });
         futures::try_join!(fill, read_each_into(self, ctx, other)).map(drop)
     }
+}
+
+/// Whether `record` is read in a merged ranged read where reads are merged: a
+/// non-empty [`Layout::Range`] (an empty one is checked with a HEAD, as
+/// [`read_range`] does).
+fn merged_range(record: &TensorRecord) -> bool {
+    matches!(&record.layout, Layout::Range { len, .. } if *len > 0)
 }
 
 /// [`Format::read`] on each record, many tensors in flight, results in order.

@@ -213,8 +213,6 @@ def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
         from .dtensor import _dtensor_type, local_of
 
         dt = _dtensor_type()
-        if dt is None:
-            return {p.data_ptr() for p in obj.parameters() if p.is_cpu}
-        locals_ = (local_of(p) if isinstance(p, dt) else p for p in obj.parameters())
+        locals_ = (local_of(p) if dt is not None and isinstance(p, dt) else p for p in obj.parameters())
         return {t.data_ptr() for t in locals_ if t.is_cpu}
     return set()

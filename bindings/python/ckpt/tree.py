@@ -133,11 +133,7 @@ class _Flattener:
         if kind is dict or isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
         if kind is list or kind is tuple:
-            items_ = [
-                v if type(v) in _PLAIN else self.walk(v, path + [str(i)], lazy_ptrs, depth + 1)
-                for i, v in enumerate(obj)
-            ]
-            return items_ if kind is list else tuple(items_)
+            return self.walk_sequence(obj, path, lazy_ptrs, depth)
         np = _numpy()
         if np is not None and isinstance(obj, np.ndarray):
             from . import _numpy as npg
@@ -156,13 +152,20 @@ class _Flattener:
             self._classes()
             return self.walk(state, path, ptrs, depth + 1)
         if isinstance(obj, (list, tuple)):
-            items_ = [self.walk(v, path + [str(i)], lazy_ptrs, depth + 1) for i, v in enumerate(obj)]
-            return items_ if isinstance(obj, list) else tuple(items_)
+            return self.walk_sequence(obj, path, lazy_ptrs, depth)
         raise InvalidInputError(
             f"{_Where(path)}: cannot store a value of type {type(obj).__name__} "
             "(tensors, arrays, objects with state_dict(), and plain data: None, bool, int, float, str, "
             "bytes, list, tuple, dict)"
         )
+
+    def walk_sequence(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
+        """A list or tuple (subclasses included) as a list or a tuple."""
+        items = [
+            v if type(v) in _PLAIN else self.walk(v, path + [str(i)], lazy_ptrs, depth + 1)
+            for i, v in enumerate(obj)
+        ]
+        return items if isinstance(obj, list) else tuple(items)
 
     def walk_mapping(self, obj: Mapping, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
         items = {}
@@ -183,7 +186,7 @@ class _Flattener:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
-        may_defer = lazy_ptrs is None or (local.device.type == "cpu" and local.data_ptr() in lazy_ptrs)
+        may_defer = lazy_ptrs is None or (local.is_cpu and local.data_ptr() in lazy_ptrs)
         copy_now = self.lazy and not may_defer
         name = self.name_for(path)
         whole = len(pieces) == 1 and pieces[0].shape == global_shape
