@@ -102,9 +102,9 @@ impl Checkpointer {
         // Where each stored record sits in the global tensor.
         let placed: Vec<(&TensorRecord, Vec<u64>, Vec<u64>)> = records
             .iter()
-            .map(|r| match &r.shard {
-                Some(s) => (*r, s.offsets.clone(), s.global_shape.clone()),
-                None => (*r, vec![0; r.shape.len()], r.shape.clone()),
+            .map(|r| {
+                let (off, _, global) = placement(r);
+                (*r, off, global)
             })
             .collect();
         if placed.iter().any(|(_, _, g)| *g != spec.global_shape) {
@@ -133,7 +133,7 @@ impl Checkpointer {
         let mut buf = BytesMut::zeroed(
             usize::try_from(len).map_err(|_| Error::InvalidInput("tensor too large".into()))?,
         );
-        let overlapping: Vec<&TensorRecord> = placed
+        let overlapping: Vec<(&TensorRecord, &Vec<u64>)> = placed
             .iter()
             .filter(|(r, off, _)| {
                 intersect(
@@ -145,20 +145,16 @@ impl Checkpointer {
                 )
                 .is_some()
             })
-            .map(|(r, _, _)| *r)
+            .map(|(r, off, _)| (*r, off))
             .collect();
-        let datas = self.read_records(manifest, overlapping.clone()).await?;
+        let records = overlapping.iter().map(|(r, _)| *r).collect();
+        let datas = self.read_records(manifest, records).await?;
         let mut copied = 0u64;
-        for (r, t) in overlapping.iter().zip(&datas) {
-            let off = r
-                .shard
-                .as_ref()
-                .map(|s| s.offsets.clone())
-                .unwrap_or_else(|| vec![0; r.shape.len()]);
+        for ((r, off), t) in overlapping.iter().zip(&datas) {
             copied += copy_overlap(
                 &t.data,
                 &Region {
-                    offsets: &off,
+                    offsets: off,
                     shape: &r.shape,
                 },
                 &mut buf,
