@@ -387,7 +387,7 @@ pub fn storage_err(e: object_store::Error, object: &str, tensor: &str) -> Error 
 
 /// A ranged read failed: if the object is now shorter than the range, it was
 /// truncated (corruption); otherwise the error is the store's.
-pub(crate) async fn range_error(
+async fn range_error(
     ctx: &ReadContext,
     e: object_store::Error,
     object: &str,

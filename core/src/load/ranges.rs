@@ -21,7 +21,7 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use crate::error::{Error, Result};
-use crate::format::{range_error, ReadContext};
+use crate::format::{storage_err, ReadContext};
 use crate::layout::manifest::{Layout, TensorRecord};
 
 /// Largest span one read fetches on a remote store (a tensor larger than this
@@ -162,21 +162,24 @@ async fn read_span(ctx: &ReadContext, span: Span<'_>) -> Result<Vec<(usize, Byte
         match ctx.store.get_range(&key, span.start..span.end).await {
             Ok(b) => b,
             Err(e) => {
-                // Name the first tensor past the object's end, as a read of
-                // that tensor alone would have.
+                // A short object is corruption of the first tensor past its
+                // end, as a read of that tensor alone would say (one HEAD);
+                // anything else is the store's error.
                 let size = match &e {
                     object_store::Error::NotFound { .. } => None,
                     _ => ctx.store.head(&key).await.ok().map(|m| m.size),
                 };
-                let tensor = size
-                    .and_then(|size| cut_at(&span, size))
-                    .map_or(first, |m| m.name);
-                let end = span
-                    .members
-                    .iter()
-                    .find(|m| m.name == tensor)
-                    .map_or(span.end, |m| m.offset + m.len);
-                return Err(range_error(ctx, e, span.object, tensor, end).await);
+                return Err(match size.and_then(|s| Some((s, cut_at(&span, s)?))) {
+                    Some((size, m)) => Error::corrupt(
+                        span.object,
+                        Some(m.name),
+                        format!(
+                            "object is truncated: {size} bytes, the tensor ends at {}",
+                            m.offset + m.len
+                        ),
+                    ),
+                    None => storage_err(e, span.object, first),
+                });
             }
         }
     };
