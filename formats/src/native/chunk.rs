@@ -23,14 +23,14 @@ const ZSTD: u8 = 1;
 pub struct Encoded {
     /// The 16-byte header.
     pub header: [u8; HEADER_LEN],
-    /// The payload (the raw bytes themselves when not compressed).
-    pub payload: Bytes,
+    /// The payload, in order: the raw parts themselves when not compressed.
+    pub payload: Vec<Bytes>,
 }
 
 impl Encoded {
     /// Stored length.
     pub fn len(&self) -> u64 {
-        (HEADER_LEN + self.payload.len()) as u64
+        (HEADER_LEN + self.payload.iter().map(Bytes::len).sum::<usize>()) as u64
     }
 
     /// Never empty (the header is always there).
@@ -40,7 +40,10 @@ impl Encoded {
 
     /// The parts to upload, in order.
     pub fn parts(self) -> Vec<Bytes> {
-        vec![Bytes::copy_from_slice(&self.header), self.payload]
+        let mut out = Vec::with_capacity(1 + self.payload.len());
+        out.push(Bytes::copy_from_slice(&self.header));
+        out.extend(self.payload);
+        out
     }
 }
 
@@ -52,23 +55,42 @@ fn header(codec: u8, raw_len: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-/// Encode raw bytes. Compression is kept only when it makes the chunk smaller.
-pub fn encode(raw: &Bytes, compression: Compression) -> Result<Encoded, CodecError> {
-    let raw_len = raw.len() as u64;
+/// Encode raw bytes, given as parts in order (a packed chunk's members).
+/// Compression is kept only when it makes the chunk smaller; only then are the
+/// parts joined into one buffer.
+pub fn encode(raw: &[Bytes], compression: Compression) -> Result<Encoded, CodecError> {
+    let raw_len: usize = raw.iter().map(Bytes::len).sum();
     if let Compression::Zstd(level) = compression {
-        let packed = zstd::bulk::compress(raw, level)
+        let joined = crate::native::pack::Piece::joined(raw);
+        let packed = zstd::bulk::compress(&joined, level)
             .map_err(|e| CodecError::Malformed(format!("zstd: {e}")))?;
-        if packed.len() < raw.len() {
+        if packed.len() < raw_len {
             return Ok(Encoded {
-                header: header(ZSTD, raw_len),
-                payload: Bytes::from(packed),
+                header: header(ZSTD, raw_len as u64),
+                payload: vec![Bytes::from(packed)],
             });
         }
     }
     Ok(Encoded {
-        header: header(RAW, raw_len),
-        payload: raw.clone(),
+        header: header(RAW, raw_len as u64),
+        payload: raw.to_vec(),
     })
+}
+
+/// The blake3 hash (hex) of raw bytes given as parts in order: the chunk's name.
+pub fn hash_parts(raw: &[Bytes]) -> String {
+    match raw {
+        [one] => blake3::hash(one),
+        _ => {
+            let mut h = blake3::Hasher::new();
+            for p in raw {
+                h.update(p);
+            }
+            h.finalize()
+        }
+    }
+    .to_hex()
+    .to_string()
 }
 
 /// Check a stored chunk's header (its first [`HEADER_LEN`] bytes): the raw
@@ -201,9 +223,11 @@ pub fn decode_into(stored: &[u8], hash: &str, dst: &mut [u8]) -> Result<(), Code
 
 /// Concatenate an encoded chunk into one buffer (tests, fuzzing).
 pub fn to_vec(e: &Encoded) -> Vec<u8> {
-    let mut v = Vec::with_capacity(HEADER_LEN + e.payload.len());
+    let mut v = Vec::with_capacity(e.len() as usize);
     v.extend_from_slice(&e.header);
-    v.extend_from_slice(&e.payload);
+    for p in &e.payload {
+        v.extend_from_slice(p);
+    }
     v
 }
 
@@ -214,18 +238,24 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..4096), level in prop_oneof![Just(0), 1..4i32]) {
+        fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..4096), level in prop_oneof![Just(0), 1..4i32], cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..4)) {
             let raw = Bytes::from(data);
             let c = if level == 0 { Compression::None } else { Compression::Zstd(level) };
-            let enc = encode(&raw, c).unwrap();
+            // The same bytes given as parts (a packed chunk's members) encode and hash alike.
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(raw.len() + 1)).collect();
+            at.sort_unstable();
+            let parts: Vec<Bytes> = [0].into_iter().chain(at.iter().copied()).zip(at.iter().copied().chain([raw.len()])).map(|(a, b)| raw.slice(a..b)).collect();
+            let enc = encode(&parts, c).unwrap();
             let hash = blake3::hash(&raw).to_hex().to_string();
+            prop_assert_eq!(&hash_parts(&parts), &hash);
+            prop_assert_eq!(enc.len() as usize, to_vec(&enc).len());
             prop_assert_eq!(decode(Bytes::from(to_vec(&enc)), &hash, 1 << 20).unwrap(), raw);
         }
 
         #[test]
         fn any_damage_is_detected(data in proptest::collection::vec(any::<u8>(), 1..2048), pos in any::<prop::sample::Index>(), bit in 0..8u8, z in any::<bool>()) {
             let raw = Bytes::from(data);
-            let enc = encode(&raw, if z { Compression::Zstd(3) } else { Compression::None }).unwrap();
+            let enc = encode(&[raw.clone()], if z { Compression::Zstd(3) } else { Compression::None }).unwrap();
             let hash = blake3::hash(&raw).to_hex().to_string();
             let mut v = to_vec(&enc);
             let i = pos.index(v.len());
@@ -240,7 +270,7 @@ mod tests {
     #[test]
     fn compression_shrinks_repetitive_data_and_caps_hold() {
         let raw = Bytes::from(vec![7u8; 1 << 16]);
-        let enc = encode(&raw, Compression::Zstd(3)).unwrap();
+        let enc = encode(&[raw.clone()], Compression::Zstd(3)).unwrap();
         assert!(enc.len() < 1000);
         let hash = blake3::hash(&raw).to_hex().to_string();
         assert!(matches!(

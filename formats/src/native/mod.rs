@@ -39,16 +39,17 @@ type Pending = Shared<BoxFuture<'static, std::result::Result<u64, Arc<Error>>>>;
 // CPU work (hashing, zstd, verification) runs within the process's CPU budget.
 use ckpt_core::budget::run_cpu as blocking;
 
-/// Hash, dedupe, compress and upload one chunk; returns its reference.
+/// Hash, dedupe, compress and upload one chunk, given as its raw parts in
+/// order; returns its reference.
 async fn write_chunk(
     ctx: &WriteContext,
-    data: Bytes,
+    parts: Vec<Bytes>,
     inflight: &Mutex<HashMap<String, Pending>>,
 ) -> Result<ChunkRef> {
-    let len = data.len() as u64;
+    let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
     let t = Instant::now();
-    let d = data.clone();
-    let hash = blocking(move || blake3::hash(&d).to_hex().to_string()).await?;
+    let d = parts.clone();
+    let hash = blocking(move || chunk::hash_parts(&d)).await?;
     WriteStats::add(&ctx.stats.hash_ns, t.elapsed().as_nanos() as u64);
     WriteStats::add(&ctx.stats.raw_bytes, len);
 
@@ -69,7 +70,7 @@ async fn write_chunk(
             None => {
                 let ctx2 = ctx.clone();
                 let h = hash.clone();
-                let f = async move { upload(&ctx2, &h, data).await.map_err(Arc::new) }
+                let f = async move { upload(&ctx2, &h, parts).await.map_err(Arc::new) }
                     .boxed()
                     .shared();
                 map.insert(hash.clone(), f.clone());
@@ -92,13 +93,13 @@ async fn write_chunk(
     })
 }
 
-async fn upload(ctx: &WriteContext, hash: &str, data: Bytes) -> Result<u64> {
+async fn upload(ctx: &WriteContext, hash: &str, parts: Vec<Bytes>) -> Result<u64> {
     let compression = ctx.options.compression;
     let t = Instant::now();
     let enc = if compression == Compression::None {
-        chunk::encode(&data, compression)
+        chunk::encode(&parts, compression)
     } else {
-        blocking(move || chunk::encode(&data, compression)).await?
+        blocking(move || chunk::encode(&parts, compression)).await?
     }
     .map_err(|e| Error::Internal(format!("encode chunk: {e}")))?;
     WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
@@ -119,7 +120,7 @@ impl Format for Native {
             .map(|p| {
                 let inflight = &inflight;
                 async move {
-                    write_chunk(ctx, p.data.clone(), inflight)
+                    write_chunk(ctx, p.parts.clone(), inflight)
                         .await
                         .map(|r| (p, r))
                 }

@@ -21,35 +21,59 @@ pub struct Member {
 /// One chunk to write.
 #[derive(Debug, Clone)]
 pub struct Piece {
-    /// The chunk's raw bytes (a slice of the tensor for split tensors, no copy).
-    pub data: Bytes,
+    /// The chunk's raw bytes, in order: slices of the tensors themselves, never
+    /// copied here (one part for a split tensor, one per member for a pack).
+    pub parts: Vec<Bytes>,
     /// The tensors it holds.
     pub members: Vec<Member>,
     /// True for a chunk shared by packed tensors.
     pub packed: bool,
 }
 
+impl Piece {
+    /// Raw length of the chunk.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
+    }
+
+    /// True for a chunk of no bytes (never planned).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chunk's bytes in one buffer: the part itself for a single part, else
+    /// a copy (for codecs that need contiguous input).
+    pub fn joined(parts: &[Bytes]) -> Bytes {
+        match parts {
+            [one] => one.clone(),
+            _ => {
+                let mut out = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+                for p in parts {
+                    out.extend_from_slice(p);
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
 /// Tensors smaller than `chunk_size / PACK_DIVISOR` are packed.
 pub const PACK_DIVISOR: usize = 4;
 
-/// Plan the chunks of `tensors` for a chunk size of `size` bytes.
+/// Plan the chunks of `tensors` for a chunk size of `size` bytes. Nothing is
+/// copied: a packed chunk lists its members' bytes, and whoever hashes and
+/// writes it streams them in order (on its own thread, chunks in parallel).
 pub fn plan(tensors: &[Tensor], size: usize) -> Vec<Piece> {
     let size = size.max(1);
     let small = size / PACK_DIVISOR;
     let mut out = Vec::new();
-    // Bytes still to pack, so each pack buffer is allocated once at its final
-    // size (growing it by doubling copied every packed byte about twice more).
-    let mut unpacked: usize = tensors
-        .iter()
-        .map(|t| t.data.len())
-        .filter(|&l| l > 0 && l < small)
-        .sum();
-    let mut pack = BytesMut::new();
+    let mut pack: Vec<Bytes> = Vec::new();
+    let mut packed_len = 0usize;
     let mut members = Vec::new();
-    let flush = |pack: &mut BytesMut, members: &mut Vec<Member>, out: &mut Vec<Piece>| {
+    let flush = |pack: &mut Vec<Bytes>, members: &mut Vec<Member>, out: &mut Vec<Piece>| {
         if !members.is_empty() {
             out.push(Piece {
-                data: pack.split().freeze(),
+                parts: std::mem::take(pack),
                 members: std::mem::take(members),
                 packed: true,
             });
@@ -61,25 +85,23 @@ pub fn plan(tensors: &[Tensor], size: usize) -> Vec<Piece> {
             continue;
         }
         if len < small {
-            if pack.len() + len > size {
+            if packed_len + len > size {
                 flush(&mut pack, &mut members, &mut out);
+                packed_len = 0;
             }
-            if pack.capacity() - pack.len() < len {
-                pack.reserve(unpacked.min(size).max(len));
-            }
-            unpacked -= len;
             members.push(Member {
                 tensor: i,
-                offset: pack.len(),
+                offset: packed_len,
                 len,
             });
-            pack.extend_from_slice(&t.data);
+            pack.push(t.data.clone());
+            packed_len += len;
             continue;
         }
         for off in (0..len).step_by(size) {
             let end = (off + size).min(len);
             out.push(Piece {
-                data: t.data.slice(off..end),
+                parts: vec![t.data.slice(off..end)],
                 members: vec![Member {
                     tensor: i,
                     offset: 0,
@@ -116,9 +138,11 @@ mod tests {
             let pieces = plan(&tensors, size);
             let mut rebuilt: Vec<Vec<u8>> = vec![Vec::new(); tensors.len()];
             for p in &pieces {
-                prop_assert!(p.data.len() <= size.max(1) || !p.packed);
+                prop_assert!(p.len() <= size.max(1) || !p.packed);
+                let data = Piece::joined(&p.parts);
+                prop_assert_eq!(data.len(), p.len());
                 for m in &p.members {
-                    rebuilt[m.tensor].extend_from_slice(&p.data[m.offset..m.offset + m.len]);
+                    rebuilt[m.tensor].extend_from_slice(&data[m.offset..m.offset + m.len]);
                 }
             }
             for (t, r) in tensors.iter().zip(&rebuilt) {
@@ -128,7 +152,8 @@ mod tests {
             let again = plan(&tensors, size);
             prop_assert_eq!(pieces.len(), again.len());
             for (a, b) in pieces.iter().zip(&again) {
-                prop_assert_eq!(&a.data, &b.data);
+                prop_assert_eq!(&a.parts, &b.parts);
+                prop_assert_eq!(&a.members, &b.members);
             }
         }
     }
@@ -148,5 +173,21 @@ mod tests {
             3,
             "1000 bytes split in 400s"
         );
+    }
+
+    #[test]
+    fn planning_copies_no_bytes() {
+        let tensors: Vec<Tensor> = (0..20).map(|i| t(i, 10 + i)).chain([t(20, 1000)]).collect();
+        for p in plan(&tensors, 400) {
+            for (part, m) in p.parts.iter().zip(&p.members) {
+                let src = &tensors[m.tensor].data;
+                let within = (part.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
+                assert!(
+                    within <= src.len() && within + part.len() <= src.len(),
+                    "part of tensor {} is not a slice of its bytes",
+                    m.tensor
+                );
+            }
+        }
     }
 }
