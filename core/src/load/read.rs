@@ -182,6 +182,12 @@ impl Checkpointer {
     ///
     /// Each target names a tensor and gives a buffer of exactly its byte length;
     /// tensors not named are not read. Returns the manifest (for the metadata).
+    ///
+    /// Bytes are verified where they land, so on an error (a corrupt chunk, a
+    /// failing store) some buffers may hold bytes of this checkpoint that were
+    /// not verified, or were only partly read: the error says which tensor,
+    /// and the caller should restore again (from another checkpoint) rather
+    /// than train on those buffers.
     pub async fn load_into(
         &self,
         id: &CheckpointId,

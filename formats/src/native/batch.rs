@@ -10,8 +10,10 @@
 //! the batch. A raw chunk of a local file (the default) is read with `pread`
 //! straight into the tensor and hashed there: one kernel copy, no buffer, and
 //! with many reads in flight the disk stays busy while other threads hash.
-//! Packed and compressed chunks, and the chunks of other stores, go through a
-//! buffer, as on the per-tensor path. Hashing and decoding run within the
+//! So is a raw packed chunk whose tensors are all in the batch, each tensor's
+//! bytes read into it in chunk order and hashed across them. Compressed
+//! chunks, packed chunks of which only some tensors are wanted, and the chunks
+//! of other stores go through a buffer, as on the per-tensor path. Hashing and decoding run within the
 //! process's CPU budget.
 //!
 //! `block_in_place` needs a multi-threaded runtime; on any other the batch
@@ -239,7 +241,12 @@ fn run_job(ctx: &ReadContext, handle: &Handle, job: Job<'_>) -> Result<()> {
         (GetResultPayload::File(file, _), Dst::Whole(dst)) => {
             return whole_from_file(handle, &file, meta.size, hash, dst, &damaged)
         }
-        (GetResultPayload::File(file, _), dst) => (read_file(&file, meta.size, &damaged)?, dst),
+        (GetResultPayload::File(file, _), Dst::Packed(members)) => {
+            match packed_from_file(handle, &file, meta.size, hash, members, &damaged)? {
+                None => return Ok(()),
+                Some(members) => (read_file(&file, meta.size, &damaged)?, Dst::Packed(members)),
+            }
+        }
         (payload, dst) => {
             let got = object_store::GetResult {
                 payload,
@@ -305,6 +312,49 @@ fn whole_from_file(
     read_at(file, dst, chunk::HEADER_LEN as u64, size, damaged)?;
     let _cpu = handle.block_on(ckpt_core::budget::cpu_permit())?;
     chunk::verify(dst, hash).map_err(damaged)
+}
+
+/// A raw packed chunk of a local file whose members cover it exactly (a whole
+/// state loaded in place), read straight into the members in chunk order and
+/// hashed there. Anything else (compressed, or only some of its tensors
+/// wanted) hands the members back for the buffered path.
+fn packed_from_file<'a>(
+    handle: &Handle,
+    file: &File,
+    size: u64,
+    hash: &str,
+    mut members: Vec<(usize, &'a mut [u8])>,
+    damaged: &dyn Fn(CodecError) -> Error,
+) -> Result<Option<Vec<(usize, &'a mut [u8])>>> {
+    let mut head = [0u8; chunk::HEADER_LEN];
+    read_at(file, &mut head, 0, size, damaged)?;
+    let Some(raw) = chunk::raw_len(&head).map_err(damaged)? else {
+        return Ok(Some(members));
+    };
+    members.sort_by_key(|(offset, _)| *offset);
+    let mut end = 0u64;
+    for (offset, d) in &members {
+        if *offset as u64 != end {
+            return Ok(Some(members));
+        }
+        end += d.len() as u64;
+    }
+    if end != raw {
+        return Ok(Some(members));
+    }
+    let expect = chunk::HEADER_LEN as u64 + raw;
+    if size != expect {
+        return Err(damaged(CodecError::Truncated(format!(
+            "{size} bytes stored claiming {raw} raw bytes ({expect} stored)"
+        ))));
+    }
+    for (offset, d) in members.iter_mut() {
+        read_at(file, d, (chunk::HEADER_LEN + *offset) as u64, size, damaged)?;
+    }
+    let _cpu = handle.block_on(ckpt_core::budget::cpu_permit())?;
+    let parts: Vec<&[u8]> = members.iter().map(|(_, d)| &**d).collect();
+    chunk::verify_parts(&parts, hash).map_err(damaged)?;
+    Ok(None)
 }
 
 /// A whole stored chunk of `size` bytes (at most a chunk's header and payload).
@@ -474,14 +524,17 @@ mod tests {
             Layout::Chunks { chunks } => chunks[0].hash.clone(),
             _ => panic!("chunked"),
         };
-        // A flipped byte (the big tensor's first chunk), a truncated file (the
-        // packed small tensors), and a missing one (the mid-sized tensor).
-        let cases: [(usize, &Damage); 3] = [
-            (0, &|p| {
-                let mut b = std::fs::read(p).unwrap();
-                b[100] ^= 1;
-                std::fs::write(p, b).unwrap();
-            }),
+        // A flipped byte (the big tensor's first chunk, then the packed small
+        // tensors' chunk, read straight into them), a truncated file (the
+        // packed chunk), and a missing one (the mid-sized tensor).
+        let flip: &Damage = &|p| {
+            let mut b = std::fs::read(p).unwrap();
+            b[100] ^= 1;
+            std::fs::write(p, b).unwrap();
+        };
+        let cases: [(usize, &Damage); 4] = [
+            (0, flip),
+            (1, flip),
             (1, &|p| {
                 let b = std::fs::read(p).unwrap();
                 std::fs::write(p, &b[..b.len() - 3]).unwrap();
@@ -502,6 +555,45 @@ mod tests {
             }
             std::fs::write(&path, good).unwrap();
             check(&url, &m, &st, u64::MAX).await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn some_tensors_of_a_packed_chunk_are_read_and_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        let (m, st) = saved(&url, false).await;
+        let at = m.tensors.iter().position(|t| t.name == "small2").unwrap();
+        let hash = match &m.tensors[at].layout {
+            Layout::Chunks { chunks } => {
+                assert!(chunks[0].offset.is_some(), "small2 is packed");
+                chunks[0].hash.clone()
+            }
+            _ => panic!("chunked"),
+        };
+        let read_small2 = || async {
+            let mut buf = vec![0xA5; st.tensors[at].data.len()];
+            let rest = read_in_windows(
+                &ctx(&url),
+                vec![(&m.tensors[at], buf.as_mut_slice())],
+                u64::MAX,
+            )
+            .await?;
+            assert!(rest.is_empty());
+            Ok::<_, Error>(buf)
+        };
+        assert_eq!(&read_small2().await.unwrap()[..], &st.tensors[at].data[..]);
+        // Its chunk damaged where another tensor's bytes lie: still caught.
+        let path = dir.path().join("chunks").join(&hash);
+        let mut b = std::fs::read(&path).unwrap();
+        b[chunk::HEADER_LEN] ^= 1;
+        std::fs::write(&path, b).unwrap();
+        match read_small2().await {
+            Err(Error::Corrupt { object, tensor, .. }) => {
+                assert_eq!(object, format!("chunks/{hash}"));
+                assert_eq!(tensor.as_deref(), Some("small2"));
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
         }
     }
 

@@ -178,6 +178,19 @@ pub fn raw_payload(stored: &Bytes, raw_len: usize) -> Result<Option<Bytes>, Code
     Ok(Some(payload))
 }
 
+/// Check raw bytes given as parts in order (a packed chunk read straight into
+/// its tensors) against their chunk hash.
+pub fn verify_parts(raw: &[&[u8]], hash: &str) -> Result<(), CodecError> {
+    let mut h = blake3::Hasher::new();
+    for p in raw {
+        h.update(p);
+    }
+    if h.finalize().to_hex().as_str() != hash {
+        return Err(CodecError::HashMismatch);
+    }
+    Ok(())
+}
+
 /// Check raw bytes against their chunk hash.
 pub fn verify(raw: &[u8], hash: &str) -> Result<(), CodecError> {
     if blake3::hash(raw).to_hex().as_str() != hash {
