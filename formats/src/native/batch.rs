@@ -44,7 +44,7 @@ enum Dst<'a> {
     /// The whole chunk, into one slice of a tensor.
     Whole(&'a mut [u8]),
     /// Slices of a packed chunk: (offset in the chunk, the tensor's buffer).
-    Packed(Vec<(usize, &'a mut [u8])>),
+    Packed(Members<'a>),
 }
 
 /// One chunk to read, and where its bytes go.
@@ -101,6 +101,9 @@ pub fn available() -> bool {
 
 /// A tensor to load and the buffer it goes into.
 pub type Target<'a> = (&'a TensorRecord, &'a mut [u8]);
+
+/// The tensors' slices of one packed chunk: (offset in the chunk, buffer).
+type Members<'a> = Vec<(usize, &'a mut [u8])>;
 
 /// Split each target into chunk jobs; a packed chunk is one job for all the
 /// tensors it holds. Targets of other layouts are returned apart.
@@ -323,9 +326,9 @@ fn packed_from_file<'a>(
     file: &File,
     size: u64,
     hash: &str,
-    mut members: Vec<(usize, &'a mut [u8])>,
+    mut members: Members<'a>,
     damaged: &dyn Fn(CodecError) -> Error,
-) -> Result<Option<Vec<(usize, &'a mut [u8])>>> {
+) -> Result<Option<Members<'a>>> {
     let mut head = [0u8; chunk::HEADER_LEN];
     read_at(file, &mut head, 0, size, damaged)?;
     let Some(raw) = chunk::raw_len(&head).map_err(damaged)? else {

@@ -268,7 +268,7 @@ mod tests {
         #[test]
         fn any_damage_is_detected(data in proptest::collection::vec(any::<u8>(), 1..2048), pos in any::<prop::sample::Index>(), bit in 0..8u8, z in any::<bool>()) {
             let raw = Bytes::from(data);
-            let enc = encode(&[raw.clone()], if z { Compression::Zstd(3) } else { Compression::None }).unwrap();
+            let enc = encode(std::slice::from_ref(&raw), if z { Compression::Zstd(3) } else { Compression::None }).unwrap();
             let hash = blake3::hash(&raw).to_hex().to_string();
             let mut v = to_vec(&enc);
             let i = pos.index(v.len());
@@ -283,7 +283,7 @@ mod tests {
     #[test]
     fn compression_shrinks_repetitive_data_and_caps_hold() {
         let raw = Bytes::from(vec![7u8; 1 << 16]);
-        let enc = encode(&[raw.clone()], Compression::Zstd(3)).unwrap();
+        let enc = encode(std::slice::from_ref(&raw), Compression::Zstd(3)).unwrap();
         assert!(enc.len() < 1000);
         let hash = blake3::hash(&raw).to_hex().to_string();
         assert!(matches!(
