@@ -2,7 +2,7 @@
 //!
 //! | URL | backend |
 //! | --- | --- |
-//! | `file:///abs/dir` or a plain path | local disk, files and directories fsynced |
+//! | `file:///abs/dir` or a plain path | local disk, files and directories fsynced, large writes around the page cache ([`direct::LocalDir`]) |
 //! | `memory://name` | in-process memory; the same name in one process is the same store |
 //! | `s3://bucket/prefix` | S3 (feature `s3`), configured from the usual `AWS_*` variables ([`s3`]) |
 //! | `tiered+<fast URL>?durable=<durable URL>` | a fast tier flushed to a durable one ([`TieredCheckpointStore`], an engine component) |
@@ -17,6 +17,7 @@
 //! `LimitStore` (bounded concurrency) and `PrefixStore`.
 
 pub mod counting;
+pub mod direct;
 pub mod fault;
 pub mod retry;
 pub mod s3;
@@ -32,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
 pub use counting::{CountingStore, OpCounts};
+pub use direct::{LocalDir, LocalDirOptions};
 pub use fault::{FaultCounts, FaultPlan, FaultStore};
 pub use retry::{RetryOptions, RetryStore};
 pub use s3::S3Options;
@@ -74,11 +76,12 @@ pub fn open_tiered(url: &str) -> Result<TieredCheckpointStore> {
     ))
 }
 
-/// Local directory store with fsync of files and directories.
+/// Local directory store with fsync of files and directories, whose large
+/// writes bypass the page cache unless `CKPT_DIRECT_IO=0` ([`LocalDir`]).
 pub fn open_dir(path: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
     std::fs::create_dir_all(path)?;
     let fs = LocalFileSystem::new_with_prefix(path)?.with_fsync(true);
-    Ok(Arc::new(fs))
+    Ok(Arc::new(LocalDir::new(fs, LocalDirOptions::from_env())))
 }
 
 /// The process-wide in-memory store of a name.

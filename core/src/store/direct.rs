@@ -1,0 +1,469 @@
+//! [`LocalDir`]: the local directory store, whose large writes bypass the page
+//! cache.
+//!
+//! A checkpoint written through the page cache costs the training's cores
+//! twice: the kernel copies every byte into fresh page-cache pages (on a VM,
+//! about 0.15 s of a core for 343 MiB), then writes them back. `LocalDir`
+//! writes each put of at least [`LocalDirOptions::direct_min_bytes`] with
+//! `O_DIRECT` from a reused, aligned buffer: one user-space copy at memory
+//! speed, then DMA to the disk, and no page cache filled with bytes the
+//! training will not read. On this kind of machine that took the CPU time of
+//! writing 344 MiB in 8 MiB files from 0.12-0.55 s to about 0.05 s.
+//!
+//! The protocol is `LocalFileSystem`'s with fsync on: write a staging file
+//! beside the object (`<name>#<digits>`, which listings skip), fsync it,
+//! rename it over the object, fsync the directory. Everything else (gets,
+//! lists, deletes, small puts, conditional puts, multipart uploads) goes to
+//! the wrapped `LocalFileSystem`. A file system that refuses `O_DIRECT` (tmpfs)
+//! gets buffered writes from then on; a put whose directory does not exist yet
+//! goes through `LocalFileSystem`, which creates the directories durably.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use object_store::{ObjectStoreExt, path::Path};
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = ckpt_core::store::open_dir(dir.path()).unwrap();
+//! let big = vec![7u8; (1 << 20) + 3];
+//! store.put(&Path::from("chunks/a"), big.clone().into()).await.unwrap(); // the directory is new
+//! store.put(&Path::from("chunks/b"), big.clone().into()).await.unwrap(); // O_DIRECT
+//! let got = store.get(&Path::from("chunks/b")).await.unwrap().bytes().await.unwrap();
+//! assert_eq!(&got[..], &big[..]);
+//! # }
+//! ```
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+};
+
+/// Environment variable: `0` (or `false`, `off`) turns direct writes off for
+/// stores opened by URL.
+pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
+
+/// Alignment of `O_DIRECT` buffers, file offsets and lengths (covers disks
+/// of 512- and 4096-byte logical blocks).
+const ALIGN: usize = 4096;
+/// Bytes per `O_DIRECT` write (one pool buffer).
+const BUF_BYTES: usize = 4 << 20;
+/// Buffers kept for reuse; more writes at once allocate and then free theirs.
+const POOL_MAX: usize = 4;
+
+/// Options of [`LocalDir`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LocalDirOptions {
+    /// Puts of at least this many bytes are written with `O_DIRECT`; `None`
+    /// writes everything through the page cache.
+    pub direct_min_bytes: Option<usize>,
+}
+
+impl Default for LocalDirOptions {
+    fn default() -> Self {
+        LocalDirOptions {
+            direct_min_bytes: Some(1 << 20),
+        }
+    }
+}
+
+impl LocalDirOptions {
+    /// The defaults, with direct writes off where [`DIRECT_IO_ENV`] says so.
+    pub fn from_env() -> Self {
+        let off = std::env::var(DIRECT_IO_ENV)
+            .is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off" | "no"));
+        LocalDirOptions {
+            direct_min_bytes: if off {
+                None
+            } else {
+                Self::default().direct_min_bytes
+            },
+        }
+    }
+}
+
+/// A local directory store (a `LocalFileSystem` with fsync) whose large puts
+/// are written with `O_DIRECT`; see the module docs.
+#[derive(Debug)]
+pub struct LocalDir {
+    fs: Arc<LocalFileSystem>,
+    opts: LocalDirOptions,
+    /// False once the file system refused `O_DIRECT`.
+    direct: AtomicBool,
+    pool: Arc<Pool>,
+}
+
+impl LocalDir {
+    /// Wrap `fs` (which should have fsync on, as [`super::open_dir`] makes it).
+    pub fn new(fs: LocalFileSystem, opts: LocalDirOptions) -> Self {
+        LocalDir {
+            fs: Arc::new(fs),
+            direct: AtomicBool::new(opts.direct_min_bytes.is_some()),
+            opts,
+            pool: Arc::default(),
+        }
+    }
+
+    /// Whether large puts still go around the page cache (false once the
+    /// file system refused `O_DIRECT`, or when the options say never).
+    pub fn writes_direct(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    fn wants_direct(&self, len: usize, opts: &PutOptions) -> bool {
+        self.writes_direct()
+            && self.opts.direct_min_bytes.is_some_and(|min| len >= min)
+            && matches!(opts.mode, PutMode::Overwrite)
+            && opts.attributes.is_empty()
+    }
+}
+
+impl fmt::Display for LocalDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LocalDir({})", self.fs)
+    }
+}
+
+/// Reused aligned buffers.
+#[derive(Debug, Default)]
+struct Pool(Mutex<Vec<Aligned>>);
+
+impl Pool {
+    fn take(&self) -> Aligned {
+        let got = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        got.unwrap_or_else(Aligned::new)
+    }
+
+    fn give(&self, b: Aligned) {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < POOL_MAX {
+            v.push(b);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Page([u8; ALIGN]);
+
+/// [`BUF_BYTES`] of memory aligned to [`ALIGN`].
+struct Aligned(Vec<Page>);
+
+impl fmt::Debug for Aligned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Aligned({} bytes)", self.0.len() * ALIGN)
+    }
+}
+
+impl Aligned {
+    fn new() -> Self {
+        Aligned(vec![Page([0; ALIGN]); BUF_BYTES / ALIGN])
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        let len = self.0.len() * ALIGN;
+        // SAFETY: `Page` is `repr(C)` around `[u8; ALIGN]` with no padding
+        // (its size is its alignment), so the vector's `len` pages are `len *
+        // ALIGN` initialised bytes, borrowed mutably for the lifetime of `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) }
+    }
+}
+
+/// What became of a direct write.
+enum Outcome {
+    Written,
+    /// Use the buffered path for this put; `refused` when the file system
+    /// does not take `O_DIRECT` at all.
+    Buffered {
+        refused: bool,
+    },
+}
+
+fn staging_path(dest: &FsPath) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut s = dest.as_os_str().to_owned();
+    s.push(format!(
+        "#{}{:06}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed) % 1_000_000
+    ));
+    s.into()
+}
+
+fn is_einval(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINVAL)
+}
+
+/// Write `payload` to `dest` with `O_DIRECT` through a staging file, durably.
+fn write_direct(dest: &FsPath, payload: &PutPayload, pool: &Pool) -> io::Result<Outcome> {
+    let staging = staging_path(dest);
+    let file = match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_DIRECT)
+        .open(&staging)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Outcome::Buffered { refused: false })
+        }
+        Err(e) if is_einval(&e) => return Ok(Outcome::Buffered { refused: true }),
+        Err(e) => return Err(e),
+    };
+    let done = fill_and_sync(&file, payload, pool).and_then(|()| {
+        drop(file);
+        std::fs::rename(&staging, dest)
+    });
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&staging);
+        return if is_einval(&e) {
+            Ok(Outcome::Buffered { refused: true })
+        } else {
+            Err(e)
+        };
+    }
+    if let Some(dir) = dest.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(Outcome::Written)
+}
+
+/// The payload's bytes through an aligned buffer into `file`, the last block
+/// padded with zeros and the padding cut off again, then fsync.
+fn fill_and_sync(file: &File, payload: &PutPayload, pool: &Pool) -> io::Result<()> {
+    let mut buf = pool.take();
+    let b = buf.bytes();
+    let (mut fill, mut at) = (0usize, 0u64);
+    for part in payload.iter() {
+        let mut p: &[u8] = part;
+        while !p.is_empty() {
+            let n = (b.len() - fill).min(p.len());
+            b[fill..fill + n].copy_from_slice(&p[..n]);
+            fill += n;
+            p = &p[n..];
+            if fill == b.len() {
+                file.write_all_at(b, at)?;
+                at += fill as u64;
+                fill = 0;
+            }
+        }
+    }
+    if fill > 0 {
+        let padded = fill.next_multiple_of(ALIGN);
+        b[fill..padded].fill(0);
+        file.write_all_at(&b[..padded], at)?;
+        at += fill as u64;
+        if padded != fill {
+            file.set_len(at)?;
+        }
+    }
+    pool.give(buf);
+    file.sync_all()
+}
+
+fn generic(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "LocalDir",
+        source: e.into(),
+    }
+}
+
+#[async_trait]
+impl ObjectStore for LocalDir {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        if !self.wants_direct(payload.content_length(), &opts) {
+            return self.fs.put_opts(location, payload, opts).await;
+        }
+        let dest = self.fs.path_to_filesystem(location)?;
+        let (p, pool) = (payload.clone(), self.pool.clone());
+        let out = tokio::task::spawn_blocking(move || write_direct(&dest, &p, &pool))
+            .await
+            .map_err(generic)?
+            .map_err(generic)?;
+        match out {
+            Outcome::Written => Ok(PutResult {
+                e_tag: None,
+                version: None,
+                extensions: Default::default(),
+            }),
+            Outcome::Buffered { refused } => {
+                if refused {
+                    self.direct.store(false, Ordering::Relaxed);
+                }
+                self.fs.put_opts(location, payload, opts).await
+            }
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.fs.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.fs.get_opts(location, options).await
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.fs.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.fs.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.fs.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.fs.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.fs.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.fs.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.fs.rename_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::ObjectStoreExt;
+
+    use super::*;
+
+    fn store(dir: &FsPath, opts: LocalDirOptions) -> LocalDir {
+        LocalDir::new(
+            LocalFileSystem::new_with_prefix(dir)
+                .unwrap()
+                .with_fsync(true),
+            opts,
+        )
+    }
+
+    /// Sizes around the buffer and block edges, given as several parts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn direct_puts_store_exactly_the_bytes_and_leave_no_staging_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("c")).unwrap();
+        let s = store(
+            dir.path(),
+            LocalDirOptions {
+                direct_min_bytes: Some(1),
+            },
+        );
+        for (i, len) in [
+            1,
+            ALIGN - 1,
+            ALIGN,
+            ALIGN + 1,
+            BUF_BYTES,
+            BUF_BYTES + 17,
+            3 * BUF_BYTES - 5,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let data: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
+            let cut = len / 3;
+            let parts = [
+                Bytes::copy_from_slice(&data[..cut]),
+                Bytes::copy_from_slice(&data[cut..]),
+            ];
+            let key = Path::from(format!("c/o{i}"));
+            s.put(&key, PutPayload::from_iter(parts)).await.unwrap();
+            // Overwriting takes the same path.
+            s.put(&key, data.clone().into()).await.unwrap();
+            let got = s.get(&key).await.unwrap().bytes().await.unwrap();
+            assert_eq!(got.len(), len, "length of a {len}-byte put");
+            assert!(got[..] == data[..], "bytes of a {len}-byte put");
+            assert!(s.writes_direct(), "this file system takes O_DIRECT");
+        }
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("c"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(names.iter().all(|n| !n.contains('#')), "{names:?}");
+        assert_eq!(names.len(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_missing_directory_and_conditional_puts_take_the_buffered_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), LocalDirOptions::default());
+        let big = vec![3u8; 2 << 20];
+        s.put(&Path::from("new/dir/a"), big.clone().into())
+            .await
+            .unwrap();
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        s.put_opts(&Path::from("new/dir/a"), big.clone().into(), create.clone())
+            .await
+            .expect_err("Create over an existing object is a conflict");
+        s.put_opts(&Path::from("new/dir/b"), big.clone().into(), create)
+            .await
+            .unwrap();
+        for k in ["new/dir/a", "new/dir/b"] {
+            let got = s.get(&Path::from(k)).await.unwrap().bytes().await.unwrap();
+            assert!(got[..] == big[..], "{k}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_reports_the_os_error_and_leaves_no_staging_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // The object's name is taken by a directory: the publishing rename fails.
+        std::fs::create_dir_all(dir.path().join("c/x")).unwrap();
+        std::fs::write(dir.path().join("c/x/keep"), b"kept").unwrap();
+        let s = store(dir.path(), LocalDirOptions::default());
+        let e = s
+            .put(&Path::from("c/x"), vec![2u8; 2 << 20].into())
+            .await
+            .expect_err("a directory is in the way");
+        assert_eq!(crate::Error::Storage(e).os_errno(), Some(libc::EISDIR));
+        assert_eq!(std::fs::read(dir.path().join("c/x/keep")).unwrap(), b"kept");
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("c"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, ["x"]);
+    }
+}
