@@ -25,7 +25,9 @@ training step, then
   is fsynced; ``torch-checkpointing`` 0.1.1 does not fsync, so its
   ``pre_finalize_callback`` does it in its writer process before it finalizes.
 - disk: ckpt keeps the last two checkpoints (``keep_last=2``); the other
-  methods' older checkpoints are removed after each save is durable, untimed.
+  methods' older checkpoints are removed after each save is durable, untimed
+  here, and in the training loop (below) by the waiter thread, within the
+  loop's time, as ckpt's retention deletes within the save.
 - load, for one method per file format: the live model and optimizer are
   overwritten with other values, the page cache is dropped
   (``/proc/sys/vm/drop_caches``, else ``posix_fadvise(DONTNEED)`` on the files;
@@ -291,7 +293,7 @@ class Method(abc.ABC):
         self.written = tree_bytes(self.step_dir(step))
 
     def prune(self, step: int) -> None:
-        """Remove every checkpoint but ``step``'s (untimed; bounds the disk used)."""
+        """Remove every checkpoint but ``step``'s (bounds the disk used)."""
         for name in os.listdir(self.dir):
             if name.startswith("step_") and name != f"step_{step}":
                 shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
@@ -638,9 +640,13 @@ def train_rounds(tr: Trainer, m: Method, a, first_step: int) -> dict:
         out["stall_s"].append(time.perf_counter() - t)
         durable: list = []
 
-        def waiter(wait=wait, t=t):
+        def waiter(wait=wait, t=t, step=first_step + r):
             wait()
             durable.append(time.perf_counter() - t)
+            # Keeping the disk bounded is part of checkpointing in a loop: the
+            # older checkpoint goes once this one is durable, in the loop's time
+            # (ckpt's retention does the same inside the save).
+            m.prune(step)
 
         w = threading.Thread(target=waiter, daemon=True)
         w.start()
@@ -655,7 +661,6 @@ def train_rounds(tr: Trainer, m: Method, a, first_step: int) -> dict:
         if not durable:
             raise RuntimeError(f"{m.name}: a save in the training loop failed")
         out["durable_s"].append(durable[0])
-        m.prune(first_step + r)
     return out
 
 
