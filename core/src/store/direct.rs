@@ -60,7 +60,9 @@ pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
 const ALIGN: usize = 4096;
 /// Bytes per `O_DIRECT` write (one pool buffer).
 const BUF_BYTES: usize = 4 << 20;
-/// Buffers kept for reuse; more writes at once allocate and then free theirs.
+/// Direct writes in flight per store, each with one buffer kept for reuse:
+/// the memory they take is bounded (16 MiB), and two to four writes in
+/// flight already keep a disk as busy as more do.
 const POOL_MAX: usize = 4;
 
 /// Options of [`LocalDir`].
@@ -104,6 +106,8 @@ pub struct LocalDir {
     /// False once the file system refused `O_DIRECT`.
     direct: AtomicBool,
     pool: Arc<Pool>,
+    /// One permit per direct write in flight.
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl LocalDir {
@@ -114,6 +118,7 @@ impl LocalDir {
             direct: AtomicBool::new(opts.direct_min_bytes.is_some()),
             opts,
             pool: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(POOL_MAX)),
         }
     }
 
@@ -318,10 +323,15 @@ impl ObjectStore for LocalDir {
         }
         let dest = self.fs.path_to_filesystem(location)?;
         let (p, pool) = (payload.clone(), self.pool.clone());
-        let out = tokio::task::spawn_blocking(move || write_direct(&dest, &p, &pool))
-            .await
-            .map_err(generic)?
-            .map_err(generic)?;
+        let slot = self.slots.clone().acquire_owned().await.map_err(generic)?;
+        let out = tokio::task::spawn_blocking(move || {
+            let out = write_direct(&dest, &p, &pool);
+            drop(slot);
+            out
+        })
+        .await
+        .map_err(generic)?
+        .map_err(generic)?;
         match out {
             Outcome::Written => Ok(PutResult {
                 e_tag: None,
