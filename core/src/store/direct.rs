@@ -59,9 +59,9 @@ pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
 /// of 512- and 4096-byte logical blocks).
 const ALIGN: usize = 4096;
 /// Bytes per `O_DIRECT` write (one pool buffer).
-const BUF_BYTES: usize = 4 << 20;
+const BUF_BYTES: usize = 1 << 20;
 /// Direct writes in flight per store, each with one buffer kept for reuse:
-/// the memory they take is bounded (16 MiB), and two to four writes in
+/// the memory they take is bounded (4 MiB), and two to four writes in
 /// flight already keep a disk as busy as more do.
 const POOL_MAX: usize = 4;
 
