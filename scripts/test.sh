@@ -14,7 +14,11 @@ source scripts/env.sh
 if [ "${CKPT_SKIP_GARAGE:-0}" != 1 ]; then
   echo "== starting Garage (S3) on loopback"
   trap './scripts/garage.sh stop' EXIT
-  eval "$(./scripts/garage.sh start)"
+  # Assigned first: `eval "$(cmd)"` would hide a failed start (eval of nothing
+  # succeeds) and the S3 tests would then fail for want of credentials.
+  garage_env=$(./scripts/garage.sh start)
+  eval "$garage_env"
+  [ -n "${AWS_ENDPOINT:-}" ] || { echo "Garage started but printed no AWS_ENDPOINT" >&2; exit 1; }
 fi
 
 # The ckpt command as its default build makes it (no libtorch: a workspace build
