@@ -110,28 +110,22 @@ impl Checkpointer {
             );
         }
         validate(&capture)?;
-        // A step is taken if a readable manifest commits it (a torn manifest, on a
-        // store that does not write objects whole, commits nothing), unless a load
-        // of this checkpointer found that checkpoint damaged and fell back past it:
-        // then the job is redoing that step and saves it again beside the old one.
-        for existing in catalog::committed_at(inner.store.as_ref(), step).await? {
-            if inner
-                .damaged
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&existing)
-            {
-                continue;
-            }
-            match catalog::read_manifest(inner.store.as_ref(), &existing).await {
-                Ok(_) => {
-                    return Err(Error::Conflict(format!(
-                        "step {step} is already committed ({existing})"
-                    )))
-                }
-                Err(e) if e.is_damage() => {}
-                Err(e) => return Err(e),
-            }
+        // A step is taken if a readable manifest commits it (see `Checkpointer::
+        // conflicting`). Only the checkpoints this checkpointer knows of are
+        // checked here, so a new step costs no storage round trip in the stall;
+        // the commit checks the store again before it publishes.
+        let known: Vec<CheckpointId> = inner
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|id| id.step == step)
+            .cloned()
+            .collect();
+        if let Some(existing) = self.conflicting(known).await? {
+            return Err(Error::Conflict(format!(
+                "step {step} is already committed ({existing})"
+            )));
         }
         failpoint::hit("save.start").await?;
 
@@ -235,6 +229,38 @@ impl Checkpointer {
             task,
             inner: self.inner.clone(),
         })
+    }
+
+    /// The first of `ids` (checkpoints of one step) that commits its step: a
+    /// readable manifest that no load of this checkpointer found damaged (a
+    /// torn manifest, on a store that does not write objects whole, commits
+    /// nothing, and a job that fell back past a damaged checkpoint redoes its
+    /// step beside it).
+    pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
+        let inner = &self.inner;
+        for id in ids {
+            if inner
+                .damaged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&id)
+            {
+                continue;
+            }
+            match catalog::read_manifest(inner.store.as_ref(), &id).await {
+                Ok(_) => return Ok(Some(id)),
+                // Gone (retired by another process) or damaged: it commits nothing.
+                Err(e) if e.is_damage() => {
+                    inner
+                        .known
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
     }
 
     fn finish_inflight(&self, id: &CheckpointId) {

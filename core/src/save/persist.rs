@@ -79,6 +79,10 @@ struct CommitOutcome {
     result: std::result::Result<(), (usize, WireError)>,
     deleted_chunks: Vec<String>,
     gc: Option<GcSummary>,
+    /// A checkpoint of this step that another writer committed meanwhile
+    /// (the commit was refused for it): every rank learns it is committed.
+    #[serde(default)]
+    committed_by_other: Option<(u64, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -232,6 +236,7 @@ impl Checkpointer {
                 result: Ok(()),
                 deleted_chunks: Vec::new(),
                 gc: None,
+                committed_by_other: None,
             }
         };
         let outcome_bytes =
@@ -239,6 +244,13 @@ impl Checkpointer {
         let outcome: CommitOutcome =
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
+        if let Some((step, attempt)) = outcome.committed_by_other {
+            inner
+                .known
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(CheckpointId { step, attempt });
+        }
         if let Err((r, e)) = outcome.result {
             // The rank whose write failed reports its own error; the others the same variant.
             written?;
@@ -251,7 +263,18 @@ impl Checkpointer {
         }
         written?;
 
-        // Every rank now knows every chunk of the checkpoint, and what GC deleted.
+        // Every rank now knows the checkpoint is committed, what GC retired,
+        // every chunk of the checkpoint, and what GC deleted.
+        {
+            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+            known.insert(id.clone());
+            for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
+                known.remove(&CheckpointId {
+                    step: *step,
+                    attempt: attempt.clone(),
+                });
+            }
+        }
         for share in shares.iter().flatten() {
             for r in &share.records {
                 if let Layout::Chunks { chunks } = &r.layout {
@@ -329,6 +352,7 @@ impl Checkpointer {
             result: Err((r, e)),
             deleted_chunks: Vec::new(),
             gc: None,
+            committed_by_other: None,
         };
         let mut tensors = Vec::new();
         let mut objects = Vec::new();
@@ -340,6 +364,27 @@ impl Checkpointer {
                 }
                 Err(e) => return fail(r, e.clone()),
             }
+        }
+        // `save` checked the step against the checkpoints this checkpointer
+        // knows of; another process may have committed it since.
+        let others = match catalog::committed_at(self.inner.store.as_ref(), id.step).await {
+            Ok(ids) => self.conflicting(ids).await,
+            Err(e) => Err(e),
+        };
+        match others {
+            Ok(None) => {}
+            Ok(Some(existing)) => {
+                let e = Error::Conflict(format!(
+                    "step {} was committed by another writer ({existing}) while this save ran; \
+                     nothing of it was published",
+                    id.step
+                ));
+                return CommitOutcome {
+                    committed_by_other: Some((existing.step, existing.attempt)),
+                    ..fail(0, WireError::from(&e))
+                };
+            }
+            Err(e) => return fail(0, WireError::from(&e)),
         }
         match self.inner.format.finish(ctx, &tensors).await {
             Ok(extra) => objects.extend(extra),
@@ -372,6 +417,7 @@ impl Checkpointer {
         let gc = self.maybe_gc(id).await;
         CommitOutcome {
             result: Ok(()),
+            committed_by_other: None,
             deleted_chunks: gc
                 .as_ref()
                 .map(|g| g.deleted_chunks.clone())
@@ -426,12 +472,17 @@ impl Checkpointer {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        retention::collect(
+        let report = retention::collect(
             self.inner.store.as_ref(),
             &self.inner.opts.retention,
             &self.inner.chunks,
             &protected,
         )
-        .await
+        .await?;
+        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        for id in &report.retired {
+            known.remove(id);
+        }
+        Ok(report)
     }
 }

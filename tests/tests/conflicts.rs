@@ -1,0 +1,96 @@
+//! A step is committed once: `save` refuses a step this checkpointer knows is
+//! committed without asking the store, and the commit refuses a step another
+//! writer committed while the save ran, as a typed `Conflict`, publishing
+//! nothing and leaving the other writer's checkpoint as it was.
+
+use std::sync::Arc;
+
+use ckpt_core::store::{memory_store, CountingStore};
+use ckpt_core::{Checkpointer, Error, Retention};
+use ckpt_tests::*;
+
+async fn open(counting: &Arc<CountingStore>) -> Checkpointer {
+    ckpt_formats::builder("memory://unused")
+        .store(counting.clone())
+        .retention(Retention::keep_last(2))
+        .build()
+        .await
+        .unwrap()
+}
+
+// One thread: the save's background task cannot run (and read the store)
+// before `save` has returned and the counts are taken.
+#[tokio::test]
+async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
+    let counting = Arc::new(CountingStore::new(memory_store(&memory_root("no-list"))));
+    let cp = open(&counting).await;
+    for step in 1..=4 {
+        let before = counting.counts();
+        let h = cp.save(step, &f32_state(3, 64, step)).await.unwrap();
+        let during = counting.counts() - before;
+        assert_eq!(
+            (during.lists, during.gets, during.heads),
+            (0, 0, 0),
+            "save({step}) went to the store before returning: {during:?}"
+        );
+        h.wait().await.unwrap();
+    }
+    // Its own commits are known: the step is refused at once, the stored one kept.
+    assert!(matches!(
+        cp.save(4, &f32_state(3, 64, 99)).await,
+        Err(Error::Conflict(_))
+    ));
+    assert_same(&f32_state(3, 64, 4), &cp.load_step(4).await.unwrap().state);
+    // What its retention retired may be saved again (keep_last(2) retired 1
+    // and 2); being the oldest, it is retired again by the same commit.
+    let again = cp
+        .save(1, &f32_state(3, 64, 11))
+        .await
+        .expect("a retired step is not committed any more")
+        .wait()
+        .await
+        .unwrap();
+    let retired = again.gc.expect("retention ran").retired;
+    assert!(retired.contains(&again.id), "{retired:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_another_writer_committed_meanwhile_is_a_conflict_at_commit() {
+    let counting = Arc::new(CountingStore::new(memory_store(&memory_root(
+        "two-writers",
+    ))));
+    let first = open(&counting).await;
+    let second = open(&counting).await; // built before `first` commits step 7
+    let theirs = f32_state(2, 128, 1);
+    first.save(7, &theirs).await.unwrap().wait().await.unwrap();
+
+    let h = second
+        .save(7, &f32_state(2, 128, 2))
+        .await
+        .expect("`second` does not know of step 7 yet");
+    match h.wait().await {
+        Err(Error::Conflict(msg)) => assert!(msg.contains("step 7"), "{msg}"),
+        other => panic!("expected a conflict at commit, got {other:?}"),
+    }
+    let fresh = open(&counting).await;
+    let ids: Vec<_> = fresh
+        .committed()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|id| id.step == 7)
+        .collect();
+    assert_eq!(ids.len(), 1, "one manifest of step 7: {ids:?}");
+    assert_same(&theirs, &fresh.load_step(7).await.unwrap().state);
+
+    // Once it has failed there, `second` refuses the step at once too.
+    assert!(matches!(
+        second.save(7, &f32_state(2, 128, 3)).await,
+        Err(Error::Conflict(_))
+    ));
+    // And a checkpointer built afterwards knows the step from its listing.
+    assert!(matches!(
+        fresh.save(7, &f32_state(2, 128, 4)).await,
+        Err(Error::Conflict(_))
+    ));
+}
