@@ -3,16 +3,18 @@
 //! - [`handle`]: `Checkpointer::save`: checks, then the snapshot (the only stall),
 //!   then the persist task is spawned; the [`SaveHandle`] the caller waits on.
 //! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging.
-//! - [`staging`]: the [`StagingPool`] of reusable snapshot buffers.
+//! - [`staging`]: the [`StagingPool`] of reusable snapshot buffers, each a
+//!   page-mapped [`pages`] buffer (exact pages, no allocator overhead).
 //! - [`persist`]: the background half: the plan, this rank's writes through the
 //!   format, and the coordinated commit (manifest last), then retention and GC.
 //! - [`plan`]: which rank writes which tensor (pure).
 //! - [`report`]: the [`SaveReport`] a committed save returns.
 //!
 //! Dependencies run one way: `handle` → `persist` → `plan`, and both use
-//! `snapshot`, `staging` and `report`.
+//! `snapshot`, `staging` (on `pages`) and `report`.
 
 pub(crate) mod handle;
+pub(crate) mod pages;
 pub(crate) mod persist;
 pub(crate) mod plan;
 pub(crate) mod report;

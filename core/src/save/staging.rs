@@ -13,6 +13,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
+use crate::save::pages::PageBuf;
 
 const PAGE: u64 = 4096;
 
@@ -28,7 +29,7 @@ pub enum BusyPolicy {
 }
 
 /// Idle buffers by exact length, each with the budget it holds.
-type Idle = HashMap<usize, Vec<(Vec<u8>, OwnedSemaphorePermit)>>;
+type Idle = HashMap<usize, Vec<(PageBuf, OwnedSemaphorePermit)>>;
 
 /// The budget and idle buffers one pool's clones share.
 #[derive(Debug)]
@@ -48,7 +49,8 @@ pub struct StagingPool {
 /// A staging buffer on loan from the pool; freeze it into [`Bytes`] after filling it.
 #[derive(Debug)]
 pub struct StagingBuf {
-    data: Vec<u8>,
+    /// `None` only once dropped (the memory went back to the pool).
+    data: Option<PageBuf>,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolState>,
 }
@@ -122,7 +124,7 @@ impl StagingPool {
                     .as_mut()
                     .and_then(|p| p.split(pages(len as u64) as usize));
                 *slot = Some(StagingBuf {
-                    data: vec![0u8; len],
+                    data: Some(PageBuf::zeroed(len)?),
                     permit: p,
                     pool: Arc::downgrade(&self.inner),
                 });
@@ -138,7 +140,7 @@ impl StagingPool {
         let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
         let (data, permit) = idle.get_mut(&len)?.pop()?;
         Some(StagingBuf {
-            data,
+            data: Some(data),
             permit: Some(permit),
             pool: Arc::downgrade(&self.inner),
         })
@@ -179,7 +181,7 @@ impl StagingPool {
 impl StagingBuf {
     /// The buffer to fill.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.data
+        self.data.as_mut().map_or(&mut [], PageBuf::as_mut_slice)
     }
 
     /// Freeze into [`Bytes`] (no copy); the buffer returns to the pool when the
@@ -191,16 +193,17 @@ impl StagingBuf {
 
 impl AsRef<[u8]> for StagingBuf {
     fn as_ref(&self) -> &[u8] {
-        &self.data
+        self.data.as_ref().map_or(&[], PageBuf::as_slice)
     }
 }
 
 impl Drop for StagingBuf {
     fn drop(&mut self) {
-        let (Some(pool), Some(permit)) = (self.pool.upgrade(), self.permit.take()) else {
+        let (Some(pool), Some(permit), Some(data)) =
+            (self.pool.upgrade(), self.permit.take(), self.data.take())
+        else {
             return;
         };
-        let data = std::mem::take(&mut self.data);
         pool.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -222,12 +225,12 @@ mod tests {
             .acquire(&[4096, 8192], BusyPolicy::Skip, 1)
             .await
             .unwrap();
-        let ptr = bufs[0].data.as_ptr();
+        let ptr = bufs[0].as_ref().as_ptr();
         let frozen: Vec<Bytes> = bufs.into_iter().map(StagingBuf::freeze).collect();
         drop(frozen);
         assert_eq!(pool.idle_bytes(), 4096 + 8192);
         let again = pool.acquire(&[4096], BusyPolicy::Skip, 2).await.unwrap();
-        assert_eq!(again[0].data.as_ptr(), ptr, "the idle buffer is reused");
+        assert_eq!(again[0].as_ref().as_ptr(), ptr, "the idle buffer is reused");
 
         // While 1 MiB is held, a second MiB does not fit: Skip says so.
         drop(again);

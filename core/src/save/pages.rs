@@ -1,0 +1,146 @@
+//! [`PageBuf`]: staging memory mapped straight from the kernel, page by page.
+//!
+//! Staging buffers are few, large and long-lived (a training loop reuses them
+//! save after save), which is what a general-purpose allocator handles worst:
+//! through the process allocator the buffers of a 768 MiB state took 890 MiB
+//! (16% more than the bytes staged). An anonymous mapping costs exactly its
+//! pages, is zero without being written, and starts page-aligned. Buffers of
+//! 2 MiB and more ask for transparent huge pages (`MADV_HUGEPAGE`), so a first
+//! snapshot faults its memory in 2 MiB at a time instead of 4 KiB (where the
+//! kernel has them to give; otherwise it falls back to small pages).
+
+use std::fmt;
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+
+/// Buffers at least this long ask for transparent huge pages.
+const HUGE: usize = 2 << 20;
+
+/// A zero-initialised, page-aligned buffer of anonymous memory.
+pub(crate) struct PageBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Bytes mapped (`len` rounded up to a page); 0 for an empty buffer.
+    mapped: usize,
+}
+
+// SAFETY: `PageBuf` owns its mapping exclusively, like a `Vec<u8>`; shared
+// references only read it.
+unsafe impl Send for PageBuf {}
+// SAFETY: as above; `&PageBuf` gives only `&[u8]`.
+unsafe impl Sync for PageBuf {}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+impl PageBuf {
+    /// `len` zero bytes; an error (not an abort) when the memory cannot be had.
+    pub fn zeroed(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(PageBuf {
+                ptr: NonNull::dangling(),
+                len: 0,
+                mapped: 0,
+            });
+        }
+        let mapped = len
+            .checked_next_multiple_of(page_size())
+            .ok_or_else(|| too_big(len, "the length overflows"))?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(too_big(len, &e.to_string()));
+        }
+        #[cfg(target_os = "linux")]
+        if mapped >= HUGE {
+            // SAFETY: advice about the mapping made above; failure only means small pages.
+            unsafe { libc::madvise(p, mapped, libc::MADV_HUGEPAGE) };
+        }
+        Ok(PageBuf {
+            // mmap never returns null on success.
+            ptr: NonNull::new(p.cast::<u8>()).ok_or_else(|| too_big(len, "null mapping"))?,
+            len,
+            mapped,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` bytes of the mapping (or a dangling pointer with 0),
+        // initialised (zero or written), borrowed for the lifetime of `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the borrow exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+fn too_big(len: usize, why: &str) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::OutOfMemory,
+        format!("cannot map {len} bytes of staging memory: {why}"),
+    ))
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        if self.mapped > 0 {
+            // SAFETY: the mapping made in `zeroed`, unmapped once; no slice of
+            // it outlives `self`.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+        }
+    }
+}
+
+impl fmt::Debug for PageBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PageBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_zero_aligned_writable_and_exact() {
+        for len in [0, 1, 4095, 4096, 4097, HUGE, HUGE + 3] {
+            let mut b = PageBuf::zeroed(len).unwrap();
+            assert_eq!(b.len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0), "{len} bytes are zero");
+            if len > 0 {
+                assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0, "page-aligned");
+                b.as_mut_slice()[len - 1] = 7;
+                b.as_mut_slice()[0] = 9;
+                let last = if len > 1 { 7 } else { 9 };
+                assert_eq!((b.as_slice()[0], b.as_slice()[len - 1]), (9, last));
+            }
+        }
+    }
+
+    #[test]
+    fn a_length_no_machine_can_map_is_a_typed_error() {
+        let e = PageBuf::zeroed(usize::MAX / 2).unwrap_err();
+        assert!(matches!(e, Error::Io(_)), "{e:?}");
+        assert!(e.to_string().contains("staging memory"), "{e}");
+    }
+}
