@@ -94,6 +94,12 @@ impl PageBuf {
     }
 }
 
+impl AsRef<[u8]> for PageBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
 fn too_big(len: usize, why: &str) -> Error {
     Error::Io(std::io::Error::new(
         std::io::ErrorKind::OutOfMemory,
