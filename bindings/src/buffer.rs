@@ -71,6 +71,12 @@ impl PySource {
         Export::take(obj, name, false).map(|export| PySource { export })
     }
 
+    /// The exported memory, as (address, length): two tensors with the same
+    /// memory (a tied weight) are the same source and are copied once.
+    pub fn span(&self) -> (usize, usize) {
+        (self.export.ptr, self.export.len)
+    }
+
     /// The bytes, borrowed.
     ///
     /// # Safety

@@ -5,6 +5,7 @@
 //! tensor leaves are [`TensorRef`](crate::value::TensorRef)s; loads hand back
 //! the same shape of data with [`TensorBuffer`]s. Every wait releases the GIL.
 
+use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,6 +227,9 @@ impl Checkpointer {
         let meta = to_value(&meta)?;
         let mut out = Vec::with_capacity(tensors.len());
         let mut now: Vec<(usize, PySource)> = Vec::new();
+        // One source per exported memory span: a weight tied between two
+        // modules is staged (and hashed) once.
+        let mut sources: HashMap<(usize, usize), Arc<PySource>> = HashMap::new();
         for (i, (name, dtype, shape, obj, copy_now, shard)) in tensors.into_iter().enumerate() {
             let dtype: DType = dtype.parse().py()?;
             let shard = shard.map(|(global_shape, offsets)| ShardSpec {
@@ -237,7 +241,8 @@ impl Checkpointer {
                 now.push((i, src));
                 TensorData::Shared(Bytes::new())
             } else {
-                TensorData::Copy(Arc::new(src))
+                let shared = sources.entry(src.span()).or_insert_with(|| Arc::new(src));
+                TensorData::Copy(shared.clone())
             };
             out.push(SourceTensor {
                 name,

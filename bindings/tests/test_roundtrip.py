@@ -180,3 +180,44 @@ def test_load_into_state_dict_replaces_plain_values(url: str) -> None:
         cp.load(5, missing=torch.zeros(1))
     with pytest.raises(ckpt.InvalidInputError):
         cp.load(5, w=torch.zeros(4))  # shape mismatch
+
+
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight (as GPT-2's do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.emb(x)))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_tied_weight_is_staged_once_and_comes_back_tied(url: str, lazy: bool) -> None:
+    torch.manual_seed(3)
+    m = Tied()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.arange(10)).square().mean().backward()
+    opt.step()
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    report = cp.save(1, model=m, optimizer=opt).wait()
+    sd = m.state_dict()
+    assert sd["emb.weight"].data_ptr() == sd["head.weight"].data_ptr()
+    unique = {t.data_ptr(): t.numel() * t.element_size() for t in sd.values()}
+    for s in opt.state_dict()["state"].values():
+        for v in s.values():
+            unique[v.data_ptr()] = v.numel() * v.element_size()
+    assert report["copied_bytes"] == sum(unique.values())
+    want = {k: v.clone() for k, v in sd.items()}
+
+    torch.manual_seed(4)
+    fresh = Tied()
+    fopt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    assert ckpt.Checkpointer(url, rng=False).load_latest(model=fresh, optimizer=fopt) == 1
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert fresh.head.weight is fresh.emb.weight

@@ -33,6 +33,51 @@ async fn eager_snapshot_copies_then_the_loop_may_mutate() {
     }
 }
 
+/// A source given for two tensors (a tied weight) is staged once, in both
+/// snapshot modes, and both tensors load back with its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_shared_by_two_tensors_is_copied_once() {
+    for (mode, tag) in [
+        (SnapshotMode::Eager, "tied-eager"),
+        (SnapshotMode::Lazy, "tied-lazy"),
+    ] {
+        let cp = ckpt_formats::builder(memory_root(tag))
+            .snapshot(mode)
+            .build()
+            .await
+            .unwrap();
+        let tied = SharedVec::new((0..4000u32).map(|i| (i * 7) as u8).collect());
+        let other = SharedVec::new(vec![9u8; 400]);
+        let cap = Capture::default()
+            .with_copy("wte", DType::U8, vec![4000], tied.clone())
+            .with_copy("ln", DType::U8, vec![400], other.clone())
+            .with_copy("lm_head", DType::U8, vec![4000], tied.clone());
+        let h = cp.save(1, cap).await.unwrap();
+        h.wait_snapshot().await.unwrap();
+        tied.0.write().unwrap().fill(0); // the loop goes on after the snapshot
+        let report = h.wait().await.unwrap();
+        assert_eq!(
+            report.copied_bytes, 4400,
+            "{tag}: the tied source counts once"
+        );
+        let loaded = cp.load_latest().await.unwrap().unwrap();
+        let want: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+        let by_name = |n: &str| {
+            loaded
+                .state
+                .tensors
+                .iter()
+                .find(|t| t.name == n)
+                .unwrap_or_else(|| panic!("{tag}: {n} is missing"))
+                .data
+                .clone()
+        };
+        assert_eq!(&by_name("wte")[..], &want[..], "{tag}");
+        assert_eq!(&by_name("lm_head")[..], &want[..], "{tag}");
+        assert_eq!(&by_name("ln")[..], &[9u8; 400][..], "{tag}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lazy_snapshot_returns_before_the_copy_and_records_pre_mutation_values() {
     let url = memory_root("lazy");

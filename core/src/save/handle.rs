@@ -17,7 +17,7 @@ use crate::save::persist::PersistJob;
 
 use crate::model::tensor::{check_layout, Tensor};
 use crate::save::report::SaveReport;
-use crate::save::snapshot::{self, Capture, SnapState, TensorData};
+use crate::save::snapshot::{self, Capture, SnapState};
 use crate::save::staging::StagingPool;
 
 /// A save in progress. Dropping it does not cancel the save.
@@ -130,12 +130,7 @@ impl Checkpointer {
         failpoint::hit("save.start").await?;
 
         // Staging memory for the tensors that must be copied.
-        let lens: Vec<usize> = capture
-            .tensors
-            .iter()
-            .filter(|t| matches!(t.data, TensorData::Copy(_)))
-            .map(|t| t.data.len())
-            .collect();
+        let lens = capture.copy_lens();
         let copied_bytes = capture.copy_bytes();
         let pool = self.pool_for(copied_bytes);
         let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;

@@ -41,7 +41,10 @@ pub trait CopySource: Send + Sync + 'static {
 pub enum TensorData {
     /// Immutable bytes, captured without a copy.
     Shared(Bytes),
-    /// Mutable memory, copied into staging by the snapshot.
+    /// Mutable memory, copied into staging by the snapshot. One source (the
+    /// same `Arc`) given for several tensors, such as a weight tied between an
+    /// embedding and an output layer, is copied once and the tensors share
+    /// the copy.
     Copy(Arc<dyn CopySource>),
 }
 
@@ -114,11 +117,21 @@ impl Capture {
 
     /// Bytes that the snapshot must copy.
     pub fn copy_bytes(&self) -> u64 {
+        self.copy_lens().iter().map(|&l| l as u64).sum()
+    }
+
+    /// The lengths of the distinct sources to copy (a source given for
+    /// several tensors counts once), in the order of their first tensor: the
+    /// staging buffers the snapshot needs.
+    pub fn copy_lens(&self) -> Vec<usize> {
+        let mut seen = std::collections::HashSet::new();
         self.tensors
             .iter()
-            .filter(|t| matches!(t.data, TensorData::Copy(_)))
-            .map(|t| t.data.len() as u64)
-            .sum()
+            .filter_map(|t| match &t.data {
+                TensorData::Copy(src) if seen.insert(source_key(src)) => Some(src.len()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Total tensor bytes.
@@ -195,16 +208,25 @@ pub fn copy_all(
     let mut jobs: Vec<CopyJob> = Vec::new();
     let mut out: Vec<Option<Tensor>> = Vec::with_capacity(tensors.len());
     bufs.reverse();
+    // Tensors whose source another tensor already copies: (tensor, that tensor).
+    let mut first_of = std::collections::HashMap::new();
+    let mut aliases: Vec<(usize, usize)> = Vec::new();
     for (i, t) in tensors.into_iter().enumerate() {
         match t.data {
             TensorData::Shared(data) => {
                 out.push(Some(make(t.name, t.dtype, t.shape, t.shard, data)?))
             }
             TensorData::Copy(src) => {
-                let buf = bufs
-                    .pop()
-                    .ok_or_else(|| Error::Internal("staging buffer count".into()))?;
-                jobs.push((i, src, buf));
+                match first_of.entry(source_key(&src)) {
+                    std::collections::hash_map::Entry::Occupied(e) => aliases.push((i, *e.get())),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(i);
+                        let buf = bufs
+                            .pop()
+                            .ok_or_else(|| Error::Internal("staging buffer count".into()))?;
+                        jobs.push((i, src, buf));
+                    }
+                }
                 out.push(Some(Tensor {
                     name: t.name,
                     dtype: t.dtype,
@@ -247,6 +269,15 @@ pub fn copy_all(
             }
         }
     }
+    for (i, first) in aliases {
+        let data = out[first]
+            .as_ref()
+            .map(|t| t.data.clone())
+            .unwrap_or_default();
+        if let Some(t) = out[i].as_mut() {
+            t.data = data;
+        }
+    }
     out.into_iter()
         .map(|t| {
             let t = t.ok_or_else(|| Error::Internal("snapshot slot".into()))?;
@@ -258,6 +289,11 @@ pub fn copy_all(
 
 /// One copy: the tensor's index, its source and its staging buffer.
 type CopyJob = (usize, Arc<dyn CopySource>, StagingBuf);
+
+/// Identity of a copy source: the `Arc`'s allocation.
+fn source_key(src: &Arc<dyn CopySource>) -> usize {
+    Arc::as_ptr(src).cast::<()>() as usize
+}
 
 fn copy_group(group: Vec<CopyJob>) -> Result<Vec<(usize, Bytes)>> {
     let mut done = Vec::with_capacity(group.len());
