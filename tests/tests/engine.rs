@@ -37,11 +37,18 @@ async fn eager_snapshot_copies_then_the_loop_may_mutate() {
 /// snapshot modes, and both tensors load back with its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_shared_by_two_tensors_is_copied_once() {
-    for (mode, tag) in [
-        (SnapshotMode::Eager, "tied-eager"),
-        (SnapshotMode::Lazy, "tied-lazy"),
-    ] {
+    let cases = [
+        (SnapshotMode::Eager, 8 << 20, "tied-eager"),
+        (SnapshotMode::Lazy, 8 << 20, "tied-lazy"),
+        // Split into chunks: the tied tensors' chunks are the same memory,
+        // written once, and each tensor's record points at them.
+        (SnapshotMode::Eager, 1000, "tied-split"),
+    ];
+    for (mode, chunk_size, tag) in cases {
+        let mut opts = ckpt_core::CheckpointerOptions::default();
+        opts.write.chunk_size = chunk_size;
         let cp = ckpt_formats::builder(memory_root(tag))
+            .options(opts)
             .snapshot(mode)
             .build()
             .await
@@ -60,6 +67,15 @@ async fn a_source_shared_by_two_tensors_is_copied_once() {
             report.copied_bytes, 4400,
             "{tag}: the tied source counts once"
         );
+        assert_eq!(report.raw_bytes, 8400, "{tag}");
+        if chunk_size == 1000 {
+            // (Small tensors share packs, which hold the bytes of each member.)
+            assert_eq!(
+                report.reused_bytes, 4000,
+                "{tag}: lm_head reuses wte's chunks"
+            );
+            assert!(report.stored_bytes < 4400 + 5 * 64, "{tag}: {report:?}");
+        }
         let loaded = cp.load_latest().await.unwrap().unwrap();
         let want: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
         let by_name = |n: &str| {

@@ -115,19 +115,51 @@ impl Format for Native {
     async fn write(&self, ctx: &WriteContext, tensors: &[Tensor]) -> Result<WriteOutput> {
         let size = ctx.options.chunk_size.clamp(1, MAX_CHUNK_BYTES);
         let pieces = pack::plan(tensors, size);
-        let inflight = Mutex::new(HashMap::new());
-        let written: Vec<(pack::Piece, ChunkRef)> = futures::stream::iter(pieces)
-            .map(|p| {
-                let inflight = &inflight;
-                async move {
-                    write_chunk(ctx, p.parts.clone(), inflight)
-                        .await
-                        .map(|r| (p, r))
+        // Pieces over the very same memory (the chunks of a weight tied
+        // between two tensors, which the snapshot staged once) are the same
+        // bytes: hashed and written once.
+        let mut first_of: HashMap<Vec<(usize, usize)>, usize> = HashMap::new();
+        let same_as: Vec<Option<usize>> = pieces
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let span = p.parts.iter().map(|b| (b.as_ptr() as usize, b.len()));
+                match first_of.entry(span.collect()) {
+                    std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(i);
+                        None
+                    }
                 }
+            })
+            .collect();
+        let inflight = Mutex::new(HashMap::new());
+        let unique = (0..pieces.len()).filter(|&i| same_as[i].is_none());
+        let firsts: Vec<(usize, ChunkRef)> = futures::stream::iter(unique)
+            .map(|i| {
+                let (inflight, parts) = (&inflight, pieces[i].parts.clone());
+                async move { write_chunk(ctx, parts, inflight).await.map(|r| (i, r)) }
             })
             .buffered(ctx.options.concurrency.max(1))
             .try_collect()
             .await?;
+        let mut refs: Vec<Option<ChunkRef>> = vec![None; pieces.len()];
+        for (i, r) in firsts {
+            refs[i] = Some(r);
+        }
+        for (i, first) in same_as.iter().enumerate() {
+            if let Some(f) = *first {
+                refs[i] = refs[f].clone();
+                let len = pieces[i].len() as u64;
+                WriteStats::add(&ctx.stats.raw_bytes, len);
+                WriteStats::add(&ctx.stats.reused_bytes, len);
+            }
+        }
+        let written = pieces.into_iter().zip(refs).map(|(p, r)| {
+            r.map(|r| (p, r))
+                .ok_or_else(|| Error::Internal("a chunk was not written".into()))
+        });
+        let written: Vec<(pack::Piece, ChunkRef)> = written.collect::<Result<_>>()?;
         let refs = written.into_iter().flat_map(|(p, r)| {
             p.members.into_iter().map(move |m| {
                 let mut r = r.clone();
