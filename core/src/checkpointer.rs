@@ -96,13 +96,14 @@ pub(crate) struct Shared {
     pub unobserved: Mutex<Vec<(u64, crate::error::wire::WireError)>>,
     /// Checkpoints a load found damaged: their steps may be saved again.
     pub damaged: Mutex<HashSet<CheckpointId>>,
-    /// The committed checkpoints this checkpointer knows of: listed when it
-    /// was built, then kept up to date with its own commits and what its GC
-    /// retired. `save` checks its step against this set, so starting a save
+    /// The committed checkpoints this checkpointer knows of: listed by its
+    /// first save (`None` until then, so a checkpointer that only loads never
+    /// lists for it), then kept up to date with its own commits and what its
+    /// GC retired. `save` checks its step against this set, so starting a save
     /// of a new step reads nothing from storage (on S3 a listing is a round
     /// trip in the stall); the commit checks the store itself before it
     /// publishes, for checkpoints another process committed since.
-    pub known: Mutex<HashSet<CheckpointId>>,
+    pub known: Mutex<Option<HashSet<CheckpointId>>>,
     /// The ranks of the job.
     pub coord: Arc<dyn Coordinator>,
     /// A random value every rank of the job shares (agreed at build time).
@@ -301,7 +302,6 @@ impl CheckpointerBuilder {
             ));
         }
         let chunks = Arc::new(ChunkIndex::scan(store.as_ref()).await?);
-        let known = crate::layout::catalog::committed(store.as_ref()).await?;
         let pool = self.opts.staging_budget.map(StagingPool::new);
         // Every rank derives the same attempt ids from a value rank 0 chooses.
         let nonce = {
@@ -326,7 +326,7 @@ impl CheckpointerBuilder {
                 inflight_done: tokio::sync::Notify::new(),
                 unobserved: Mutex::new(Vec::new()),
                 damaged: Mutex::new(HashSet::new()),
-                known: Mutex::new(known.into_iter().collect()),
+                known: Mutex::new(None),
                 coord: self.coord,
                 nonce,
                 seq: AtomicU64::new(0),

@@ -1,5 +1,6 @@
 //! A step is committed once: `save` refuses a step this checkpointer knows is
-//! committed without asking the store, and the commit refuses a step another
+//! committed (listed by its first save, then kept up to date) without asking
+//! the store, and the commit refuses a step another
 //! writer committed while the save ran, as a typed `Conflict`, publishing
 //! nothing and leaving the other writer's checkpoint as it was.
 
@@ -24,7 +25,14 @@ async fn open(counting: &Arc<CountingStore>) -> Checkpointer {
 async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
     let counting = Arc::new(CountingStore::new(memory_store(&memory_root("no-list"))));
     let cp = open(&counting).await;
-    for step in 1..=4 {
+    // The first save lists the checkpoints under the root, once.
+    cp.save(1, &f32_state(3, 64, 1))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    for step in 2..=4 {
         let before = counting.counts();
         let h = cp.save(step, &f32_state(3, 64, step)).await.unwrap();
         let during = counting.counts() - before;
@@ -60,7 +68,16 @@ async fn a_step_another_writer_committed_meanwhile_is_a_conflict_at_commit() {
         "two-writers",
     ))));
     let first = open(&counting).await;
-    let second = open(&counting).await; // built before `first` commits step 7
+    let second = open(&counting).await;
+    // `second` lists what is committed with its first save, before `first`
+    // commits step 7.
+    second
+        .save(1, &f32_state(2, 128, 0))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
     let theirs = f32_state(2, 128, 1);
     first.save(7, &theirs).await.unwrap().wait().await.unwrap();
 

@@ -114,11 +114,22 @@ impl Checkpointer {
         // conflicting`). Only the checkpoints this checkpointer knows of are
         // checked here, so a new step costs no storage round trip in the stall;
         // the commit checks the store again before it publishes.
+        let listed = inner
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !listed {
+            let ids = catalog::committed(inner.store.as_ref()).await?;
+            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+            known.get_or_insert_with(|| ids.into_iter().collect());
+        }
         let known: Vec<CheckpointId> = inner
             .known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
+            .flatten()
             .filter(|id| id.step == step)
             .cloned()
             .collect();
@@ -246,11 +257,14 @@ impl Checkpointer {
                 Ok(_) => return Ok(Some(id)),
                 // Gone (retired by another process) or damaged: it commits nothing.
                 Err(e) if e.is_damage() => {
-                    inner
+                    if let Some(known) = inner
                         .known
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
+                        .as_mut()
+                    {
+                        known.remove(&id);
+                    }
                 }
                 Err(e) => return Err(e),
             }

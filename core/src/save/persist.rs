@@ -245,11 +245,14 @@ impl Checkpointer {
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         if let Some((step, attempt)) = outcome.committed_by_other {
-            inner
+            if let Some(known) = inner
                 .known
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(CheckpointId { step, attempt });
+                .as_mut()
+            {
+                known.insert(CheckpointId { step, attempt });
+            }
         }
         if let Err((r, e)) = outcome.result {
             // The rank whose write failed reports its own error; the others the same variant.
@@ -265,8 +268,12 @@ impl Checkpointer {
 
         // Every rank now knows the checkpoint is committed, what GC retired,
         // every chunk of the checkpoint, and what GC deleted.
+        if let Some(known) = inner
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
         {
-            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
             known.insert(id.clone());
             for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
                 known.remove(&CheckpointId {
@@ -375,8 +382,8 @@ impl Checkpointer {
             Ok(None) => {}
             Ok(Some(existing)) => {
                 let e = Error::Conflict(format!(
-                    "step {} was committed by another writer ({existing}) while this save ran; \
-                     nothing of it was published",
+                    "step {} was committed by another save ({existing}) while this one ran; \
+                     nothing of this one was published",
                     id.step
                 ));
                 return CommitOutcome {
@@ -479,9 +486,16 @@ impl Checkpointer {
             &protected,
         )
         .await?;
-        let mut known = self.inner.known.lock().unwrap_or_else(|p| p.into_inner());
-        for id in &report.retired {
-            known.remove(id);
+        if let Some(known) = self
+            .inner
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            for id in &report.retired {
+                known.remove(id);
+            }
         }
         Ok(report)
     }
