@@ -232,7 +232,12 @@ class Checkpointer:
         may be objects with ``state_dict()`` (modules, optimizers, schedulers),
         torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
 
-        Raises :class:`~ckpt.ConflictError` if ``step`` is already committed.
+        Raises :class:`~ckpt.ConflictError` if ``step`` is already committed
+        (as far as this checkpointer knows: what it listed at its first save,
+        and its own commits since; no storage request in the stall). A step
+        that another process committed meanwhile is refused at commit, before
+        anything is published: :meth:`SaveHandle.wait` raises the
+        :class:`~ckpt.ConflictError`.
         """
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
