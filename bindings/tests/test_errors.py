@@ -45,6 +45,19 @@ def test_conflict_leaves_the_first_checkpoint(url: str) -> None:
     assert torch.equal(cp.read(3).state["w"], torch.ones(4))
 
 
+def test_a_step_committed_by_another_writer_meanwhile_is_a_conflict_at_commit(url: str) -> None:
+    mine = ckpt.Checkpointer(url, rng=False)
+    mine.save(1, w=torch.zeros(4)).wait()  # its first save lists what is committed
+    other = ckpt.Checkpointer(url, rng=False)
+    other.save(5, w=torch.ones(4)).wait()
+    h = mine.save(5, w=torch.full((4,), 2.0))  # mine does not know of step 5 yet
+    with pytest.raises(ckpt.ConflictError, match="step 5"):
+        h.wait()
+    assert torch.equal(ckpt.Checkpointer(url, rng=False).read(5).state["w"], torch.ones(4))
+    with pytest.raises(ckpt.ConflictError):  # now it knows
+        mine.save(5, w=torch.zeros(4))
+
+
 def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: Path) -> None:
     cp = ckpt.Checkpointer(url, rng=False)
     cp.save(1, big=torch.zeros(1 << 16)).wait()
