@@ -114,6 +114,21 @@ pub(crate) struct Shared {
     pub turn: tokio::sync::watch::Sender<u64>,
 }
 
+impl Shared {
+    /// Change the known-committed set, once the first save has listed it
+    /// (before that there is nothing to keep up to date).
+    pub fn update_known(&self, f: impl FnOnce(&mut HashSet<CheckpointId>)) {
+        if let Some(known) = self
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
+            f(known);
+        }
+    }
+}
+
 /// Builds a [`Checkpointer`].
 #[derive(Debug)]
 pub struct CheckpointerBuilder {

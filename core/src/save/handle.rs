@@ -114,26 +114,7 @@ impl Checkpointer {
         // conflicting`). Only the checkpoints this checkpointer knows of are
         // checked here, so a new step costs no storage round trip in the stall;
         // the commit checks the store again before it publishes.
-        let listed = inner
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
-        if !listed {
-            let ids = catalog::committed(inner.store.as_ref()).await?;
-            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
-            known.get_or_insert_with(|| ids.into_iter().collect());
-        }
-        let known: Vec<CheckpointId> = inner
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .flatten()
-            .filter(|id| id.step == step)
-            .cloned()
-            .collect();
-        if let Some(existing) = self.conflicting(known).await? {
+        if let Some(existing) = self.conflicting(self.known_at(step).await?).await? {
             return Err(Error::Conflict(format!(
                 "step {step} is already committed ({existing})"
             )));
@@ -142,7 +123,7 @@ impl Checkpointer {
 
         // Staging memory for the tensors that must be copied.
         let lens = capture.copy_lens();
-        let copied_bytes = capture.copy_bytes();
+        let copied_bytes: u64 = lens.iter().map(|&l| l as u64).sum();
         let pool = self.pool_for(copied_bytes);
         let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;
 
@@ -237,6 +218,25 @@ impl Checkpointer {
         })
     }
 
+    /// The committed checkpoints of `step` this checkpointer knows of; the
+    /// first call lists the store.
+    async fn known_at(&self, step: u64) -> Result<Vec<CheckpointId>> {
+        let inner = &self.inner;
+        let listed = inner
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !listed {
+            let ids = catalog::committed(inner.store.as_ref()).await?;
+            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+            known.get_or_insert_with(|| ids.into_iter().collect());
+        }
+        let known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        let at_step = known.iter().flatten().filter(|id| id.step == step);
+        Ok(at_step.cloned().collect())
+    }
+
     /// The first of `ids` (checkpoints of one step) that commits its step: a
     /// readable manifest that no load of this checkpointer found damaged (a
     /// torn manifest, on a store that does not write objects whole, commits
@@ -256,16 +256,9 @@ impl Checkpointer {
             match catalog::read_manifest(inner.store.as_ref(), &id).await {
                 Ok(_) => return Ok(Some(id)),
                 // Gone (retired by another process) or damaged: it commits nothing.
-                Err(e) if e.is_damage() => {
-                    if let Some(known) = inner
-                        .known
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .as_mut()
-                    {
-                        known.remove(&id);
-                    }
-                }
+                Err(e) if e.is_damage() => inner.update_known(|k| {
+                    k.remove(&id);
+                }),
                 Err(e) => return Err(e),
             }
         }

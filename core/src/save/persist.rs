@@ -245,14 +245,9 @@ impl Checkpointer {
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         if let Some((step, attempt)) = outcome.committed_by_other {
-            if let Some(known) = inner
-                .known
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_mut()
-            {
-                known.insert(CheckpointId { step, attempt });
-            }
+            inner.update_known(|k| {
+                k.insert(CheckpointId { step, attempt });
+            });
         }
         if let Err((r, e)) = outcome.result {
             // The rank whose write failed reports its own error; the others the same variant.
@@ -268,20 +263,15 @@ impl Checkpointer {
 
         // Every rank now knows the checkpoint is committed, what GC retired,
         // every chunk of the checkpoint, and what GC deleted.
-        if let Some(known) = inner
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            known.insert(id.clone());
+        inner.update_known(|k| {
+            k.insert(id.clone());
             for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
-                known.remove(&CheckpointId {
+                k.remove(&CheckpointId {
                     step: *step,
                     attempt: attempt.clone(),
                 });
             }
-        }
+        });
         for share in shares.iter().flatten() {
             for r in &share.records {
                 if let Layout::Chunks { chunks } = &r.layout {
@@ -486,17 +476,11 @@ impl Checkpointer {
             &protected,
         )
         .await?;
-        if let Some(known) = self
-            .inner
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
+        self.inner.update_known(|k| {
             for id in &report.retired {
-                known.remove(id);
+                k.remove(id);
             }
-        }
+        });
         Ok(report)
     }
 }
