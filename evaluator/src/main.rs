@@ -90,8 +90,10 @@ struct Cli {
     /// a few hundred, so each rank's share is far above the engine's fixed costs.
     #[arg(long, global = true, default_value_t = 256.0)]
     sharded_mib: f64,
-    /// Sharded: timed saves and loads per method (after one untimed warm-up save).
-    #[arg(long, global = true, default_value_t = 2)]
+    /// Sharded: timed saves and loads per method (after one untimed warm-up save);
+    /// three, so that one slow load (a first read into memory the machine just
+    /// took back) does not decide the median.
+    #[arg(long, global = true, default_value_t = 3)]
     sharded_repeats: usize,
     /// Python: transformer blocks of the GPT-2-shaped model (GPT-2's vocabulary).
     #[arg(long, global = true, default_value_t = 6)]
