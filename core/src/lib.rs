@@ -59,7 +59,7 @@ pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
 pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
 pub use save::{
     BusyPolicy, Capture, CopySource, SaveHandle, SaveReport, SharedVec, SourceTensor, StagingPool,
-    TensorData,
+    TensorData, STAGING_LEAD,
 };
 pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};
 

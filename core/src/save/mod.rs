@@ -24,4 +24,4 @@ pub(crate) mod staging;
 pub use handle::SaveHandle;
 pub use report::SaveReport;
 pub use snapshot::{Capture, CopySource, SharedVec, SourceTensor, TensorData};
-pub use staging::{BusyPolicy, StagingPool};
+pub use staging::{BusyPolicy, StagingPool, STAGING_LEAD};

@@ -5,6 +5,12 @@
 //! the pool, so a training loop that saves the same shapes again allocates nothing
 //! once warm. Idle buffers count against the budget too; when a save needs room,
 //! idle buffers of other sizes are freed first.
+//!
+//! A buffer of [`LEAD_MIN`] bytes or more starts [`STAGING_LEAD`] bytes past a
+//! page boundary: the length of the native format's chunk header. A chunk's
+//! data then sits at the same offset within a page in memory as in its file,
+//! so a local store writes it with `O_DIRECT` straight from staging instead of
+//! copying it through an aligned buffer first (see `store::direct`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -16,6 +22,23 @@ use crate::error::{Error, Result};
 use crate::save::pages::PageBuf;
 
 const PAGE: u64 = 4096;
+
+/// Bytes between a page boundary and the data of a staging buffer of
+/// [`LEAD_MIN`] bytes or more: the native chunk header's length, so chunk data
+/// is as aligned in memory as in its stored object.
+pub const STAGING_LEAD: usize = 16;
+/// Staging buffers from this length on start [`STAGING_LEAD`] bytes into a
+/// page; smaller ones are never written directly and start on the page.
+pub const LEAD_MIN: usize = 64 << 10;
+
+/// Where a staging buffer for `len` bytes starts within its pages.
+fn lead(len: usize) -> usize {
+    if len >= LEAD_MIN {
+        STAGING_LEAD
+    } else {
+        0
+    }
+}
 
 /// What a save does when the staging budget is spent by saves still persisting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,6 +74,8 @@ pub struct StagingPool {
 pub struct StagingBuf {
     /// `None` only once dropped (the memory went back to the pool).
     data: Option<PageBuf>,
+    /// Where the buffer's bytes start in `data` (its lead).
+    at: usize,
     permit: Option<OwnedSemaphorePermit>,
     pool: Weak<PoolState>,
 }
@@ -97,6 +122,8 @@ impl StagingPool {
         policy: BusyPolicy,
         step: u64,
     ) -> Result<Vec<StagingBuf>> {
+        // The budget counts the bytes asked for; a lead adds at most one page
+        // to a buffer of 64 KiB or more.
         let total: u64 = lens.iter().map(|&l| pages(l as u64)).sum();
         if total > pages(self.inner.budget) {
             return Err(Error::InvalidInput(format!(
@@ -124,7 +151,8 @@ impl StagingPool {
                     .as_mut()
                     .and_then(|p| p.split(pages(len as u64) as usize));
                 *slot = Some(StagingBuf {
-                    data: Some(PageBuf::zeroed(len)?),
+                    data: Some(PageBuf::zeroed(len + lead(len))?),
+                    at: lead(len),
                     permit: p,
                     pool: Arc::downgrade(&self.inner),
                 });
@@ -138,9 +166,10 @@ impl StagingPool {
 
     fn take_idle(&self, len: usize) -> Option<StagingBuf> {
         let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let (data, permit) = idle.get_mut(&len)?.pop()?;
+        let (data, permit) = idle.get_mut(&(len + lead(len)))?.pop()?;
         Some(StagingBuf {
             data: Some(data),
+            at: lead(len),
             permit: Some(permit),
             pool: Arc::downgrade(&self.inner),
         })
@@ -181,7 +210,10 @@ impl StagingPool {
 impl StagingBuf {
     /// The buffer to fill.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.data.as_mut().map_or(&mut [], PageBuf::as_mut_slice)
+        match self.data.as_mut() {
+            Some(d) => &mut d.as_mut_slice()[self.at..],
+            None => &mut [],
+        }
     }
 
     /// Freeze into [`Bytes`] (no copy); the buffer returns to the pool when the
@@ -193,7 +225,10 @@ impl StagingBuf {
 
 impl AsRef<[u8]> for StagingBuf {
     fn as_ref(&self) -> &[u8] {
-        self.data.as_ref().map_or(&[], PageBuf::as_slice)
+        match self.data.as_ref() {
+            Some(d) => &d.as_slice()[self.at..],
+            None => &[],
+        }
     }
 }
 
@@ -217,6 +252,28 @@ impl Drop for StagingBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Large buffers start STAGING_LEAD bytes into a page (chunk data then
+    /// sits in memory as it sits in its file), small ones on the page; both
+    /// keep their lead when reused.
+    #[tokio::test]
+    async fn large_buffers_start_the_chunk_header_length_into_a_page() {
+        let pool = StagingPool::new(16 << 20);
+        for round in 0..2 {
+            let mut bufs = pool
+                .acquire(&[LEAD_MIN, LEAD_MIN - 1, 3 << 20], BusyPolicy::Skip, round)
+                .await
+                .unwrap();
+            let offsets: Vec<usize> = bufs
+                .iter_mut()
+                .map(|b| b.as_mut_slice().as_ptr() as usize % PAGE as usize)
+                .collect();
+            assert_eq!(offsets, [STAGING_LEAD, 0, STAGING_LEAD], "round {round}");
+            let lens: Vec<usize> = bufs.iter().map(|b| b.as_ref().len()).collect();
+            assert_eq!(lens, [LEAD_MIN, LEAD_MIN - 1, 3 << 20]);
+            drop(bufs);
+        }
+    }
 
     #[tokio::test]
     async fn reuses_buffers_and_respects_budget() {
