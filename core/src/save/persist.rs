@@ -364,11 +364,11 @@ impl Checkpointer {
         }
         // `save` checked the step against the checkpoints this checkpointer
         // knows of; another process may have committed it since.
-        let others = match catalog::committed_at(self.inner.store.as_ref(), id.step).await {
-            Ok(ids) => self.conflicting(ids).await,
-            Err(e) => Err(e),
+        let others = async {
+            let ids = catalog::committed_at(self.inner.store.as_ref(), id.step).await?;
+            self.conflicting(ids).await
         };
-        match others {
+        match others.await {
             Ok(None) => {}
             Ok(Some(existing)) => {
                 let e = Error::Conflict(format!(

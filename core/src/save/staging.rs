@@ -28,8 +28,9 @@ const PAGE: u64 = 4096;
 /// is as aligned in memory as in its stored object.
 pub const STAGING_LEAD: usize = 16;
 /// Staging buffers from this length on start [`STAGING_LEAD`] bytes into a
-/// page; smaller ones are never written directly and start on the page.
-pub const LEAD_MIN: usize = 64 << 10;
+/// page; smaller ones are never written from their memory (the local store
+/// copies parts below this length) and start on the page.
+pub const LEAD_MIN: usize = crate::store::direct::DIRECT_PART_MIN;
 
 /// Where a staging buffer for `len` bytes starts within its pages.
 fn lead(len: usize) -> usize {
