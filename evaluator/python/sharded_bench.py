@@ -25,11 +25,13 @@ DTensors. Then, per method and repeat, after a barrier:
 - peak extra host memory: the proportional set size (Pss, from
   ``/proc/<pid>/smaps_rollup``, so pages shared with a writer subprocess are not
   counted twice) of the rank and its child processes, sampled every 10 ms on a
-  thread from just before the save until durable, minus the value before the
-  method's first (warm-up) save, so staging pools a method keeps between saves
-  count. Before each sampled save, garbage is collected and freed heap handed
-  back to the OS (``malloc_trim``), so what the previous repeat's load freed is
-  not counted.
+  thread from just before the save until durable, over two saves before the
+  timed ones (the method's first, cold save and a warm one after a training
+  step), minus the value before the first, so staging pools a method keeps
+  between saves count. Before each sampled save, garbage is collected and freed
+  heap handed back to the OS (``malloc_trim``). The sampler slows what it
+  samples (it takes the lock on the rank's address space, and the GIL), so
+  the timed saves run without it.
 
 Floors, measured by the same ranks in the same run: write + fsync of a rank's
 local bytes to one file, the cold read of that file, and a copy of the local
@@ -398,9 +400,14 @@ def train_step(model, opt, h: int, step: int) -> None:
 
 
 def run_method(m: Method, a, h: int, model, opt, world: int) -> dict:
-    """A warm-up save (untimed, so savers, pools and subprocesses exist), then per
-    repeat: a training step (every value changes), a timed save, a cold load
-    checked shard by shard."""
+    """Two saves sampled for memory (a cold one, so savers, pools and writer
+    subprocesses exist, then a warm one), then per repeat: a training step
+    (every value changes), a timed save, a cold load checked shard by shard.
+
+    Reading a process's Pss takes the kernel's lock on its address space (tens
+    of milliseconds for a rank holding GiBs) and the sampler thread competes
+    for the GIL, so the sampler would slow what it samples: the timed saves run
+    without it."""
     rows = {"stall_s": [], "snapshot_s": [], "durable_s": [], "load_s": [],
             "written_bytes": [], "peak_extra_bytes": []}
     cache = None
@@ -409,37 +416,39 @@ def run_method(m: Method, a, h: int, model, opt, world: int) -> dict:
         with p.active():
             m.open()
             m.save(model, opt, 0)
-        for rep in range(a.repeats):
-            step = rep + 1
-            train_step(model, opt, h, 100 + step)
-            ref = {k: v.detach().clone() for k, v in local_view(model, opt).items()}
-            p.own = nbytes(ref)
-            dist.barrier()
-            with p.active():
-                stall, snap, durable = m.save(model, opt, step)
-            written = m.written(step, world)
-            fresh = build(h, seed=1000 + rep)
-            fopt = make_opt(fresh, seed=1000 + rep, h=h)
-            dist.barrier()
-            how = drop_cache(m.dir) if dist.get_rank() == 0 else None
-            how = broadcast(how)
-            if how != "drop_caches":
-                how = drop_cache(m.dir)
-            cache = how
-            dist.barrier()
-            t = time.perf_counter()
-            m.load(fresh, fopt, step)
-            load = time.perf_counter() - t
-            got = local_view(fresh, fopt)
-            bad = [k for k, v in ref.items() if k not in got or not torch.equal(got[k], v)]
-            if bad:
-                raise RuntimeError(f"{m.name}: {len(bad)} local shards differ after load, e.g. {bad[:3]}")
-            del fresh, fopt, got, ref
-            for k, v in (("stall_s", stall), ("snapshot_s", snap), ("durable_s", durable),
-                         ("load_s", load), ("written_bytes", written)):
-                rows[k].append(max_over_ranks(v))
-        m.close()
+        train_step(model, opt, h, 100)
+        dist.barrier()
+        with p.active():
+            m.save(model, opt, 1)
     rows["peak_extra_bytes"].append(max_over_ranks(p.extra))
+    for rep in range(a.repeats):
+        step = rep + 2
+        train_step(model, opt, h, 100 + step)
+        ref = {k: v.detach().clone() for k, v in local_view(model, opt).items()}
+        dist.barrier()
+        stall, snap, durable = m.save(model, opt, step)
+        written = m.written(step, world)
+        fresh = build(h, seed=1000 + rep)
+        fopt = make_opt(fresh, seed=1000 + rep, h=h)
+        dist.barrier()
+        how = drop_cache(m.dir) if dist.get_rank() == 0 else None
+        how = broadcast(how)
+        if how != "drop_caches":
+            how = drop_cache(m.dir)
+        cache = how
+        dist.barrier()
+        t = time.perf_counter()
+        m.load(fresh, fopt, step)
+        load = time.perf_counter() - t
+        got = local_view(fresh, fopt)
+        bad = [k for k, v in ref.items() if k not in got or not torch.equal(got[k], v)]
+        if bad:
+            raise RuntimeError(f"{m.name}: {len(bad)} local shards differ after load, e.g. {bad[:3]}")
+        del fresh, fopt, got, ref
+        for k, v in (("stall_s", stall), ("snapshot_s", snap), ("durable_s", durable),
+                     ("load_s", load), ("written_bytes", written)):
+            rows[k].append(max_over_ranks(v))
+    m.close()
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(m.dir, ignore_errors=True)
