@@ -219,3 +219,43 @@ def test_dcp_state_dict_apis_are_accepted(url: str, mesh) -> None:
             x = x.full_tensor() if hasattr(x, "full_tensor") else x
             y = y.full_tensor() if hasattr(y, "full_tensor") else y
             assert torch.equal(x, y), (pid, k)
+
+
+def test_layout_cache_follows_a_spec_whose_mesh_or_placements_change() -> None:
+    """Layouts are cached by the DTensor's spec object; one whose fields are
+    reassigned must not be served the old boxes. The layout maths needs a
+    coordinate on a mesh of 2 (the in-process group has 1 rank), so the
+    DTensor and its mesh are stand-ins with the attributes ckpt reads."""
+    from types import SimpleNamespace
+
+    from torch.distributed.tensor import Shard
+
+    from ckpt.dtensor import local_pieces
+
+    class Mesh:
+        def __init__(self, coord: int) -> None:
+            self.coord = coord
+
+        def get_coordinate(self):
+            return [self.coord]
+
+        def size(self, dim: int = 0) -> int:
+            return 2
+
+    class Fake:
+        def __init__(self, mesh: Mesh) -> None:
+            self._spec = SimpleNamespace(placements=(Shard(0),), mesh=mesh)
+            self._local_tensor = torch.zeros(2)
+            self.shape = torch.Size([4])
+
+        placements = property(lambda self: self._spec.placements)
+        device_mesh = property(lambda self: self._spec.mesh)
+
+    t = Fake(Mesh(1))
+    assert [p.offsets for p in local_pieces(t, "t")[1]] == [(2,)]
+    assert [p.offsets for p in local_pieces(t, "t")[1]] == [(2,)]  # from the cache
+    t._spec.mesh = Mesh(0)
+    assert [p.offsets for p in local_pieces(t, "t")[1]] == [(0,)]
+    t._spec.placements = (Shard(0),)
+    t._spec.mesh = Mesh(1)
+    assert [p.offsets for p in local_pieces(t, "t")[1]] == [(2,)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import UnsupportedError
@@ -44,10 +44,11 @@ class Piece:
 
     local: Tuple[Tuple[int, int], ...]
     offsets: Tuple[int, ...]
+    #: The box's extent (its lengths), worked out once: saves ask for it every time.
+    shape: Tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def shape(self) -> Tuple[int, ...]:
-        return tuple(n for _, n in self.local)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(n for _, n in self.local))
 
     def view(self, t: Any) -> Any:
         """The part of local tensor ``t`` this piece covers (a view)."""
@@ -167,6 +168,9 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
 #: working the boxes out is most of a save call's time for a sharded model.
 _LAYOUTS: dict = {}
 _LAYOUTS_MAX = 1 << 16
+#: The same by ``id`` of the DTensor's spec object: ``id -> (spec, its
+#: placements, its mesh, local shape, global shape, pieces)``.
+_BY_SPEC: dict = {}
 
 
 def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
@@ -176,8 +180,22 @@ def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
     rank outside the mesh). A local tensor that is the whole global tensor (all
     placements ``Replicate``) is one piece at offset zero.
     """
-    shape = tuple(int(s) for s in obj.shape)
     local = local_of(obj)
+    spec = getattr(obj, "_spec", None)
+    if spec is not None:
+        # Fast path: the same spec object (FSDP2 and TP keep one per parameter
+        # and optimizer state), so the same layout; no hashing of placements and mesh.
+        # The spec's fields are checked by identity too, in case one is reassigned.
+        hit = _BY_SPEC.get(id(spec))
+        if (
+            hit is not None
+            and hit[0] is spec
+            and hit[1] is getattr(spec, "placements", None)
+            and hit[2] is getattr(spec, "mesh", None)
+            and hit[3] == local.shape
+        ):
+            return hit[4], list(hit[5])
+    shape = tuple(int(s) for s in obj.shape)
     try:
         key: Any = (shape, tuple(obj.placements), obj.device_mesh, tuple(local.shape))
         hash(key)
@@ -186,13 +204,25 @@ def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
     if key is not None:
         hit = _LAYOUTS.get(key)
         if hit is not None:
+            _remember(spec, local, shape, hit)
             return shape, list(hit)
     pieces = _pieces(obj, where, shape, local)
     if key is not None:
         if len(_LAYOUTS) >= _LAYOUTS_MAX:
             _LAYOUTS.clear()
         _LAYOUTS[key] = tuple(pieces)
+        _remember(spec, local, shape, _LAYOUTS[key])
     return shape, pieces
+
+
+def _remember(spec: Any, local: Any, shape: Tuple[int, ...], pieces: Tuple[Piece, ...]) -> None:
+    """Cache a layout by spec object. The entry holds the spec, so its ``id``
+    is not reused by another object while the entry exists."""
+    if spec is None:
+        return
+    if len(_BY_SPEC) >= _LAYOUTS_MAX:
+        _BY_SPEC.clear()
+    _BY_SPEC[id(spec)] = (spec, getattr(spec, "placements", None), getattr(spec, "mesh", None), local.shape, shape, pieces)
 
 
 def _pieces(obj: Any, where: str, shape: Tuple[int, ...], local: Any) -> List[Piece]:
