@@ -328,6 +328,19 @@ fn opt_secs(s: Option<&Summary>) -> String {
     s.map_or_else(String::new, secs)
 }
 
+/// `median [min-max]` of seconds, in milliseconds: stalls of a few ms would
+/// all read 0.002 in seconds.
+fn opt_ms(s: Option<&Summary>) -> String {
+    s.map_or_else(String::new, |s| {
+        format!(
+            "{:.2} [{:.2}-{:.2}]",
+            s.median * 1e3,
+            s.min * 1e3,
+            s.max * 1e3
+        )
+    })
+}
+
 /// The S3 experiment: ckpt beside the plain transfers, then its targets.
 pub fn s3_tables(s: &S3Results) -> Vec<Table> {
     let mut t = Table::new(
@@ -379,7 +392,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
             py.repeats
         ),
         &[
-            "method", "stall s", "snapshot s", "durable s", "load s", "written MiB",
+            "method", "stall ms", "snapshot s", "durable s", "load s", "written MiB",
             "peak extra save MiB", "peak extra load MiB", "stall/memcpy", "durable/write", "load/read",
         ],
     );
@@ -399,7 +412,7 @@ pub fn python_tables(py: &PyTrainResults) -> Vec<Table> {
         };
         t.rows.push(vec![
             x.name.clone(),
-            opt_secs(x.stall_s.as_ref()),
+            opt_ms(x.stall_s.as_ref()),
             opt_secs(x.snapshot_s.as_ref()),
             opt_secs(x.durable_s.as_ref()),
             opt_secs(x.load_s.as_ref()),
@@ -478,13 +491,13 @@ pub fn sharded_tables(sh: &ShardedResults) -> Vec<Table> {
     let mut t = Table::new(
         "sharded",
         format!(
-            "Sharded state: an FSDP2 MLP ({} MiB of f32 parameters) plus AdamW, saved and loaded by each method on each rank count (torchrun, gloo, CPU, torch {}); slowest rank, median [min-max] of {} timed saves after a warm-up save; stall = the call blocks, snapshot = until the state may change, durable = on disk with fsync; load into a fresh model, page cache dropped; ratios to the same run's floors",
+            "Sharded state: an FSDP2 MLP ({} MiB of f32 parameters) plus AdamW, saved and loaded by each method on each rank count (torchrun, gloo, CPU, torch {}); slowest rank, median [min-max] of {} timed saves after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks, snapshot = until the state may change, durable = on disk with fsync; load into a fresh model, page cache dropped; ratios to the same run's floors",
             sh.runs.first().map_or(String::new(), |x| mib(x.param_bytes as f64)),
             sh.torch,
             sh.repeats
         ),
         &[
-            "ranks", "method", "stall s", "snapshot s", "durable s", "load s", "written/rank MiB",
+            "ranks", "method", "stall ms", "snapshot s", "durable s", "load s", "written/rank MiB",
             "peak extra MiB", "stall/memcpy", "durable/write", "load/read", "peak/local",
         ],
     );
@@ -503,7 +516,7 @@ pub fn sharded_tables(sh: &ShardedResults) -> Vec<Table> {
             t.rows.push(vec![
                 run.ranks.to_string(),
                 x.name.clone(),
-                opt_secs(x.stall_s.as_ref()),
+                opt_ms(x.stall_s.as_ref()),
                 opt_secs(x.snapshot_s.as_ref()),
                 opt_secs(x.durable_s.as_ref()),
                 opt_secs(x.load_s.as_ref()),
