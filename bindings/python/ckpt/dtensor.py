@@ -169,8 +169,11 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
 _LAYOUTS: dict = {}
 _LAYOUTS_MAX = 1 << 16
 #: The same by ``id`` of the DTensor's spec object: ``id -> (spec, its
-#: placements, its mesh, local shape, global shape, pieces)``.
+#: placements, mesh and tensor metadata, local shape, global shape, pieces)``.
+#: Tensors of one layout share a spec, so there are about as many as layouts;
+#: the entries keep their specs alive, hence the smaller cap.
 _BY_SPEC: dict = {}
+_BY_SPEC_MAX = 1 << 12
 
 
 def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
@@ -192,9 +195,10 @@ def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
             and hit[0] is spec
             and hit[1] is getattr(spec, "placements", None)
             and hit[2] is getattr(spec, "mesh", None)
-            and hit[3] == local.shape
+            and hit[3] is getattr(spec, "tensor_meta", None)
+            and hit[4] == local.shape
         ):
-            return hit[4], list(hit[5])
+            return hit[5], list(hit[6])
     shape = tuple(int(s) for s in obj.shape)
     try:
         key: Any = (shape, tuple(obj.placements), obj.device_mesh, tuple(local.shape))
@@ -220,9 +224,17 @@ def _remember(spec: Any, local: Any, shape: Tuple[int, ...], pieces: Tuple[Piece
     is not reused by another object while the entry exists."""
     if spec is None:
         return
-    if len(_BY_SPEC) >= _LAYOUTS_MAX:
+    if len(_BY_SPEC) >= _BY_SPEC_MAX:
         _BY_SPEC.clear()
-    _BY_SPEC[id(spec)] = (spec, getattr(spec, "placements", None), getattr(spec, "mesh", None), local.shape, shape, pieces)
+    _BY_SPEC[id(spec)] = (
+        spec,
+        getattr(spec, "placements", None),
+        getattr(spec, "mesh", None),
+        getattr(spec, "tensor_meta", None),
+        local.shape,
+        shape,
+        pieces,
+    )
 
 
 def _pieces(obj: Any, where: str, shape: Tuple[int, ...], local: Any) -> List[Piece]:
