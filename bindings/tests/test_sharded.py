@@ -259,3 +259,69 @@ def test_layout_cache_follows_a_spec_whose_mesh_or_placements_change() -> None:
     t._spec.placements = (Shard(0),)
     t._spec.mesh = Mesh(1)
     assert [p.offsets for p in local_pieces(t, "t")[1]] == [(2,)]
+
+
+def test_dcp_stateful_app_state_saves_lazily_and_loads(url: str, mesh) -> None:
+    """DCP's tutorial pattern: an ``AppState`` (``Stateful``) whose state dict is
+    ``get_state_dict(model, optimizer)``. In lazy mode its parameters and
+    optimizer state are copied in the background and its optimizer's step waits
+    for the copy, as when the model and optimizer are passed themselves."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torch.distributed.fsdp import fully_shard
+
+    from ckpt.tree import flatten
+
+    class AppState(Stateful):
+        def __init__(self, model, optimizer) -> None:
+            self.model, self.optimizer = model, optimizer
+
+        def state_dict(self):
+            msd, osd = get_state_dict(self.model, self.optimizer)
+            return {"model": msd, "optim": osd}
+
+        def load_state_dict(self, sd) -> None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+    def make(seed: int):
+        torch.manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 5))
+        fully_shard(m, mesh=mesh)
+        return m, torch.optim.AdamW(m.parameters(), lr=0.1)
+
+    def step(m, opt) -> None:
+        m(torch.randn(3, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    def snapshot(m, opt) -> dict:
+        msd, osd = get_state_dict(m, opt)
+        out = {f"m.{k}": v.full_tensor().clone() for k, v in msd.items()}
+        for fqn, s in osd["state"].items():
+            for k, v in s.items():
+                out[f"o.{fqn}.{k}"] = (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
+        return out
+
+    m, opt = make(0)
+    step(m, opt)
+    app = AppState(m, opt)
+    flat = flatten({"app": app}, True)
+    deferred = {name for name, *_, copy_now, _ in flat.tensors if not copy_now}
+    assert len(deferred) == len(flat.tensors), [t[0] for t in flat.tensors if t[4]]
+    assert opt in flat.stateful
+
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    want = snapshot(m, opt)
+    cp.save(1, app=app)
+    step(m, opt)  # waits for the background copy before changing anything
+    cp.wait()
+    assert len(opt._optimizer_step_pre_hooks) == 1
+    cp.close()
+
+    m2, opt2 = make(1)
+    step(m2, opt2)
+    assert ckpt.Checkpointer(url).load_latest(app=AppState(m2, opt2)) == 1
+    got = snapshot(m2, opt2)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

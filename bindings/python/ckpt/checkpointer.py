@@ -117,7 +117,10 @@ class Checkpointer:
         lazy: snapshot in the background. ``save`` returns at once and module
             parameters and optimizer state are copied while the next forward and
             backward run; a step pre-hook on each optimizer in the state blocks
-            ``optimizer.step()`` until the copy is done. Module buffers, loose
+            ``optimizer.step()`` until the copy is done. An object with
+            ``state_dict()`` that holds modules and optimizers as attributes
+            (DCP's ``AppState`` over ``get_state_dict``) gets the same for
+            their parameters and optimizer state. Module buffers, loose
             tensors and numpy arrays are still copied before ``save`` returns.
             Anything else that mutates parameters must call :meth:`wait_snapshot`
             first.

@@ -199,20 +199,70 @@ def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:
         return torch.frombuffer(buf, dtype=td).reshape(shape)
 
 
-def lazy_safe_pointers(obj: Any) -> Optional[Set[int]]:
-    """Which tensors of ``obj.state_dict()`` may be snapshotted lazily.
+def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.Optimizer]]:
+    """Which tensors of ``obj.state_dict()`` may be snapshotted lazily, and the
+    optimizers whose step must wait for the snapshot.
 
-    Returns ``None`` when all of them may (an optimizer: its state changes only
-    in ``step()``, which the lazy-mode hook guards), the data pointers of the
-    parameters for an ``nn.Module`` (buffers such as batch-norm statistics change
-    in ``forward`` and are copied at once), and an empty set otherwise.
+    All of them (``None``) for an optimizer: its state changes only in
+    ``step()``, which the lazy-mode hook guards. The data pointers of the
+    parameters for an ``nn.Module``: buffers such as batch-norm statistics
+    change in ``forward`` and are copied at once. For any other object, what
+    the modules and optimizers it holds as attributes would allow (DCP's
+    ``AppState`` pattern: an object with ``model`` and ``optimizer`` whose
+    ``state_dict()`` returns ``get_state_dict(model, optimizer)``): their
+    parameters and optimizer state, with those optimizers guarded. Tensors the
+    state dict made itself (gathered or offloaded copies) are not among them
+    and are copied at once; so is everything of an object holding neither.
     """
     if isinstance(obj, torch.optim.Optimizer):
-        return None
+        return None, [obj]
     if isinstance(obj, torch.nn.Module):
-        from .dtensor import _dtensor_type, local_of
+        return _param_pointers(obj), []
+    modules, optimizers = _held(obj)
+    ptrs: Set[int] = set()
+    for m in modules:
+        ptrs |= _param_pointers(m)
+    for o in optimizers:
+        ptrs |= _state_pointers(o)
+    return ptrs, optimizers
 
-        dt = _dtensor_type()
-        locals_ = (local_of(p) if dt is not None and isinstance(p, dt) else p for p in obj.parameters())
-        return {t.data_ptr() for t in locals_ if t.is_cpu}
-    return set()
+
+def _local(t: Any) -> Any:
+    from .dtensor import _dtensor_type, local_of
+
+    dt = _dtensor_type()
+    return local_of(t) if dt is not None and isinstance(t, dt) else t
+
+
+def _param_pointers(module: torch.nn.Module) -> Set[int]:
+    return {t.data_ptr() for t in map(_local, module.parameters()) if t.is_cpu}
+
+
+def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
+    out: Set[int] = set()
+    for state in opt.state.values():
+        for v in state.values():
+            if isinstance(v, torch.Tensor):
+                t = _local(v)
+                if t.is_cpu:
+                    out.add(t.data_ptr())
+    return out
+
+
+def _held(obj: Any) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
+    """The modules and optimizers among ``obj``'s attributes, and among the
+    items of attributes that are lists, tuples or dicts (one level)."""
+    modules: List[torch.nn.Module] = []
+    optimizers: List[torch.optim.Optimizer] = []
+    try:
+        values = list(vars(obj).values())
+    except TypeError:  # no __dict__ (slots, builtins)
+        return modules, optimizers
+    for v in values:
+        items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [v]
+        for x in items:
+            if isinstance(x, torch.nn.Module):
+                modules.append(x)
+            elif isinstance(x, torch.optim.Optimizer):
+                optimizers.append(x)
+    return modules, optimizers

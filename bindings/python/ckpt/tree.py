@@ -63,7 +63,8 @@ class Flattened:
     tensors: List[TensorEntry] = field(default_factory=list)
     tree: Any = None
     numpy_names: List[str] = field(default_factory=list)
-    #: Objects with ``state_dict`` met on the way (the lazy-mode hook goes on optimizers).
+    #: Objects with ``state_dict`` met on the way, and the optimizers they hold
+    #: (the lazy-mode hook goes on optimizers).
     stateful: List[Any] = field(default_factory=list)
     #: Pinned host buffers to give back once the snapshot is done.
     pinned: List[Any] = field(default_factory=list)
@@ -147,7 +148,8 @@ class _Flattener:
             return {TAG: "np_scalar", "value": self.walk(np.asarray(obj), path, lazy_ptrs, depth + 1)}
         if is_stateful(obj):
             self.out.stateful.append(obj)
-            ptrs = _stateful_lazy_ptrs(obj)
+            ptrs, guarded = _stateful_lazy_ptrs(obj)
+            self.out.stateful.extend(g for g in guarded if g is not obj)
             state = obj.state_dict()
             self._classes()
             return self.walk(state, path, ptrs, depth + 1)
@@ -201,10 +203,11 @@ class _Flattener:
         return TensorRef(name)
 
 
-def _stateful_lazy_ptrs(obj: Any) -> Optional[Set[int]]:
+def _stateful_lazy_ptrs(obj: Any) -> Tuple[Optional[Set[int]], List[Any]]:
+    """See :func:`ckpt.torch.lazy_safe_pointers`."""
     torch = _torch()
     if torch is None:
-        return set()
+        return set(), []
     from .torch import lazy_safe_pointers
 
     return lazy_safe_pointers(obj)
