@@ -249,9 +249,14 @@ def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
     return out
 
 
+#: Longest list, tuple or dict attribute :func:`_held` looks into.
+_HELD_ITEMS = 64
+
+
 def _held(obj: Any) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
     """The modules and optimizers among ``obj``'s attributes, and among the
-    items of attributes that are lists, tuples or dicts (one level)."""
+    items of attributes that are lists, tuples or dicts of at most
+    ``_HELD_ITEMS`` (one level)."""
     modules: List[torch.nn.Module] = []
     optimizers: List[torch.optim.Optimizer] = []
     try:
@@ -259,7 +264,12 @@ def _held(obj: Any) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]
     except TypeError:  # no __dict__ (slots, builtins)
         return modules, optimizers
     for v in values:
-        items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (list, tuple)) else [v]
+        if isinstance(v, (dict, list, tuple)):
+            if len(v) > _HELD_ITEMS:  # data, not a handful of models and optimizers
+                continue
+            items = list(v.values()) if isinstance(v, dict) else list(v)
+        else:
+            items = [v]
         for x in items:
             if isinstance(x, torch.nn.Module):
                 modules.append(x)
