@@ -201,7 +201,8 @@ def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:
 
 def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.Optimizer]]:
     """Which tensors of ``obj.state_dict()`` may be snapshotted lazily, and the
-    optimizers whose step must wait for the snapshot.
+    optimizers ``obj`` holds, whose step must wait for the snapshot too (an
+    optimizer met itself is guarded as such).
 
     All of them (``None``) for an optimizer: its state changes only in
     ``step()``, which the lazy-mode hook guards. The data pointers of the
@@ -215,7 +216,7 @@ def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.O
     and are copied at once; so is everything of an object holding neither.
     """
     if isinstance(obj, torch.optim.Optimizer):
-        return None, [obj]
+        return None, []
     if isinstance(obj, torch.nn.Module):
         return _param_pointers(obj), []
     modules, optimizers = _held(obj)
@@ -227,23 +228,20 @@ def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.O
     return ptrs, optimizers
 
 
-def _local(t: Any) -> Any:
-    from .dtensor import _dtensor_type, local_of
-
-    dt = _dtensor_type()
-    return local_of(t) if dt is not None and isinstance(t, dt) else t
-
-
 def _param_pointers(module: torch.nn.Module) -> Set[int]:
-    return {t.data_ptr() for t in map(_local, module.parameters()) if t.is_cpu}
+    from .dtensor import local_tensor
+
+    return {t.data_ptr() for t in map(local_tensor, module.parameters()) if t.is_cpu}
 
 
 def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
+    from .dtensor import local_tensor
+
     out: Set[int] = set()
     for state in opt.state.values():
         for v in state.values():
             if isinstance(v, torch.Tensor):
-                t = _local(v)
+                t = local_tensor(v)
                 if t.is_cpu:
                     out.add(t.data_ptr())
     return out

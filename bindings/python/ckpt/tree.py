@@ -149,7 +149,7 @@ class _Flattener:
         if is_stateful(obj):
             self.out.stateful.append(obj)
             ptrs, guarded = _stateful_lazy_ptrs(obj)
-            self.out.stateful.extend(g for g in guarded if g is not obj)
+            self.out.stateful.extend(guarded)
             state = obj.state_dict()
             self._classes()
             return self.walk(state, path, ptrs, depth + 1)
