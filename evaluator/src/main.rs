@@ -90,7 +90,7 @@ struct Cli {
     /// a few hundred, so each rank's share is far above the engine's fixed costs.
     #[arg(long, global = true, default_value_t = 256.0)]
     sharded_mib: f64,
-    /// Sharded: timed saves and loads per method (after one untimed warm-up save);
+    /// Sharded: timed saves and loads per method (after a cold and a warm save, sampled for memory, not timed);
     /// three, so that one slow load (a first read into memory the machine just
     /// took back) does not decide the median.
     #[arg(long, global = true, default_value_t = 3)]

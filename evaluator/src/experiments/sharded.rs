@@ -32,7 +32,7 @@ pub struct ShardedBench {
     pub ranks: Vec<usize>,
     /// MiB of f32 parameters (AdamW adds twice that).
     pub mib: f64,
-    /// Timed saves and loads per method (after one untimed warm-up save).
+    /// Timed saves and loads per method (after a cold and a warm save, sampled for memory, not timed).
     pub repeats: usize,
     /// Limit for one torchrun job.
     pub timeout: Duration,
