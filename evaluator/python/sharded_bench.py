@@ -218,7 +218,7 @@ class Ckpt(Method):
     def save(self, model, opt, step: int):
         before = self.cp.io_counts()["written_bytes"]
         t = time.perf_counter()
-        h = self.cp.save(step, model=model, optimizer=opt)
+        h = self.cp.save(step, **self.state(model, opt))
         stall = time.perf_counter() - t
         h.wait_snapshot()
         snap = time.perf_counter() - t
@@ -226,6 +226,10 @@ class Ckpt(Method):
         durable = time.perf_counter() - t
         self._written = self.cp.io_counts()["written_bytes"] - before
         return stall, snap, durable
+
+    def state(self, model, opt) -> dict:
+        """What ``save`` and ``load_latest`` are given."""
+        return {"model": model, "optimizer": opt}
 
     def written(self, step: int, world: int) -> int:
         return self._written
@@ -235,7 +239,7 @@ class Ckpt(Method):
 
         cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
         try:
-            if cp.load_latest(model=model, optimizer=opt) != step:
+            if cp.load_latest(**self.state(model, opt)) != step:
                 raise RuntimeError(f"ckpt did not find step {step}")
         finally:
             cp.close()
@@ -244,6 +248,33 @@ class Ckpt(Method):
         if self.cp is not None:
             self.cp.close()
             self.cp = None
+
+
+class CkptAppState(Ckpt):
+    """ckpt lazy, given DCP's tutorial ``AppState`` (a ``Stateful`` over
+    ``get_state_dict``/``set_state_dict``) instead of the model and optimizer."""
+
+    name = "ckpt lazy (AppState)"
+
+    def __init__(self, work: str) -> None:
+        super().__init__(work, lazy=True)
+        self.name = CkptAppState.name
+
+    def state(self, model, opt) -> dict:
+        return {"app": AppState(model, opt)}
+
+
+class AppState:
+    """The ``Stateful`` of PyTorch's DCP tutorial."""
+
+    def __init__(self, model, opt) -> None:
+        self.model, self.optimizer = model, opt
+
+    def state_dict(self) -> dict:
+        return dcp_state(self.model, self.optimizer)
+
+    def load_state_dict(self, sd: dict) -> None:
+        dcp_apply(self.model, self.optimizer, sd)
 
 
 def dcp_state(model, opt) -> dict:
@@ -461,7 +492,7 @@ def main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--mib", type=float, default=64.0, help="MiB of f32 parameters (AdamW adds twice that)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--methods", default="ckpt eager,ckpt lazy,dcp.save,dcp.async_save,torch-checkpointing")
+    ap.add_argument("--methods", default="ckpt eager,ckpt lazy,ckpt lazy (AppState),dcp.save,dcp.async_save,torch-checkpointing")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -489,6 +520,7 @@ def main() -> None:
     makers = {
         "ckpt eager": lambda: Ckpt(work, lazy=False),
         "ckpt lazy": lambda: Ckpt(work, lazy=True),
+        CkptAppState.name: lambda: CkptAppState(work),
         "dcp.save": lambda: DcpSave(work),
         "dcp.async_save": lambda: DcpAsync(work),
         "torch-checkpointing": lambda: TorchCheckpointing(work),

@@ -1,5 +1,5 @@
 //! Sharded: the same FSDP2 model and AdamW state on 2 and 4 ranks (torchrun, gloo
-//! on CPU), checkpointed by ckpt (eager, lazy), `torch.distributed.checkpoint`
+//! on CPU), checkpointed by ckpt (eager, lazy, lazy through an `AppState`), `torch.distributed.checkpoint`
 //! (`dcp.save`, `dcp.async_save` with its stager, `dcp.load`) and
 //! `torch-checkpointing`'s `CheckpointManager`, side by side, each as a ratio to
 //! the machine's floors measured by the same ranks in the same run.
