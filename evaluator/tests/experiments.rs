@@ -240,6 +240,7 @@ fn sharded_rows_for_every_method_on_two_ranks() {
         [
             "ckpt eager",
             "ckpt lazy",
+            "ckpt lazy (AppState)",
             "dcp.save",
             "dcp.async_save",
             "torch-checkpointing"
