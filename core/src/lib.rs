@@ -58,8 +58,8 @@ pub use layout::{ChunkRef, GcReport, Layout, Manifest, Retention, TensorRecord};
 pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
 pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
 pub use save::{
-    BusyPolicy, Capture, CopySource, SaveHandle, SaveReport, SharedVec, SourceTensor, StagingPool,
-    TensorData, STAGING_LEAD,
+    BusyPolicy, Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor,
+    StagingPool, TensorData, STAGING_LEAD,
 };
 pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};
 

@@ -141,13 +141,17 @@ impl Checkpointer {
             .insert(id.clone());
         let (snap_tx, snap_rx) = watch::channel(SnapState::Pending);
         let threads = inner.opts.snapshot_threads;
-        let Capture { tensors, meta } = capture;
+        let Capture {
+            tensors,
+            meta,
+            ready,
+        } = capture;
 
         let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) =
             match inner.opts.snapshot {
                 SnapshotMode::Eager => {
                     let t = Instant::now();
-                    let r = snapshot::copy_all(tensors, bufs, threads);
+                    let r = snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
                     let _ = snap_tx.send(match &r {
                         Ok(_) => SnapState::Done(t.elapsed()),
                         Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
@@ -163,7 +167,7 @@ impl Checkpointer {
                 SnapshotMode::Lazy => (
                     tokio::task::spawn_blocking(move || {
                         let t = Instant::now();
-                        let r = snapshot::copy_all(tensors, bufs, threads);
+                        let r = snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
                         let _ = snap_tx.send(match &r {
                             Ok(_) => SnapState::Done(t.elapsed()),
                             Err(e) => SnapState::Failed(Arc::new(e.duplicate())),

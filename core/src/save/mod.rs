@@ -3,6 +3,8 @@
 //! - [`handle`]: `Checkpointer::save`: checks, then the snapshot (the only stall),
 //!   then the persist task is spawned; the [`SaveHandle`] the caller waits on.
 //! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging.
+//! - [`slab`]: [`Slab`], host memory filled from outside (a GPU's
+//!   device-to-host copies) and saved without a copy.
 //! - [`staging`]: the [`StagingPool`] of reusable snapshot buffers, each a
 //!   page-mapped [`pages`] buffer (exact pages, no allocator overhead).
 //! - [`persist`]: the background half: the plan, this rank's writes through the
@@ -18,10 +20,12 @@ pub(crate) mod pages;
 pub(crate) mod persist;
 pub(crate) mod plan;
 pub(crate) mod report;
+pub(crate) mod slab;
 pub(crate) mod snapshot;
 pub(crate) mod staging;
 
 pub use handle::SaveHandle;
 pub use report::SaveReport;
-pub use snapshot::{Capture, CopySource, SharedVec, SourceTensor, TensorData};
+pub use slab::Slab;
+pub use snapshot::{Capture, CopySource, Ready, SharedVec, SourceTensor, TensorData};
 pub use staging::{BusyPolicy, StagingPool, STAGING_LEAD};

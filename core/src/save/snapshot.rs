@@ -36,6 +36,16 @@ pub trait CopySource: Send + Sync + 'static {
     fn copy_into(&self, dst: &mut [u8]) -> Result<()>;
 }
 
+/// What a snapshot waits for before it reads a capture's memory: copies that
+/// something outside the engine still has in flight into it, such as a GPU's
+/// device-to-host copies into a [`Slab`](super::slab::Slab) queued on a
+/// stream. A lazy snapshot waits on its background thread, so `save` returns
+/// before the copies have landed; an eager one waits inside `save`.
+pub trait Ready: Send + Sync + std::fmt::Debug + 'static {
+    /// Block until every byte the capture refers to may be read.
+    fn wait(&self) -> Result<()>;
+}
+
 /// Where a captured tensor's bytes come from.
 #[derive(Clone)]
 pub enum TensorData {
@@ -94,6 +104,8 @@ pub struct Capture {
     pub tensors: Vec<SourceTensor>,
     /// Non-tensor state.
     pub meta: Value,
+    /// Waited for before any tensor's bytes are read (see [`Ready`]).
+    pub ready: Option<Arc<dyn Ready>>,
 }
 
 impl Capture {
@@ -155,6 +167,7 @@ impl From<State> for Capture {
                 })
                 .collect(),
             meta: state.meta,
+            ready: None,
         }
     }
 }
@@ -192,6 +205,19 @@ impl CopySource for SharedVec {
         dst.copy_from_slice(&src);
         Ok(())
     }
+}
+
+/// Wait for `ready` (memory still being filled from outside), then [`copy_all`].
+pub fn wait_and_copy(
+    ready: Option<&dyn Ready>,
+    tensors: Vec<SourceTensor>,
+    bufs: Vec<StagingBuf>,
+    threads: usize,
+) -> Result<Vec<Tensor>> {
+    if let Some(ready) = ready {
+        ready.wait()?;
+    }
+    copy_all(tensors, bufs, threads)
 }
 
 /// Copy every `Copy` tensor into its staging buffer, spread over `threads` threads

@@ -196,6 +196,7 @@ impl From<TorchCapture> for Capture {
         Capture {
             tensors: c.tensors,
             meta: Value::Map(c.meta),
+            ready: None,
         }
     }
 }

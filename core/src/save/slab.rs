@@ -1,0 +1,180 @@
+//! [`Slab`]: host memory that something outside the engine fills (a GPU's
+//! device-to-host copies), laid out as one slot per tensor and handed to a
+//! save without a copy.
+//!
+//! A snapshot normally copies each tensor into a staging buffer. For a tensor
+//! that lives on a GPU the device-to-host copy already lands in host memory,
+//! so copying it again would cost a second trip through the CPU's memory. A
+//! slab is that landing place: one anonymous page mapping (which a CUDA
+//! runtime can page-lock in place, so the copies run at the bus's speed) with
+//! a slot per tensor. Slots of [`LEAD_MIN`](super::staging::LEAD_MIN) bytes or
+//! more start [`STAGING_LEAD`] bytes into a page, like staging buffers, so the
+//! native format's chunks are written from them with `O_DIRECT`; smaller ones
+//! are packed at 64-byte alignment.
+//!
+//! [`Slab::slot`] turns a slot into [`Bytes`] that keep the slab alive; the
+//! slab is [`in_use`](Slab::in_use) until the last of them is dropped (the
+//! save has written them), and only then may its filler write it again.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+use crate::save::pages::PageBuf;
+use crate::save::staging::{LEAD_MIN, STAGING_LEAD};
+
+const PAGE: usize = 4096;
+/// Alignment of slots below `LEAD_MIN` bytes (enough for every dtype and SIMD).
+const SMALL_ALIGN: usize = 64;
+
+/// One mapping of host memory with a slot for each tensor of a save.
+#[derive(Clone)]
+pub struct Slab {
+    mem: Arc<PageBuf>,
+    slots: Arc<[(usize, usize)]>,
+}
+
+/// A slot's bytes, kept alive by the slab's memory.
+struct Slot {
+    mem: Arc<PageBuf>,
+    at: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Slot {
+    fn as_ref(&self) -> &[u8] {
+        &self.mem.as_slice()[self.at..self.at + self.len]
+    }
+}
+
+impl Slab {
+    /// A zeroed slab with one slot of each length, in order.
+    pub fn new(lens: &[usize]) -> Result<Slab> {
+        let (slots, total) = layout(lens)?;
+        Ok(Slab {
+            mem: Arc::new(PageBuf::zeroed(total)?),
+            slots: slots.into(),
+        })
+    }
+
+    /// The `(offset, length)` of each slot in the mapping.
+    pub fn slots(&self) -> &[(usize, usize)] {
+        &self.slots
+    }
+
+    /// Whether this slab has exactly one slot of each of `lens`, in order
+    /// (a save of the same shapes can reuse it).
+    pub fn fits(&self, lens: &[usize]) -> bool {
+        self.slots.len() == lens.len() && self.slots.iter().zip(lens).all(|(s, l)| s.1 == *l)
+    }
+
+    /// Bytes mapped (slots and the padding between them).
+    pub fn len(&self) -> usize {
+        self.mem.len()
+    }
+
+    /// True for a slab without bytes.
+    pub fn is_empty(&self) -> bool {
+        self.mem.len() == 0
+    }
+
+    /// Address of the mapping's first byte (for a filler outside Rust).
+    pub fn address(&self) -> usize {
+        self.mem.as_slice().as_ptr() as usize
+    }
+
+    /// Slot `i` as bytes that keep the slab alive, without a copy.
+    ///
+    /// The bytes are what the slot holds while they live: its filler must not
+    /// write the slab again until [`in_use`](Slab::in_use) is false.
+    pub fn slot(&self, i: usize) -> Result<Bytes> {
+        let &(at, len) = self
+            .slots
+            .get(i)
+            .ok_or_else(|| Error::InvalidInput(format!("slab has no slot {i}")))?;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        Ok(Bytes::from_owner(Slot {
+            mem: self.mem.clone(),
+            at,
+            len,
+        }))
+    }
+
+    /// True while bytes of a slot (or another clone of this slab) are alive.
+    pub fn in_use(&self) -> bool {
+        Arc::strong_count(&self.mem) > 1
+    }
+}
+
+impl fmt::Debug for Slab {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Slab({} slots, {} bytes)", self.slots.len(), self.len())
+    }
+}
+
+/// Each slot's `(offset, length)` and the mapping's total length.
+fn layout(lens: &[usize]) -> Result<(Vec<(usize, usize)>, usize)> {
+    let overflow = || Error::InvalidInput("slab slots overflow the address space".into());
+    let mut slots = Vec::with_capacity(lens.len());
+    let mut end = 0usize;
+    for &len in lens {
+        let at = if len >= LEAD_MIN {
+            end.checked_next_multiple_of(PAGE)
+                .and_then(|p| p.checked_add(STAGING_LEAD))
+                .ok_or_else(overflow)?
+        } else {
+            end.checked_next_multiple_of(SMALL_ALIGN)
+                .ok_or_else(overflow)?
+        };
+        end = at.checked_add(len).ok_or_else(overflow)?;
+        slots.push((at, len));
+    }
+    Ok((slots, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_slots_sit_at_the_staging_lead_and_small_ones_are_packed() {
+        let big = LEAD_MIN;
+        let slab = Slab::new(&[3, big, 5, big + 1, 0]).unwrap();
+        let s = slab.slots();
+        assert_eq!(s[0], (0, 3));
+        assert_eq!(s[1], (PAGE + STAGING_LEAD, big));
+        assert_eq!(s[2].0 % SMALL_ALIGN, 0);
+        assert!(s[2].0 >= s[1].0 + big);
+        assert_eq!((s[3].0 - STAGING_LEAD) % PAGE, 0);
+        assert_eq!(slab.address() % PAGE, 0, "the mapping is page-aligned");
+        for w in s.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "slots do not overlap: {w:?}");
+        }
+        assert!(slab.fits(&[3, big, 5, big + 1, 0]));
+        assert!(!slab.fits(&[3, big, 5, big, 0]));
+    }
+
+    #[test]
+    fn slot_bytes_show_what_was_written_and_keep_the_slab_in_use() {
+        let slab = Slab::new(&[4, 8]).unwrap();
+        let (at, _) = slab.slots()[1];
+        // SAFETY: the slab is not in use; nothing else reads or writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping([1u8; 8].as_ptr(), (slab.address() + at) as *mut u8, 8)
+        };
+        assert!(!slab.in_use());
+        let b = slab.slot(1).unwrap();
+        assert_eq!(&b[..], &[1u8; 8]);
+        assert!(slab.in_use());
+        let c = b.slice(2..4);
+        drop(b);
+        assert!(slab.in_use(), "a slice still holds the slab");
+        drop(c);
+        assert!(!slab.in_use());
+        assert!(matches!(slab.slot(2), Err(Error::InvalidInput(_))));
+    }
+}
