@@ -25,6 +25,7 @@ use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
 use crate::handle::SaveHandle;
 use crate::runtime::{self, check_pid};
+use crate::slab::{PyReady, SlabSlot};
 use crate::value::{from_value, to_value};
 use ckpt_core::store::CountingStore;
 
@@ -211,17 +212,22 @@ impl Checkpointer {
 
     /// Start saving a checkpoint of `step`.
     ///
-    /// `tensors` are `(name, dtype, shape, buffer, copy_now)`; `buffer` is any
-    /// C-contiguous buffer of exactly the tensor's bytes. Tensors with `copy_now`
-    /// are copied before this returns even in lazy mode (memory that changes
-    /// before the optimizer step, e.g. batch-norm statistics). `meta` is plain
-    /// data with `TensorRef` leaves.
+    /// `tensors` are `(name, dtype, shape, buffer, copy_now, shard)`; `buffer`
+    /// is any C-contiguous buffer of exactly the tensor's bytes, or a
+    /// `SlabSlot` (host memory the glue fills, saved without a copy). Tensors
+    /// with `copy_now` are copied before this returns even in lazy mode (memory
+    /// that changes before the optimizer step, e.g. batch-norm statistics).
+    /// `meta` is plain data with `TensorRef` leaves. `ready`, if given, is
+    /// called (on a background thread in lazy mode) before any tensor is read:
+    /// it returns once copies still landing in slab slots are done.
+    #[pyo3(signature = (step, tensors, meta, ready=None))]
     fn save(
         &self,
         py: Python<'_>,
         step: u64,
         tensors: Vec<TensorArg<'_>>,
         meta: Bound<'_, PyAny>,
+        ready: Option<Py<PyAny>>,
     ) -> PyResult<SaveHandle> {
         let cp = self.core()?.clone();
         let meta = to_value(&meta)?;
@@ -236,6 +242,16 @@ impl Checkpointer {
                 global_shape,
                 offsets,
             });
+            if let Ok(slot) = obj.cast::<SlabSlot>() {
+                out.push(SourceTensor {
+                    name,
+                    dtype,
+                    shape,
+                    shard,
+                    data: TensorData::Shared(slot.get().bytes(py)?),
+                });
+                continue;
+            }
             let src = PySource::new(&obj, &name)?;
             let data = if copy_now {
                 now.push((i, src));
@@ -262,7 +278,11 @@ impl Checkpointer {
         for (i, bytes) in copied {
             out[i].data = TensorData::Shared(bytes);
         }
-        let capture = Capture { tensors: out, meta };
+        let capture = Capture {
+            tensors: out,
+            meta,
+            ready: ready.map(|f| Arc::new(PyReady(f)) as Arc<dyn ckpt_core::Ready>),
+        };
         let rt = runtime::runtime(py)?;
         let handle = runtime::wait(py, move || async move { cp.save(step, capture).await })
             .and_then(IntoPyResult::py)?;

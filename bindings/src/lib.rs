@@ -13,6 +13,7 @@ pub mod errors;
 pub mod export;
 pub mod handle;
 pub mod runtime;
+pub mod slab;
 pub mod value;
 
 use pyo3::prelude::*;
@@ -93,6 +94,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::SaveHandle>()?;
     m.add_class::<buffer::TensorBuffer>()?;
     m.add_class::<value::TensorRef>()?;
+    m.add_class::<slab::HostSlab>()?;
+    m.add_class::<slab::SlabSlot>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(set_cpu_threads, m)?)?;

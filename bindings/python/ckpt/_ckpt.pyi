@@ -1,11 +1,13 @@
 """Type stubs of the native module ``ckpt._ckpt`` (a thin layer over the Rust engine)."""
 
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 __version__: str
 
-#: ``(name, dtype, shape, buffer, copy_now)``: one tensor handed to ``save``.
-TensorArg = Tuple[str, str, Sequence[int], Any, bool]
+#: ``(name, dtype, shape, buffer, copy_now, shard)``: one tensor handed to
+#: ``save``; ``buffer`` is a C-contiguous buffer or a :class:`SlabSlot`,
+#: ``shard`` is ``(global_shape, offsets)`` or None.
+TensorArg = Tuple[str, str, Sequence[int], Any, bool, Optional[Tuple[Sequence[int], Sequence[int]]]]
 #: ``(dtype, shape, buffer)``: one loaded tensor.
 LoadedTensor = Tuple[str, List[int], "TensorBuffer"]
 #: ``(step, attempt, tensors, meta, skipped)``.
@@ -32,6 +34,25 @@ class TensorBuffer:
 
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int) -> memoryview: ...
+
+class HostSlab:
+    """Page-mapped host memory with one slot per tensor, filled by device-to-host
+    copies and saved without a copy (writable buffer protocol)."""
+
+    def __init__(self, lens: Sequence[int]) -> None: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def slots(self) -> List[Tuple[int, int]]: ...
+    def fits(self, lens: Sequence[int]) -> bool: ...
+    def in_use(self) -> bool: ...
+    def slot(self, index: int) -> "SlabSlot": ...
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+class SlabSlot:
+    """One slot of a :class:`HostSlab`, handed to ``save`` as a tensor's bytes."""
 
 class SaveHandle:
     """A save in progress."""
@@ -71,7 +92,13 @@ class Checkpointer:
     def world_size(self) -> int: ...
     @property
     def lazy(self) -> bool: ...
-    def save(self, step: int, tensors: Sequence[TensorArg], meta: Any) -> SaveHandle: ...
+    def save(
+        self,
+        step: int,
+        tensors: Sequence[TensorArg],
+        meta: Any,
+        ready: Optional[Callable[[], None]] = None,
+    ) -> SaveHandle: ...
     def flush(self, timeout: Optional[float] = None) -> None: ...
     def load_latest(self) -> Optional[LoadedCheckpoint]: ...
     def load(self, step: int, attempt: Optional[str] = None) -> LoadedCheckpoint: ...

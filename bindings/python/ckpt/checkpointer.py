@@ -7,7 +7,7 @@ import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _ckpt
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
@@ -29,9 +29,12 @@ class SaveHandle:
     eager mode); the checkpoint is durable once :meth:`wait` returned.
     """
 
-    def __init__(self, native: _ckpt.SaveHandle, on_snapshot: Callable[[], None]) -> None:
+    def __init__(self, native: _ckpt.SaveHandle, device: Any = None) -> None:
         self._native = native
-        self._on_snapshot: Optional[Callable[[], None]] = on_snapshot
+        #: The save's device-to-host copies (:class:`ckpt.cuda.DeviceCopy`), if any.
+        self._device = device
+        #: Lazy mode: CPU tensors are still being copied on a background thread.
+        self._host_lazy = False
         self._observed = False  # its outcome reached the caller through wait()
 
     @property
@@ -51,10 +54,7 @@ class SaveHandle:
 
     def snapshot_done(self) -> bool:
         """True once the snapshot is copied (the state may be mutated again)."""
-        done = self._native.snapshot_done()
-        if done:
-            self._release()
-        return done
+        return self._native.snapshot_done()
 
     def done(self) -> bool:
         """True once the save is committed or failed."""
@@ -62,11 +62,16 @@ class SaveHandle:
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until the snapshot is copied; raises the snapshot's error."""
-        try:
-            self._native.wait_snapshot(timeout)
-        finally:
-            if self._native.snapshot_done():
-                self._release()
+        self._native.wait_snapshot(timeout)
+
+    def _before_step(self) -> None:
+        """What the lazy-mode step pre-hook needs of this save before the
+        optimizer mutates its sources: CPU copies done (a host wait), CUDA
+        copies fenced on the current stream (no host wait)."""
+        if self._host_lazy:
+            self._native.wait_snapshot(None)
+        elif self._device is not None:
+            self._device.fence()
 
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Block until the checkpoint is committed; returns the save report
@@ -78,16 +83,8 @@ class SaveHandle:
             # The save's own failure (not this wait running out) has been seen.
             self._observed = self._native.done()
             raise
-        finally:
-            if self._native.snapshot_done():
-                self._release()
         self._observed = True
         return report
-
-    def _release(self) -> None:
-        cb, self._on_snapshot = self._on_snapshot, None
-        if cb is not None:
-            cb()
 
     def __repr__(self) -> str:
         return repr(self._native)
@@ -123,9 +120,19 @@ class Checkpointer:
             their parameters and optimizer state. Module buffers, loose
             tensors and numpy arrays are still copied before ``save`` returns.
             Anything else that mutates parameters must call :meth:`wait_snapshot`
-            first.
+            first. CUDA tensors are copied to the host on a side stream, ordered
+            after the work queued before ``save``, while forward and backward
+            run; the step pre-hook then makes the GPU's current stream wait for
+            those copies, so the host does not wait at all (buffers and loose
+            CUDA tensors are first cloned on the device, at once). See
+            :mod:`ckpt.cuda`.
         staging_budget: bytes of host staging memory (default: twice the first
-            save's state).
+            save's state). CUDA snapshots land in host slabs that are
+            page-locked after their first use, in the background; at most this
+            many bytes of them are held (and locked), so with the default two
+            saves can be in flight. Set it to about the state's size to lock
+            one copy only; a save then waits (or, with ``busy="skip"``, is
+            skipped) while the previous one is still being written.
         busy: when the budget is in use by earlier saves: ``"wait"`` or
             ``"skip"`` (``save`` raises :class:`~ckpt.SkippedError`).
         rng: also save and restore the global random generators
@@ -202,7 +209,9 @@ class Checkpointer:
         self._pending: List[SaveHandle] = []  # snapshots possibly still copying
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
         self._hooks: Dict[int, Any] = {}
-        self._pool: Any = None
+        self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
+        self._staging_budget = staging_budget
+        self._busy = busy
 
     # ------------------------------------------------------------------ saving
 
@@ -256,23 +265,35 @@ class Checkpointer:
             if any(t[0] == prefix for t in flat.tensors):
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             blob = _ckpt.encode_tree({"tree": flat.local_tree, "numpy": flat.local_numpy_names})
-            flat.tensors.append((prefix, "U8", (len(blob),), blob, False, None))
+            flat.tensors.append((prefix, "U8", (len(blob),), blob, True, None))
             info["local"] = {"ranks": self.world_size}
         meta = {"ckpt": info, "state": flat.tree}
-        give_back = self._giver(flat.pinned)
+        device = flat.device
+        ready = None
+        if device is not None:
+            if self.lazy:
+                _small_now(flat.tensors)
+            device.start(step, self.lazy)
+            flat.tensors = [_resolve(device, t) for t in flat.tensors]
+            if self.lazy:
+                ready = device.wait_landed
+            else:
+                device.wait_landed()  # eager: the copy is complete when save returns
         try:
-            native = self._native.save(step, flat.tensors, meta)
+            native = self._native.save(step, flat.tensors, meta, ready)
         except BaseException:
-            give_back()
+            if device is not None:
+                device.wait_landed()  # nothing may still land in a slab the next save reuses
             raise
-        handle = SaveHandle(native, give_back)
+        handle = SaveHandle(native, device)
         self._unwaited.append(handle)
         if self.lazy:
+            # The step pre-hook waits on the host only for CPU tensors copied in
+            # the background; CUDA copies are fenced on the GPU's stream.
+            handle._host_lazy = any(not t[4] and not isinstance(t[3], _ckpt.SlabSlot) for t in flat.tensors)
             self._pending.append(handle)
             for obj in flat.stateful:
                 self._guard(obj)
-        else:
-            handle._release()  # eager: the copy is complete when save returns
         return handle
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
@@ -281,6 +302,13 @@ class Checkpointer:
         while self._pending:
             self._pending[0].wait_snapshot(timeout)
             self._pending.pop(0)
+
+    def _before_step(self) -> None:
+        """The lazy-mode step pre-hook: each snapshot in progress is copied, or
+        its CUDA copies are ordered before whatever the current streams run next."""
+        for h in self._pending:
+            h._before_step()
+        self._pending = [h for h in self._pending if not h.snapshot_done()]
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until every save started so far is committed; raises the first
@@ -300,6 +328,8 @@ class Checkpointer:
             for h in self._hooks.values():
                 h.remove()
             self._hooks.clear()
+            if self._slabs is not None:
+                self._slabs.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -544,20 +574,13 @@ class Checkpointer:
     def _exporter(self) -> Any:
         if "torch" not in sys.modules:
             return None
-        from .torch import Exporter, PinnedPool
+        from .torch import Exporter
 
-        if self._pool is None:
-            self._pool = PinnedPool()
-        return Exporter(self._pool)
+        if self._slabs is None and _cuda_ready():
+            from .cuda import SlabPool
 
-    def _giver(self, pinned: List[Any]) -> Callable[[], None]:
-        pool = self._pool
-
-        def give_back() -> None:
-            if pinned and pool is not None:
-                pool.give(pinned)
-
-        return give_back
+            self._slabs = SlabPool(self._staging_budget, self._busy)
+        return Exporter(self._slabs)
 
     def _guard(self, obj: Any) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""
@@ -569,9 +592,43 @@ class Checkpointer:
         def wait_for_snapshots(_opt: Any, _args: Any, _kwargs: Any) -> None:
             cp = me()
             if cp is not None:
-                cp.wait_snapshot()
+                cp._before_step()
 
         self._hooks[id(obj)] = obj.register_step_pre_hook(wait_for_snapshots)
+
+
+def _cuda_ready() -> bool:
+    """True when torch has initialised CUDA (so CUDA tensors can occur)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+#: In lazy mode, CPU tensors smaller than this are copied at once when the save
+#: also has CUDA tensors (an optimizer's ``step`` counters): copying them costs
+#: microseconds, and it spares the step pre-hook a host wait.
+_SMALL = 64 << 10
+
+
+def _small_now(tensors: List[Any]) -> None:
+    from .cuda import Pending
+
+    for i, t in enumerate(tensors):
+        if not t[4] and not isinstance(t[3], Pending) and _nbytes(t[3]) < _SMALL:
+            tensors[i] = (t[0], t[1], t[2], t[3], True, t[5])
+
+
+def _nbytes(buf: Any) -> int:
+    n = getattr(buf, "nbytes", None)
+    return len(buf) if n is None else int(n)
+
+
+def _resolve(device: Any, t: Any) -> Any:
+    """A tensor entry with its pending CUDA bytes replaced by the slab slot they land in."""
+    from .cuda import Pending
+
+    if isinstance(t[3], Pending):
+        return (t[0], t[1], t[2], device.slot(t[3]), False, t[5])
+    return t
 
 
 def _decode(meta: Any, tensors: Dict[str, Any], framework: Optional[str]) -> Dict[str, Any]:

@@ -2,9 +2,9 @@
 
 Tensors cross into the engine as CPU byte buffers, so the native module never
 links libtorch: a CPU tensor is viewed as ``uint8`` and exported through numpy's
-buffer protocol (no copy); a CUDA tensor is first copied into a pinned host
-buffer taken from a reusable pool, with non-blocking copies on a side stream
-that is synchronized before the engine reads the buffer.
+buffer protocol (no copy); a CUDA tensor is copied into a slot of a host slab
+by a device-to-host copy on a side stream (:mod:`ckpt.cuda`), and the engine
+takes the slot as the tensor's bytes once the copy has landed.
 
 Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 """
@@ -12,14 +12,13 @@ Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
 from .errors import InvalidInputError, UnsupportedError
 
-__all__ = ["dtype_name", "torch_dtype", "PinnedPool", "Exporter", "from_buffer", "lazy_safe_pointers"]
+__all__ = ["dtype_name", "torch_dtype", "Exporter", "from_buffer", "lazy_safe_pointers"]
 
 _NAMES = {
     "bool": "BOOL",
@@ -85,47 +84,19 @@ def _byte_view(t: torch.Tensor) -> Any:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
-class PinnedPool:
-    """Reusable pinned (page-locked) host buffers for device-to-host snapshot copies.
-
-    Buffers are keyed by size; a save takes one per CUDA tensor and gives them
-    back once its snapshot has been copied into the engine's staging memory, so
-    a training loop that saves the same shapes again allocates nothing.
-    """
-
-    def __init__(self) -> None:
-        self._free: Dict[int, List[torch.Tensor]] = defaultdict(list)
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        """A pinned ``uint8`` buffer of ``nbytes`` bytes."""
-        free = self._free[nbytes]
-        if free:
-            return free.pop()
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def give(self, buffers: Sequence[torch.Tensor]) -> None:
-        """Return buffers for reuse."""
-        for b in buffers:
-            self._free[b.numel()].append(b)
-
-    def idle_bytes(self) -> int:
-        """Bytes held by idle buffers."""
-        return sum(n * len(v) for n, v in self._free.items())
-
-
 class Exporter:
     """Turns the tensors of one save into ``(dtype, shape, buffer, copy_now)``.
 
-    CUDA tensors are queued as non-blocking copies into pinned buffers on a side
-    stream; :meth:`finish` waits for that stream, after which every buffer may
-    be read by the engine. ``pinned`` lists the buffers to give back to the pool
-    once the save's snapshot is done.
+    CPU tensors are viewed as bytes without a copy. CUDA tensors are queued
+    for a device-to-host copy (:class:`ckpt.cuda.DeviceCopy`): their buffer is
+    a :class:`ckpt.cuda.Pending` until the save starts the copies and puts the
+    slab's slots in their place.
     """
 
-    def __init__(self, pool: PinnedPool) -> None:
-        self._pool = pool
-        self._streams: Dict[torch.device, Any] = {}
-        self.pinned: List[torch.Tensor] = []
+    def __init__(self, slabs: Any = None) -> None:
+        self._slabs = slabs
+        #: The save's device-to-host copies, once a CUDA tensor was met.
+        self.device: Any = None
 
     def export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
@@ -163,30 +134,15 @@ class Exporter:
                 copy_now = False
             return name, shape, _byte_view(t), copy_now
         if t.device.type == "cuda":
-            buf = self._pool.take(t.numel() * t.element_size())
-            stream = self._stream(t.device)
-            with torch.cuda.stream(stream):
-                if t.numel():
-                    buf.copy_(t.contiguous().reshape(-1).view(torch.uint8), non_blocking=True)
-            self.pinned.append(buf)
-            # The pinned buffer is private to this save until its snapshot is done.
-            return name, shape, buf.numpy(), False
+            if self.device is None:
+                from .cuda import DeviceCopy, SlabPool
+
+                if self._slabs is None:
+                    self._slabs = SlabPool(None, "wait")
+                self.device = DeviceCopy(self._slabs)
+            # Copied by the save's device-to-host copies, into memory private to it.
+            return name, shape, self.device.add(t, copy_now), False
         raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
-
-    def _stream(self, device: torch.device) -> Any:
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = torch.cuda.Stream(device=device)
-            # Copies must see every kernel queued so far on the current stream.
-            stream.wait_stream(torch.cuda.current_stream(device))
-            self._streams[device] = stream
-        return stream
-
-    def finish(self) -> None:
-        """Wait until every queued device-to-host copy has landed."""
-        for stream in self._streams.values():
-            stream.synchronize()
-        self._streams.clear()
 
 
 def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:
@@ -231,7 +187,7 @@ def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.O
 def _param_pointers(module: torch.nn.Module) -> Set[int]:
     from .dtensor import local_tensor
 
-    return {t.data_ptr() for t in map(local_tensor, module.parameters()) if t.is_cpu}
+    return {t.data_ptr() for t in map(local_tensor, module.parameters())}
 
 
 def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
@@ -241,9 +197,7 @@ def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
     for state in opt.state.values():
         for v in state.values():
             if isinstance(v, torch.Tensor):
-                t = local_tensor(v)
-                if t.is_cpu:
-                    out.add(t.data_ptr())
+                out.add(local_tensor(v).data_ptr())
     return out
 
 

@@ -66,8 +66,9 @@ class Flattened:
     #: Objects with ``state_dict`` met on the way, and the optimizers they hold
     #: (the lazy-mode hook goes on optimizers).
     stateful: List[Any] = field(default_factory=list)
-    #: Pinned host buffers to give back once the snapshot is done.
-    pinned: List[Any] = field(default_factory=list)
+    #: The device-to-host copies of the CUDA tensors (:class:`ckpt.cuda.DeviceCopy`),
+    #: not yet started: their entries' buffers are :class:`ckpt.cuda.Pending`.
+    device: Any = None
     #: The tree of the rank-local part (see :func:`flatten`), or None.
     local_tree: Any = None
     #: Names of the rank-local part's numpy arrays.
@@ -126,7 +127,8 @@ class _Flattener:
         if tensor is not None and isinstance(obj, tensor):
             if self._dtensor is not None and isinstance(obj, self._dtensor):
                 return self.walk_dtensor(obj, path, lazy_ptrs, _Where(path))
-            copy_now = self.lazy and not (lazy_ptrs is None or (obj.is_cpu and obj.data_ptr() in lazy_ptrs))
+            # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
+            copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
             dtype, shape, buf, copy_now = self.exporter.export(obj, _Where(path), copy_now)
             name = self.name_for(path)
             self.out.tensors.append((name, dtype, shape, buf, copy_now, None))
@@ -188,7 +190,7 @@ class _Flattener:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
-        may_defer = lazy_ptrs is None or (local.is_cpu and local.data_ptr() in lazy_ptrs)
+        may_defer = lazy_ptrs is None or local.data_ptr() in lazy_ptrs
         copy_now = self.lazy and not may_defer
         name = self.name_for(path)
         whole = len(pieces) == 1 and pieces[0].shape == global_shape
@@ -216,13 +218,10 @@ def _stateful_lazy_ptrs(obj: Any) -> Tuple[Optional[Set[int]], List[Any]]:
 class _NumpyExporter:
     """Exporter used when torch is not imported (no torch tensor can occur)."""
 
-    pinned: List[Any] = []
+    device: Any = None
 
     def export(self, t: Any, path: str, copy_now: bool) -> Any:  # pragma: no cover - unreachable
         raise InvalidInputError(f"{path}: torch tensor without torch")
-
-    def finish(self) -> None:
-        pass
 
 
 def flatten(
@@ -240,22 +239,19 @@ def flatten(
     """
     if exporter is None:
         if _torch() is not None:
-            from .torch import Exporter, PinnedPool
+            from .torch import Exporter
 
-            exporter = Exporter(PinnedPool())
+            exporter = Exporter()
         else:
             exporter = _NumpyExporter()
     f = _Flattener(lazy, exporter)
-    try:
-        f.out.tree = f.walk(state, [], set())
-        if local is not None:
-            shared_numpy = len(f.out.numpy_names)
-            f.out.local_tree = f.walk(local, [local_prefix], set())
-            f.out.local_numpy_names = f.out.numpy_names[shared_numpy:]
-            del f.out.numpy_names[shared_numpy:]
-    finally:
-        exporter.finish()
-        f.out.pinned = list(exporter.pinned)
+    f.out.tree = f.walk(state, [], set())
+    if local is not None:
+        shared_numpy = len(f.out.numpy_names)
+        f.out.local_tree = f.walk(local, [local_prefix], set())
+        f.out.local_numpy_names = f.out.numpy_names[shared_numpy:]
+        del f.out.numpy_names[shared_numpy:]
+    f.out.device = exporter.device
     return f.out
 
 

@@ -1,0 +1,387 @@
+"""CUDA snapshots: device-to-host copies into page-locked host slabs, queued on
+a side stream, saved without a second host copy.
+
+A save's CUDA tensors are copied into one :class:`~ckpt._ckpt.HostSlab` (host
+memory with a slot per tensor, laid out so the native format writes chunks
+from it with ``O_DIRECT``), which the engine then takes as the tensors' bytes:
+one trip over PCIe, no copy through the CPU.
+
+- **Ordering.** The copies run on a side stream after an event recorded on
+  the current stream at ``save``, so they see every kernel queued before it
+  and overlap whatever the loop queues next (forward and backward). In lazy
+  mode the optimizer's step pre-hook makes the current stream wait for the
+  copies' event (:meth:`DeviceCopy.fence`): the host does not wait at all.
+  Tensors that may change before the step (module buffers, loose tensors) are
+  first cloned on the current stream, which orders the clone before the next
+  forward; the clone is copied to the host like the rest.
+- **Page locking.** A slab is page-locked with the CUDA runtime
+  (``cudaHostRegister``) after its first use, in the background, never inside
+  a save: the first save of a process copies into pageable memory (in lazy
+  mode from a background thread, so ``save`` still returns at once), later
+  saves at the bus's speed into locked memory.
+- **Budget.** Slabs are reused by layout; the pool holds at most
+  ``staging_budget`` bytes of them (default: twice the first save's CUDA
+  bytes, so a save can start while the previous one is still being written),
+  and that is also the most host memory it locks. When every slab is still held
+  by saves being written, ``busy="wait"`` waits and ``busy="skip"`` raises
+  :class:`~ckpt.SkippedError`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import warnings
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _ckpt
+from .errors import SkippedError
+
+__all__ = ["SlabPool", "DeviceCopy", "Pending"]
+
+
+# ----------------------------------------------------------------- page locking
+
+
+def _loaded_cudart() -> Any:
+    """The CUDA runtime library this process already loaded (PyTorch's), through
+    ctypes, whose calls release the GIL; None when there is none."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+            lib.cudaHostRegister.restype = ctypes.c_int
+            lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+            lib.cudaHostUnregister.restype = ctypes.c_int
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+#: ``cudaHostRegisterPortable``: locked for every CUDA context of the process.
+_PORTABLE = 1
+
+
+class _Locker:
+    """``cudaHostRegister`` / ``cudaHostUnregister`` of PyTorch's CUDA runtime."""
+
+    def __init__(self) -> None:
+        self._lib = _loaded_cudart()
+        self._warned = False
+
+    def lock(self, address: int, nbytes: int) -> bool:
+        if nbytes == 0:
+            return False
+        if self._lib is not None:
+            rc = self._lib.cudaHostRegister(ctypes.c_void_p(address), nbytes, _PORTABLE)
+        else:
+            rc = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _PORTABLE))
+        if rc != 0 and not self._warned:
+            self._warned = True
+            warnings.warn(f"ckpt: could not page-lock {nbytes} bytes of snapshot memory (CUDA error {rc}); "
+                          "device-to-host copies go through pageable memory", stacklevel=2)
+        return rc == 0
+
+    def unlock(self, address: int) -> None:
+        try:
+            if self._lib is not None:
+                self._lib.cudaHostUnregister(ctypes.c_void_p(address))
+            else:
+                torch.cuda.cudart().cudaHostUnregister(address)
+        except Exception:  # noqa: BLE001 - at exit the runtime may be gone
+            pass
+
+
+# ----------------------------------------------------------------- slabs
+
+
+class _Slab:
+    """One :class:`~ckpt._ckpt.HostSlab`, its torch view and its state."""
+
+    def __init__(self, lens: List[int]) -> None:
+        self.native = _ckpt.HostSlab(lens)
+        self.nbytes: int = self.native.nbytes
+        self.slots: List[Tuple[int, int]] = self.native.slots
+        self.host = (
+            torch.frombuffer(self.native, dtype=torch.uint8) if self.nbytes else torch.empty(0, dtype=torch.uint8)
+        )
+        self._views: Dict[int, Tuple[Tuple[torch.dtype, Tuple[int, ...]], torch.Tensor]] = {}
+        self.locked = False
+        self.locking: Optional[Future] = None
+        #: The copy that last filled it (the slab is free once it has landed).
+        self.owner: Optional["DeviceCopy"] = None
+
+    def view(self, i: int, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
+        """Slot ``i`` as a tensor of ``dtype`` and ``shape`` (cached: a loop saves the same shapes)."""
+        key = (dtype, shape)
+        hit = self._views.get(i)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        off, n = self.slots[i]
+        v = self.host[off : off + n].view(dtype).view(shape)
+        self._views[i] = (key, v)
+        return v
+
+    def free(self) -> bool:
+        """Neither a save (the engine) nor copies still landing hold it."""
+        if self.native.in_use():
+            return False
+        if self.owner is not None and not self.owner.landed():
+            return False
+        return self.locking is None or self.locking.done()
+
+
+class SlabPool:
+    """The slabs of one checkpointer, under a byte budget (see the module docs)."""
+
+    def __init__(self, budget: Optional[int], busy: str) -> None:
+        self._budget = budget
+        self._busy = busy
+        self._slabs: List[_Slab] = []
+        self._streams: Dict[torch.device, Any] = {}
+        self._locker: Optional[_Locker] = None
+        self._locked_addresses: List[int] = []
+        self._launcher: Optional[ThreadPoolExecutor] = None
+        self._pinner: Optional[ThreadPoolExecutor] = None
+        self._lock = threading.Lock()
+        #: Most bytes page-locked at once.
+        self.peak_locked = 0
+        weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses, self._get_locker)
+
+    # -- what the copies use
+
+    def stream(self, device: torch.device) -> Any:
+        """This pool's side stream on ``device``."""
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device=device)
+        return s
+
+    def launcher(self) -> ThreadPoolExecutor:
+        """The thread that queues copies into pageable memory (each blocks until done)."""
+        if self._launcher is None:
+            self._launcher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-d2h")
+        return self._launcher
+
+    # -- slabs
+
+    def take(self, lens: List[int], step: int) -> _Slab:
+        """A free slab with these slot lengths: reused, else new within the budget."""
+        need = sum(lens)
+        if self._budget is None:
+            self._budget = 2 * need
+        while True:
+            for s in self._slabs:
+                if s.native.fits(lens) and s.free():
+                    return s
+            # Room for a new one: first drop free slabs of other layouts.
+            for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
+                self._drop(s)
+            held = sum(s.nbytes for s in self._slabs)
+            if held + need <= self._budget or not self._slabs:
+                s = _Slab(lens)
+                self._slabs.append(s)
+                return s
+            if self._busy == "skip":
+                raise SkippedError(
+                    f"step {step} skipped: the snapshot memory ({held} of {self._budget} bytes) is held by "
+                    "saves still being written"
+                )
+            time.sleep(0.001)
+
+    def lock_later(self, slab: _Slab) -> None:
+        """Page-lock ``slab`` in the background once its copies have landed."""
+        if slab.locked or slab.locking is not None or slab.nbytes == 0:
+            return
+        if self._pinner is None:
+            self._pinner = ThreadPoolExecutor(1, thread_name_prefix="ckpt-pin")
+        owner = slab.owner
+
+        def lock() -> None:
+            if owner is not None:
+                owner.wait_landed()
+            locker = self._get_locker()
+            if locker.lock(slab.native.address, slab.nbytes):
+                with self._lock:
+                    slab.locked = True
+                    self._locked_addresses.append(slab.native.address)
+                    self.peak_locked = max(self.peak_locked, self.locked_bytes())
+
+        slab.locking = self._pinner.submit(lock)
+
+    def locked_bytes(self) -> int:
+        """Bytes page-locked now."""
+        return sum(s.nbytes for s in self._slabs if s.locked)
+
+    def held_bytes(self) -> int:
+        """Bytes of all slabs, free or held."""
+        return sum(s.nbytes for s in self._slabs)
+
+    def close(self) -> None:
+        """Unlock and free every free slab (after the saves are done)."""
+        for ex in (self._launcher, self._pinner):
+            if ex is not None:
+                ex.shutdown(wait=True)
+        self._launcher = self._pinner = None
+        for s in [s for s in self._slabs if s.free()]:
+            self._drop(s)
+
+    def _drop(self, s: _Slab) -> None:
+        if s.locked:
+            self._get_locker().unlock(s.native.address)
+            with self._lock:
+                self._locked_addresses.remove(s.native.address)
+            s.locked = False
+        self._slabs.remove(s)
+
+    def _get_locker(self) -> _Locker:
+        if self._locker is None:
+            self._locker = _Locker()
+        return self._locker
+
+    @staticmethod
+    def _unlock_all(addresses: List[int], get_locker: Callable[[], _Locker]) -> None:
+        for a in list(addresses):
+            get_locker().unlock(a)
+        addresses.clear()
+
+
+# ----------------------------------------------------------------- one save
+
+
+class Pending:
+    """Stands for a CUDA tensor's bytes until the save's slab is chosen."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class DeviceCopy:
+    """The device-to-host copies of one save's CUDA tensors."""
+
+    def __init__(self, pool: SlabPool) -> None:
+        self._pool = pool
+        self._srcs: List[torch.Tensor] = []
+        self._seen: Dict[Tuple[Any, ...], int] = {}
+        self.slab: Optional[_Slab] = None
+        self._start: Dict[torch.device, Any] = {}
+        self._events: List[Tuple[torch.device, Any]] = []
+        self._launch: Optional[Future] = None
+        self._fenced = False
+
+    def add(self, t: torch.Tensor, now: bool) -> Pending:
+        """Queue ``t`` (detached, on a CUDA device); ``now``: it may change before
+        the optimizer step, so the copy starts from a clone taken on the current stream."""
+        if now:
+            t = t.clone()
+        else:
+            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            i = self._seen.get(key)
+            if i is not None:  # the same memory again (a tied weight): one copy, one slot
+                return Pending(i)
+            self._seen[key] = len(self._srcs)
+        self._srcs.append(t)
+        return Pending(len(self._srcs) - 1)
+
+    def __len__(self) -> int:
+        return len(self._srcs)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._srcs)
+
+    def start(self, step: int, lazy: bool) -> None:
+        """Choose the slab and queue the copies, ordered after the work queued so far.
+        Into locked memory the copies are queued here and run on the GPU's copy
+        engine; into pageable memory (a slab's first use) each copy blocks its
+        caller until done, so lazy mode queues them from a background thread."""
+        lens = [t.numel() * t.element_size() for t in self._srcs]
+        slab = self._pool.take(lens, step)
+        slab.owner = self
+        self.slab = slab
+        for t in self._srcs:
+            if t.device not in self._start:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(t.device))
+                self._start[t.device] = ev
+        if slab.locked or not lazy:
+            self._queue()
+        else:
+            self._launch = self._pool.launcher().submit(self._queue)
+        if not slab.locked:
+            self._pool.lock_later(slab)
+
+    def _queue(self) -> None:
+        slab = self.slab
+        assert slab is not None
+        by_device: Dict[torch.device, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
+        for i, t in enumerate(self._srcs):
+            dst, src = by_device.setdefault(t.device, ([], []))
+            dst.append(slab.view(i, t.dtype, tuple(t.shape)))
+            src.append(t)
+        events = []
+        for device, (dst, src) in by_device.items():
+            side = self._pool.stream(device)
+            side.wait_event(self._start[device])
+            with torch.cuda.stream(side):
+                _copy_all(dst, src)
+                ev = torch.cuda.Event()
+                ev.record(side)
+            events.append((device, ev))
+        self._events = events
+
+    def slot(self, p: Pending) -> Any:
+        assert self.slab is not None
+        return self.slab.native.slot(p.index)
+
+    def landed(self) -> bool:
+        """True once every copy has landed in host memory (without waiting)."""
+        if self._launch is not None and not self._launch.done():
+            return False
+        return all(ev.query() for _, ev in self._events)
+
+    def wait_landed(self) -> None:
+        """Block until every copy has landed (the GIL is released meanwhile); then
+        the sources are let go."""
+        if self._launch is not None:
+            self._launch.result()
+        for _, ev in self._events:
+            ev.synchronize()
+        self._srcs = []
+
+    def fence(self) -> None:
+        """Make the current streams wait for the copies (before the optimizer
+        step mutates their sources); the host waits only for copies still being
+        queued into pageable memory."""
+        if self._fenced:
+            return
+        if self._launch is not None:
+            self._launch.result()
+        for device, ev in self._events:
+            torch.cuda.current_stream(device).wait_event(ev)
+        self._fenced = True
+
+
+def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i], non_blocking=True)`` for all ``i``, in one call where torch has it."""
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None:
+        try:
+            foreach(dst, src, non_blocking=True)
+            return
+        except (RuntimeError, TypeError):
+            pass
+    for d, s in zip(dst, src):
+        d.copy_(s, non_blocking=True)

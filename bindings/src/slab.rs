@@ -1,0 +1,161 @@
+//! Host memory a GPU copies a snapshot into, saved without a second copy.
+//!
+//! [`HostSlab`] is a [`ckpt_core::Slab`] (one page mapping, a slot per tensor)
+//! exported to Python as a writable buffer, so the glue can view it as a
+//! torch tensor, page-lock it with the CUDA runtime (`cudaHostRegister`) and
+//! queue device-to-host copies into its slots. `save` takes a slot
+//! ([`HostSlab::slot`]) as the tensor's bytes, shared, not copied; the copies
+//! still in flight are awaited through the `ready` callable ([`PyReady`])
+//! before the engine reads anything. The glue must not write a slab again
+//! while [`HostSlab::in_use`] is true.
+
+use std::os::raw::c_int;
+
+use ckpt_core::{Error, Ready, Slab};
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+
+use crate::errors::to_py;
+
+/// Page-mapped host memory with one slot per tensor of a save.
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct HostSlab {
+    slab: Slab,
+}
+
+/// Slot `index` of a [`HostSlab`], handed to `save` as a tensor's bytes.
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct SlabSlot {
+    slab: Py<HostSlab>,
+    index: usize,
+}
+
+impl SlabSlot {
+    /// The slot's bytes (shared with the slab, no copy).
+    pub fn bytes(&self, py: Python<'_>) -> PyResult<bytes::Bytes> {
+        self.slab
+            .bind(py)
+            .get()
+            .slab
+            .slot(self.index)
+            .map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl HostSlab {
+    /// A zeroed slab with a slot of each length (bytes), in order.
+    #[new]
+    fn new(py: Python<'_>, lens: Vec<usize>) -> PyResult<Self> {
+        let slab = py.detach(|| Slab::new(&lens)).map_err(to_py)?;
+        Ok(HostSlab { slab })
+    }
+
+    /// Address of the first byte (for `cudaHostRegister`).
+    #[getter]
+    fn address(&self) -> usize {
+        self.slab.address()
+    }
+
+    /// Bytes mapped.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.slab.len()
+    }
+
+    /// `(offset, length)` of each slot.
+    #[getter]
+    fn slots(&self) -> Vec<(usize, usize)> {
+        self.slab.slots().to_vec()
+    }
+
+    /// Whether this slab has exactly these slot lengths, in order.
+    fn fits(&self, lens: Vec<usize>) -> bool {
+        self.slab.fits(&lens)
+    }
+
+    /// True while a save still holds bytes of this slab (do not write it).
+    fn in_use(&self) -> bool {
+        self.slab.in_use()
+    }
+
+    /// Slot `index`, to hand to `save` as a tensor's bytes.
+    fn slot(slf: Bound<'_, Self>, index: usize) -> PyResult<SlabSlot> {
+        if index >= slf.get().slab.slots().len() {
+            return Err(to_py(Error::InvalidInput(format!(
+                "slab has no slot {index}"
+            ))));
+        }
+        Ok(SlabSlot {
+            slab: slf.unbind(),
+            index,
+        })
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("view is null"));
+        }
+        let (ptr, len) = (slf.get().slab.address(), slf.get().slab.len());
+        // Writable: the glue fills the slots (only while no save holds them).
+        // SAFETY: the mapping lives as long as the slab, which the view owns.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HostSlab({} slots, {} bytes{})",
+            self.slab.slots().len(),
+            self.slab.len(),
+            if self.slab.in_use() { ", in use" } else { "" }
+        )
+    }
+}
+
+/// A Python callable the snapshot calls (with the GIL) before it reads any
+/// tensor: it returns once the device-to-host copies have landed.
+#[derive(Debug)]
+pub struct PyReady(pub Py<PyAny>);
+
+impl Ready for PyReady {
+    fn wait(&self) -> ckpt_core::Result<()> {
+        Python::try_attach(|py| {
+            self.0.call0(py).map(|_| ()).map_err(|e| {
+                let ty = e
+                    .get_type(py)
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "Exception".into());
+                Error::Internal(format!(
+                    "the device-to-host copy of the snapshot failed: {ty}: {}",
+                    e.value(py)
+                ))
+            })
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Internal(
+                "the Python interpreter is shutting down".into(),
+            ))
+        })
+    }
+}

@@ -1,0 +1,251 @@
+"""CUDA snapshots: device-to-host copies into host slabs on a side stream.
+
+The slab mechanics (a slot saved without a copy, a ``ready`` gate the lazy
+snapshot waits on, its failure) run everywhere. The tests that need a GPU skip,
+with the reason, where none is present.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ckpt
+from ckpt import _ckpt
+
+from conftest import PYTHON, python_env
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+# ----------------------------------------------------------------- everywhere
+
+
+def test_a_slab_slot_is_saved_without_a_copy_once_its_gate_opens(url: str) -> None:
+    lens = [3 << 20, 12, 70_000]
+    slab = _ckpt.HostSlab(lens)
+    assert [n for _, n in slab.slots] == lens
+    assert slab.address % 4096 == 0
+    host = torch.frombuffer(slab, dtype=torch.uint8)
+    cp = _ckpt.Checkpointer(url, lazy=True)
+    filled = []
+
+    def ready() -> None:  # the copies "land" only now, after save returned
+        for i, (off, n) in enumerate(slab.slots):
+            host[off : off + n].fill_(i + 1)
+        filled.append(True)
+
+    tensors = [(f"t{i}", "U8", (n,), slab.slot(i), False, None) for i, n in enumerate(lens)]
+    h = cp.save(1, tensors, {"state": None}, ready)
+    h.wait(30)
+    assert filled, "the snapshot called its gate"
+    assert not slab.in_use(), "a committed save holds none of the slab"
+    step, _, got, _, _ = cp.load_latest()
+    assert step == 1
+    for i, n in enumerate(lens):
+        dtype, shape, buf = got[f"t{i}"]
+        assert (dtype, tuple(shape)) == ("U8", (n,))
+        assert bytes(memoryview(buf)) == bytes([i + 1]) * n
+
+
+def test_a_failing_gate_fails_the_save_and_commits_nothing(url: str) -> None:
+    slab = _ckpt.HostSlab([16])
+
+    def ready() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    cp = _ckpt.Checkpointer(url, lazy=True)
+    h = cp.save(1, [("t", "U8", (16,), slab.slot(0), False, None)], {"state": None}, ready)
+    with pytest.raises(ckpt.CheckpointError, match="illegal memory access"):
+        h.wait(30)
+    assert cp.load_latest() is None
+    assert not slab.in_use()
+    with pytest.raises(ckpt.InvalidInputError):
+        slab.slot(1)
+
+
+# ----------------------------------------------------------------- on a GPU
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(256, 1024), nn.LayerNorm(1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(64, 256, device="cuda", generator=g)
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+@needs_cuda
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, lazy: bool) -> None:
+    # A long kernel keeps the stream busy, then one that writes the parameters is
+    # queued: a save that does not wait for the current stream stores old values.
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train(model, opt, 1, 0)
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    for step in range(3):  # the first save copies into pageable memory, later ones into locked
+        big = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):
+            big = big @ big / 64
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(float(step + 1)).add_(big[0, 0] * 0)
+        cp.save(step, model=model, optimizer=opt)
+        want = {k: bits(v) for k, v in model.state_dict().items()}  # synchronizes
+        cp.wait()
+        saved = cp.read(step).state["model"]
+        assert {k: bits(v) for k, v in saved.items()} == want, f"step {step}"
+    cp.close()
+
+
+@needs_cuda
+def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str) -> None:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    _train(model, opt, 2, 1)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    want = {}
+    for step in range(4):
+        ref = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        ref_opt = [v.detach().clone() for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+        cp.save(step, model=model, optimizer=opt)
+        _train(model, opt, 3, 10 + step)  # the step pre-hook fences, it does not wait
+        want[step] = ({k: bits(v) for k, v in ref.items()}, [bits(v) for v in ref_opt])
+    cp.wait()
+    for step, (params, states) in want.items():
+        saved = cp.read(step).state
+        assert {k: bits(v) for k, v in saved["model"].items()} == params, f"step {step}"
+        got = [bits(v) for s in saved["optimizer"]["state"].values() for v in s.values() if torch.is_tensor(v)]
+        assert got == states, f"step {step}: optimizer state"
+    cp.close()
+
+
+@needs_cuda
+def test_a_resumed_run_matches_the_uninterrupted_one_bitwise(url: str) -> None:
+    torch.backends.cudnn.deterministic = True
+
+    def run(resume_at: int | None) -> dict:
+        model = _model(3)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        cp = ckpt.Checkpointer(url, lazy=True)
+        start = 0
+        if resume_at is not None:
+            start = cp.load_latest(model=model, optimizer=opt)
+            assert start == resume_at
+        for step in range(start, 8):
+            if step == 5 and resume_at is None:
+                cp.save(step, model=model, optimizer=opt)
+            _train(model, opt, 1, 100 + step)
+        cp.close()
+        return {k: bits(v) for k, v in model.state_dict().items()}
+
+    straight = run(None)
+    assert run(5) == straight
+
+
+@needs_cuda
+def test_buffers_changed_by_the_next_forward_are_stored_as_they_were(url: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.BatchNorm1d(512)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    want = {}
+    for step in range(3):
+        want[step] = {k: bits(v) for k, v in model.state_dict().items()}
+        cp.save(step, model=model, optimizer=opt)
+        model(torch.randn(32, 64, device="cuda")).sum().backward()  # updates running stats at once
+        opt.step()
+    cp.wait()
+    for step in range(3):
+        saved = cp.read(step).state["model"]
+        assert {k: bits(v) for k, v in saved.items()} == want[step], f"step {step}"
+    cp.close()
+
+
+_KILLED = """
+import sys, torch, ckpt
+url = sys.argv[1]
+model = torch.nn.Linear(2048, 2048).cuda()
+cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+step = 0
+while True:
+    with torch.no_grad():
+        model.weight.fill_(float(step)); model.bias.fill_(float(step))
+    cp.save(step, model=model)
+    if step == 1:
+        print("saving", flush=True)
+    step += 1
+"""
+
+
+@needs_cuda
+def test_a_sigkill_while_copies_are_in_flight_leaves_the_last_checkpoint_loadable(tmp_path: Path) -> None:
+    for k in range(3):
+        url = (tmp_path / f"k{k}").as_uri()
+        p = subprocess.Popen([PYTHON, "-c", textwrap.dedent(_KILLED), url], stdout=subprocess.PIPE, env=python_env())
+        assert p.stdout is not None and p.stdout.readline().strip() == b"saving"
+        time.sleep(0.2 + 0.3 * k)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        model = torch.nn.Linear(2048, 2048).cuda()
+        cp = ckpt.Checkpointer(url, rng=False)
+        step = cp.load_latest(model=model)
+        assert step is not None and step >= 0
+        assert torch.all(model.weight == float(step)) and torch.all(model.bias == float(step)), f"step {step}"
+
+
+@needs_cuda
+def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -> None:
+    script = tmp_path / "fsdp_nccl.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        import ckpt
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(0)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)).cuda()
+        for m in model:
+            fully_shard(m)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(torch.randn(8, 128, device="cuda")).sum().backward(); opt.step()
+        cp = ckpt.Checkpointer(sys.argv[1], lazy=True)
+        cp.save(1, model=model, optimizer=opt)
+        cp.close()
+        full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        torch.save(full, sys.argv[2])
+        dist.destroy_process_group()
+    """))
+    url = (tmp_path / "ck").as_uri()
+    ref = tmp_path / "ref.pt"
+    env = python_env()
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", str(script), url, str(ref)]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    plain = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)).cuda()
+    assert ckpt.Checkpointer(url).load_latest(model=plain) == 1
+    want = torch.load(ref, weights_only=True)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v.cpu(), want[k]), k
