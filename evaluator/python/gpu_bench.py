@@ -1,0 +1,654 @@
+"""GPU training with checkpoints: ckpt's Python API beside the checkpointing a
+PyTorch user would otherwise pick, in one process on one CUDA device.
+``ckpt-eval gpu`` runs it:
+
+    python gpu_bench.py --dir D --json OUT [--layers 24] [--width 1024] [--seq 1024]
+                        [--batch 8] [--every 40] [--rounds 3] [--methods a,b,...]
+
+The model is GPT-style in plain PyTorch (token and position embeddings, pre-norm
+blocks with causal attention through ``scaled_dot_product_attention``, dropout,
+a head tied to the token embedding), trained with fused AdamW under bf16
+autocast on a fixed batch of random tokens. The default (24 x 1024, 355 M
+parameters, 4.2 GB of parameters and optimizer state, batch 8 x 1024) takes
+about 70 ms a step on an H100 and runs in about three minutes.
+
+Per method, in this order: ``none`` (no checkpoint), ckpt eager and lazy,
+``torch.save`` + fsync, ``dcp.save``, ``dcp.async_save`` with DCP's pinned
+``DefaultStager`` and torch-checkpointing's async save (when installed).
+
+- **Loop.** ``--rounds`` rounds of ``--every`` training steps without a
+  checkpoint, then a save and ``--every`` steps; the slowdown is the second
+  parts' time over the first parts' (each part ends with a device sync). The
+  next optimizer step waits where a method needs it: ckpt lazy's own step
+  pre-hook (timed: ``step_wait``), DCP async's staging future, torch-
+  checkpointing's staging future.
+- **Stall**: how long ``save`` blocked the loop, the first of the method in this
+  process (pools and stagers start cold) and the median of the later ones;
+  **durable**: median time from ``save`` to its data being on disk (fsync),
+  taken by a waiter thread.
+- **Restore** into the live CUDA model and optimizer (their values scrambled
+  first), warm and with the page cache dropped (``/proc/sys/vm/drop_caches``
+  where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
+  copy taken at the save.
+- **Memory**: host memory page-locked by ckpt (the most at once) and the growth
+  of the process's resident set over the loop (sampled every 20 ms).
+
+Floors, same run, same bytes: the device-to-host copy of the whole state into
+page-locked memory, the host-to-device copy back, write + fsync of those bytes
+to one file, and its read with the page cache dropped.
+
+Without a CUDA device it writes ``{"skipped": reason}`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import drop_cache, fsync_path, fsync_written  # noqa: E402
+
+ALL = ["none", "ckpt eager", "ckpt lazy", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
+
+
+# ---------------------------------------------------------------- the model
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.ln_1, self.ln_2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return x + self.drop(self.out(F.gelu(self.fc(self.ln_2(x)), approximate="tanh")))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers: int, width: int, seq: int, vocab: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(Block(width, width // 64, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device)))
+        for b in self.h:
+            h = b(h)
+        logits = self.head(self.ln_f(h))
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
+
+
+class Trainer:
+    def __init__(self, a: argparse.Namespace, device: str) -> None:
+        torch.manual_seed(0)
+        self.device = device
+        self.model = GPT(a.layers, a.width, a.seq, a.vocab).to(device)
+        fused = device == "cuda"
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused)
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(device)
+        self.step()
+
+    def step(self) -> None:
+        with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.device == "cuda"):
+            loss = self.model(self.x)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def tensors(self) -> Dict[str, torch.Tensor]:
+        out = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for p, s in self.opt.state.items():
+            for k, v in s.items():
+                if torch.is_tensor(v):
+                    out[f"optim.{names[id(p)]}.{k}"] = v
+        return out
+
+    def nbytes(self) -> int:
+        seen, n = set(), 0
+        for t in self.tensors().values():
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                n += t.numel() * t.element_size()
+        return n
+
+    def reference(self) -> Dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.tensors().items()}
+
+    def scramble(self) -> None:
+        with torch.no_grad():
+            seen = set()
+            for t in self.tensors().values():
+                if t.data_ptr() not in seen:
+                    seen.add(t.data_ptr())
+                    t.add_(1)
+
+    def check(self, ref: Dict[str, torch.Tensor], name: str) -> None:
+        got = self.tensors()
+        bad = [k for k, v in ref.items() if k not in got or not torch.equal(got[k], v)]
+        if bad:
+            raise RuntimeError(f"{name}: {len(bad)} of {len(ref)} tensors differ after the restore, e.g. {bad[:3]}")
+
+
+# ---------------------------------------------------------------- floors
+
+
+def floors(tr: Trainer, work: str) -> Dict[str, float]:
+    """Device-to-host into locked memory, host-to-device, write + fsync, cold read."""
+    ts = [t for t in tr.tensors().values()]
+    total = sum(t.numel() * t.element_size() for t in ts)
+    pin = torch.empty(total, dtype=torch.uint8, pin_memory=tr.device == "cuda")
+    views, off = [], 0
+    for t in ts:
+        n = t.numel() * t.element_size()
+        views.append(pin[off : off + n].view(t.dtype).view(t.shape))
+        off += n
+    d2h = h2d = math.inf
+    for _ in range(3):
+        tr.sync()
+        t0 = time.perf_counter()
+        for v, t in zip(views, ts):
+            v.copy_(t, non_blocking=True)
+        tr.sync()
+        d2h = min(d2h, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for v, t in zip(views, ts):
+            t.copy_(v, non_blocking=True)
+        tr.sync()
+        h2d = min(h2d, time.perf_counter() - t0)
+    path = os.path.join(work, "floor.bin")
+    mv = memoryview(pin.numpy())
+    t0 = time.perf_counter()
+    with open(path, "wb") as f:
+        for i in range(0, total, 64 << 20):
+            f.write(mv[i : i + (64 << 20)])
+        f.flush()
+        os.fsync(f.fileno())
+    write = time.perf_counter() - t0
+    drop_cache(path)
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        got = 0
+        while got < total:
+            n = f.readinto(mv[got : got + (64 << 20)])
+            if not n:
+                break
+            got += n
+    read = time.perf_counter() - t0
+    os.remove(path)
+    del pin, views
+    return {"d2h_s": d2h, "h2d_s": h2d, "write_fsync_s": write, "cold_read_s": read}
+
+
+# ---------------------------------------------------------------- methods
+
+
+class Method:
+    """One way to checkpoint: ``save`` returns a function that blocks until durable."""
+
+    name = ""
+
+    def __init__(self, tr: Trainer, work: str) -> None:
+        self.tr, self.work = tr, work
+        os.makedirs(work, exist_ok=True)
+        self.step_wait: List[float] = []
+
+    def dir(self, step: int) -> str:
+        return os.path.join(self.work, f"step{step}")
+
+    def save(self, step: int) -> Callable[[], None]:
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        """What the loop must wait for before the next optimizer step."""
+
+    def restore(self, step: int) -> None:
+        raise NotImplementedError
+
+    def prune(self, keep: int) -> None:
+        """Delete step directories other than ``keep`` (ckpt keeps its own)."""
+        for d in os.listdir(self.work):
+            if d.startswith("step") and d != f"step{keep}":
+                shutil.rmtree(os.path.join(self.work, d), ignore_errors=True)
+
+    def pinned(self) -> Optional[int]:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class NoCheckpoint(Method):
+    name = "none"
+
+
+class Ckpt(Method):
+    def __init__(self, tr: Trainer, work: str, lazy: bool) -> None:
+        super().__init__(tr, work)
+        import ckpt
+
+        self.name = "ckpt lazy" if lazy else "ckpt eager"
+        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(work), lazy=lazy, keep_last=2)
+        if lazy:
+            # Time the optimizer step pre-hook's wait (the fence of the copies).
+            inner = self.cp._before_step
+
+            def timed() -> None:
+                t0 = time.perf_counter()
+                inner()
+                self.step_wait.append(time.perf_counter() - t0)
+
+            self.cp._before_step = timed
+
+    def save(self, step: int) -> Callable[[], None]:
+        h = self.cp.save(step, model=self.tr.model, optimizer=self.tr.opt)
+        return lambda: h.wait()
+
+    def restore(self, step: int) -> None:
+        got = self.cp.load_latest(model=self.tr.model, optimizer=self.tr.opt)
+        if got != step:
+            raise RuntimeError(f"{self.name}: restored step {got}, not {step}")
+
+    def prune(self, keep: int) -> None:
+        pass
+
+    def pinned(self) -> Optional[int]:
+        slabs = self.cp._slabs
+        return None if slabs is None else slabs.peak_locked
+
+    def close(self) -> None:
+        self.cp.close()
+
+
+def _state(tr: Trainer) -> dict:
+    return {"model": tr.model.state_dict(), "optim": tr.opt.state_dict()}
+
+
+class TorchSave(Method):
+    name = "torch.save"
+
+    def save(self, step: int) -> Callable[[], None]:
+        os.makedirs(self.dir(step), exist_ok=True)
+        path = os.path.join(self.dir(step), "state.pt")
+        torch.save(_state(self.tr), path)
+        fsync_path(path)
+        return lambda: None
+
+    def restore(self, step: int) -> None:
+        sd = torch.load(os.path.join(self.dir(step), "state.pt"), weights_only=True, map_location="cpu")
+        self.tr.model.load_state_dict(sd["model"])
+        self.tr.opt.load_state_dict(sd["optim"])
+
+
+def _dcp_state(tr: Trainer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(tr.model, tr.opt)
+    return {"model": msd, "optim": osd}
+
+
+class DcpSave(Method):
+    name = "dcp.save"
+
+    def save(self, step: int) -> Callable[[], None]:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(_dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.dir(step), sync_files=True))
+        return lambda: None
+
+    def restore(self, step: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        sd = _dcp_state(self.tr)
+        dcp.load(sd, checkpoint_id=self.dir(step))
+        set_state_dict(self.tr.model, self.tr.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+class DcpAsync(DcpSave):
+    name = "dcp.async_save"
+
+    def __init__(self, tr: Trainer, work: str) -> None:
+        super().__init__(tr, work)
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.pg = dist.new_group(backend="gloo")
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                                   use_async_staging=True, use_non_blocking_copy=True))
+        self.resp: Any = None
+        self.prev: Optional[Callable[[], None]] = None
+
+    def save(self, step: int) -> Callable[[], None]:
+        import torch.distributed.checkpoint as dcp
+
+        if self.prev is not None:  # one upload at a time, as torchtitan does
+            self.prev()
+        resp = self.resp = dcp.async_save(
+            _dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.dir(step), sync_files=True),
+            process_group=self.pg, async_stager=self.stager)
+        fut = resp.upload_completion if hasattr(resp, "upload_completion") else resp
+        self.prev = lambda: fut.result()
+        return self.prev
+
+    def before_step(self) -> None:
+        if self.resp is not None and hasattr(self.resp, "staging_completion"):
+            t0 = time.perf_counter()
+            self.resp.staging_completion.result()
+            self.step_wait.append(time.perf_counter() - t0)
+            self.resp = None
+
+    def close(self) -> None:
+        self.stager.close()
+
+
+class TorchCheckpointing(Method):
+    name = "torch-checkpointing"
+
+    def __init__(self, tr: Trainer, work: str) -> None:
+        super().__init__(tr, work)
+        self.m = self._manager(False)
+        self.staging = False
+
+    def _manager(self, for_load: bool) -> Any:
+        from torch_checkpointing import CheckpointManager, ItemSpec
+        from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
+        from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+        spec = ItemSpec()
+        return CheckpointManager(CheckpointManager.Config(
+            items={"model": spec, "optim": spec}, pre_finalize_callback=fsync_written,
+            save=SyncCheckpointSaverConfig() if for_load else AsyncCheckpointSaverConfig(),
+            storage_config=LocalFileSystemStorageConfig(use_direct_io=False)))
+
+    def save(self, step: int) -> Callable[[], None]:
+        fut = self.m.save(self.dir(step), _dcp_state(self.tr))
+        self.staging = True
+        return (lambda: fut.result()) if fut is not None else (lambda: None)
+
+    def before_step(self) -> None:
+        if self.staging and self.m._staging_future is not None:
+            t0 = time.perf_counter()
+            self.m._staging_future.result()
+            self.step_wait.append(time.perf_counter() - t0)
+        self.staging = False
+
+    def restore(self, step: int) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        sd = _dcp_state(self.tr)
+        m = self._manager(True)
+        try:
+            m.load(self.dir(step), into=sd)
+        finally:
+            m.close()
+        set_state_dict(self.tr.model, self.tr.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+    def close(self) -> None:
+        self.m.close()
+
+
+def make(name: str, tr: Trainer, work: str) -> Method:
+    d = os.path.join(work, name.replace(" ", "_").replace(".", "_"))
+    if name == "none":
+        return NoCheckpoint(tr, d)
+    if name in ("ckpt eager", "ckpt lazy"):
+        return Ckpt(tr, d, lazy=name == "ckpt lazy")
+    cls = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async_save": DcpAsync,
+           "torch-checkpointing": TorchCheckpointing}[name]
+    return cls(tr, d)
+
+
+# ---------------------------------------------------------------- measurement
+
+
+class Rss:
+    """Peak growth of this process's resident set, sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.base = self._rss()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._rss() - self.base)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dict:
+    """The loop, then the restores; figures in seconds."""
+    plain: List[float] = []
+    with_ckpt: List[float] = []
+    stalls: List[float] = []
+    durable: List[float] = []
+    waiters: List[threading.Thread] = []
+    step = step0
+    rss = Rss()
+
+    def wait_durable(fn: Callable[[], None], t0: float) -> None:
+        fn()
+        durable.append(time.perf_counter() - t0)
+
+    for r in range(a.rounds):
+        tr.sync()
+        t0 = time.perf_counter()
+        for _ in range(a.every):
+            tr.step()
+        tr.sync()
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if not isinstance(m, NoCheckpoint):
+            step += 1
+            done = m.save(step)
+            stalls.append(time.perf_counter() - t0)
+            w = threading.Thread(target=wait_durable, args=(done, t0), daemon=True)
+            w.start()
+            waiters.append(w)
+        for i in range(a.every):
+            _step(tr, m, i == 0)
+        tr.sync()
+        with_ckpt.append(time.perf_counter() - t0)
+    for w in waiters:
+        w.join()
+    host_peak = rss.stop()
+    out: Dict[str, Any] = {
+        "method": m.name,
+        "stall_first_s": stalls[0] if stalls else None,
+        "stall_later_s": statistics.median(stalls[1:]) if len(stalls) > 1 else None,
+        "step_wait_s": statistics.median(m.step_wait) if m.step_wait else None,
+        "slowdown": (sum(with_ckpt) - sum(plain)) / sum(plain),
+        "durable_s": statistics.median(durable) if durable else None,
+        "restore_warm_s": None,
+        "restore_cold_s": None,
+        "pinned_peak_bytes": m.pinned(),
+        "host_peak_bytes": host_peak,
+        "error": None,
+        "stalls_s": stalls,
+    }
+    if isinstance(m, NoCheckpoint):
+        return out
+    # Restores: one more save with nothing after it, then scramble and restore.
+    step += 1
+    tr.sync()
+    ref = tr.reference()
+    m.save(step)()
+    m.prune(step)
+    for kind in ("warm", "cold"):
+        tr.scramble()
+        if kind == "cold":
+            drop_cache(m.work)
+        tr.sync()
+        t0 = time.perf_counter()
+        m.restore(step)
+        tr.sync()
+        out[f"restore_{kind}_s"] = time.perf_counter() - t0
+        tr.check(ref, f"{m.name} ({kind})")
+    del ref
+    return out
+
+
+def _step(tr: Trainer, m: Method, first: bool) -> None:
+    """One training step; before the first optimizer step after a save, what the
+    method needs waited for (ckpt lazy's own hook does its part inside ``step``)."""
+    with torch.autocast(tr.device, dtype=torch.bfloat16, enabled=tr.device == "cuda"):
+        loss = tr.model(tr.x)
+    loss.backward()
+    if first:
+        m.before_step()
+    tr.opt.step()
+    tr.opt.zero_grad(set_to_none=True)
+
+
+def targets(res: dict) -> List[dict]:
+    fl = res["floors"]
+    by = {m["method"]: m for m in res["methods"] if not m.get("error")}
+    out = []
+
+    def add(what: str, value: Optional[float], bound: float) -> None:
+        if value is not None:
+            out.append({"target": what, "value": value, "bound": bound, "met": value <= bound})
+
+    lazy, eager = by.get("ckpt lazy"), by.get("ckpt eager")
+    gib = res["state_bytes"] / 2**30
+    if lazy:
+        add(f"lazy stall, s ({gib:.1f} GiB)", lazy["stall_later_s"], 0.010)
+        if lazy["stall_first_s"] is not None and lazy["stall_later_s"]:
+            add("lazy first stall / later stall", lazy["stall_first_s"] / lazy["stall_later_s"], 2.0)
+        add(f"lazy loop slowdown, every {res['every']} steps", lazy["slowdown"], 0.01)
+        if lazy["durable_s"] is not None:
+            add("lazy durable / write + fsync", lazy["durable_s"] / fl["write_fsync_s"], 1.1)
+        if lazy["restore_cold_s"] is not None:
+            add("cold restore / (cold read + host-to-device)", lazy["restore_cold_s"] / (fl["cold_read_s"] + fl["h2d_s"]), 1.1)
+        if lazy["pinned_peak_bytes"] is not None:
+            add("page-locked bytes / state (budget 2x by default)", lazy["pinned_peak_bytes"] / res["state_bytes"], 2.1)
+    if eager and eager["stall_later_s"] is not None:
+        add("eager stall / device-to-host floor", eager["stall_later_s"] / fl["d2h_s"], 1.1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--every", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--methods", default=",".join(ALL))
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    a = ap.parse_args()
+
+    def write(obj: dict) -> None:
+        with open(a.json, "w") as f:
+            json.dump(obj, f, indent=1)
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        write({"skipped": "no CUDA device (torch.cuda.is_available() is false)"})
+        return
+    os.makedirs(a.dir, exist_ok=True)
+    import torch.distributed as dist
+
+    store = os.path.join(a.dir, "store")
+    if os.path.exists(store):
+        os.remove(store)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+
+    tr = Trainer(a, a.device)
+    for _ in range(3):
+        tr.step()
+    tr.sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        tr.step()
+    tr.sync()
+    step_s = (time.perf_counter() - t0) / 10
+    params = sum(p.numel() for p in tr.model.parameters())
+    res: Dict[str, Any] = {
+        "skipped": None,
+        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        "torch": torch.__version__.split("+")[0],
+        "model": f"GPT {a.layers} x {a.width}, {params / 1e6:.0f} M parameters, fused AdamW, bf16 autocast, "
+                 f"batch {a.batch} x {a.seq}",
+        "state_bytes": tr.nbytes(),
+        "step_s": step_s,
+        "every": a.every,
+        "floors": floors(tr, a.dir),
+        "methods": [],
+    }
+    print(f"[gpu] {res['model']}: {res['state_bytes'] / 2**30:.2f} GiB, step {step_s * 1e3:.1f} ms; "
+          f"floors {res['floors']}", file=sys.stderr, flush=True)
+    step = 0
+    for name in a.methods.split(","):
+        name = name.strip()
+        t0 = time.perf_counter()
+        m = None
+        try:
+            m = make(name, tr, os.path.join(a.dir, "runs"))
+            r = run_method(m, tr, a, step)
+        except Exception as e:  # noqa: BLE001 - report and go on with the next method
+            traceback.print_exc()
+            r = {"method": name, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            if m is not None:
+                try:
+                    m.close()
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+                shutil.rmtree(m.work, ignore_errors=True)
+        step += 1000
+        res["methods"].append(r)
+        print(f"[gpu] {name}: {time.perf_counter() - t0:.1f} s: {json.dumps(r)}", file=sys.stderr, flush=True)
+        write(res)
+    res["targets"] = targets(res)
+    write(res)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
