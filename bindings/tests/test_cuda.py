@@ -183,16 +183,23 @@ def test_buffers_changed_by_the_next_forward_are_stored_as_they_were(url: str) -
     cp.close()
 
 
+# Each optimizer step adds 1 to every parameter (SGD, lr 1, gradient -1), so
+# the checkpoint of step s holds s everywhere; the step pre-hook orders each
+# step after the copies of the save before it.
 _KILLED = """
 import sys, torch, ckpt
 url = sys.argv[1]
 model = torch.nn.Linear(2048, 2048).cuda()
+with torch.no_grad():
+    for p in model.parameters():
+        p.zero_()
+        p.grad = torch.full_like(p, -1.0)
+opt = torch.optim.SGD(model.parameters(), lr=1.0)
 cp = ckpt.Checkpointer(url, lazy=True, rng=False)
 step = 0
 while True:
-    with torch.no_grad():
-        model.weight.fill_(float(step)); model.bias.fill_(float(step))
-    cp.save(step, model=model)
+    cp.save(step, model=model, optimizer=opt)
+    opt.step()
     if step == 1:
         print("saving", flush=True)
     step += 1
@@ -210,7 +217,8 @@ def test_a_sigkill_while_copies_are_in_flight_leaves_the_last_checkpoint_loadabl
         p.wait()
         model = torch.nn.Linear(2048, 2048).cuda()
         cp = ckpt.Checkpointer(url, rng=False)
-        step = cp.load_latest(model=model)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        step = cp.load_latest(model=model, optimizer=opt)
         assert step is not None and step >= 0
         assert torch.all(model.weight == float(step)) and torch.all(model.bias == float(step)), f"step {step}"
 
