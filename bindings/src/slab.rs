@@ -80,6 +80,30 @@ impl HostSlab {
         self.slab.in_use()
     }
 
+    /// Map every page now, on `threads` threads, without the GIL (a fresh
+    /// slab's first fill or page-locking would otherwise fault it in page by page).
+    #[pyo3(signature = (threads=8))]
+    fn populate(&self, py: Python<'_>, threads: usize) -> PyResult<()> {
+        py.detach(|| self.slab.populate(threads)).map_err(to_py)
+    }
+
+    /// Slots `indices`, in one call (a save hands over a thousand).
+    fn slot_list(slf: Bound<'_, Self>, indices: Vec<usize>) -> PyResult<Vec<SlabSlot>> {
+        let n = slf.get().slab.slots().len();
+        if let Some(bad) = indices.iter().find(|&&i| i >= n) {
+            return Err(to_py(Error::InvalidInput(format!(
+                "slab has no slot {bad}"
+            ))));
+        }
+        Ok(indices
+            .into_iter()
+            .map(|index| SlabSlot {
+                slab: slf.clone().unbind(),
+                index,
+            })
+            .collect())
+    }
+
     /// Slot `index`, to hand to `save` as a tensor's bytes.
     fn slot(slf: Bound<'_, Self>, index: usize) -> PyResult<SlabSlot> {
         if index >= slf.get().slab.slots().len() {

@@ -273,8 +273,8 @@ class Checkpointer:
         if device is not None:
             if self.lazy:
                 _small_now(flat.tensors)
-            device.start(step, self.lazy)
-            flat.tensors = [_resolve(device, t) for t in flat.tensors]
+            slots = device.start(step, self.lazy)
+            flat.tensors = _resolve(flat.tensors, slots)
             if self.lazy:
                 ready = device.wait_landed
             else:
@@ -491,7 +491,7 @@ class Checkpointer:
         if version != META_VERSION:
             raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
         saved = meta["state"]
-        plan = RestorePlan(table, set(meta["ckpt"].get("numpy", [])))
+        plan = RestorePlan(table, set(meta["ckpt"].get("numpy", [])), self._host_stage())
         values: Dict[str, Any] = {}
         for key, target in targets:
             if key not in saved:
@@ -515,6 +515,7 @@ class Checkpointer:
                     raise UnsupportedError(f"tensor {name!r} is {local[name][0]}, not the U8 of a rank's own state")
             elif "rng" in saved:  # written before RNG states were kept per rank
                 values.setdefault("rng", plan.value(saved["rng"], None, "rng"))
+        plan.place()
         return plan, values, local
 
     def _apply(
@@ -582,6 +583,17 @@ class Checkpointer:
             self._slabs = SlabPool(self._staging_budget, self._busy)
         return Exporter(self._slabs)
 
+    def _host_stage(self) -> Any:
+        """Where a restore's CUDA tensors land on the host: a slab of this
+        checkpointer's pool (page-locked, reused by later saves and restores)."""
+        if not _cuda_ready():
+            return None
+        from .cuda import HostStage, SlabPool
+
+        if self._slabs is None:
+            self._slabs = SlabPool(self._staging_budget, self._busy)
+        return HostStage(self._slabs)
+
     def _guard(self, obj: Any) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""
         torch = sys.modules.get("torch")
@@ -622,13 +634,13 @@ def _nbytes(buf: Any) -> int:
     return len(buf) if n is None else int(n)
 
 
-def _resolve(device: Any, t: Any) -> Any:
-    """A tensor entry with its pending CUDA bytes replaced by the slab slot they land in."""
+def _resolve(tensors: List[Any], slots: List[Any]) -> List[Any]:
+    """The tensor entries with their pending CUDA bytes replaced by the slab slots they land in."""
     from .cuda import Pending
 
-    if isinstance(t[3], Pending):
-        return (t[0], t[1], t[2], device.slot(t[3]), False, t[5])
-    return t
+    return [
+        (t[0], t[1], t[2], slots[t[3].index], False, t[5]) if type(t[3]) is Pending else t for t in tensors
+    ]
 
 
 def _decode(meta: Any, tensors: Dict[str, Any], framework: Optional[str]) -> Dict[str, Any]:

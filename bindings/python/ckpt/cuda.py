@@ -14,11 +14,15 @@ one trip over PCIe, no copy through the CPU.
   Tensors that may change before the step (module buffers, loose tensors) are
   first cloned on the current stream, which orders the clone before the next
   forward; the clone is copied to the host like the rest.
-- **Page locking.** A slab is page-locked with the CUDA runtime
-  (``cudaHostRegister``) after its first use, in the background, never inside
-  a save: the first save of a process copies into pageable memory (in lazy
-  mode from a background thread, so ``save`` still returns at once), later
-  saves at the bus's speed into locked memory.
+- **Page locking.** A new slab is populated (its pages mapped, on several
+  threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
+  its first copies; in lazy mode all of that, and the queueing of the copies,
+  runs on a background thread, so ``save`` returns at once and only the first
+  optimizer step after a process's first save waits for it. Measured on an
+  H100 host for 4 GiB: a copy into untouched pageable memory took 1.97 s
+  (faulting its pages), into touched pageable memory 0.41 s, into locked
+  memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
+  which the CUDA driver takes no other call from the process.
 - **Budget.** Slabs are reused by layout; the pool holds at most
   ``staging_budget`` bytes of them (default: twice the first save's CUDA
   bytes, so a save can start while the previous one is still being written),
@@ -42,7 +46,7 @@ import torch
 from . import _ckpt
 from .errors import SkippedError
 
-__all__ = ["SlabPool", "DeviceCopy", "Pending"]
+__all__ = ["SlabPool", "DeviceCopy", "Pending", "HostStage"]
 
 
 # ----------------------------------------------------------------- page locking
@@ -118,7 +122,6 @@ class _Slab:
         )
         self._views: Dict[int, Tuple[Tuple[torch.dtype, Tuple[int, ...]], torch.Tensor]] = {}
         self.locked = False
-        self.locking: Optional[Future] = None
         #: The copy that last filled it (the slab is free once it has landed).
         self.owner: Optional["DeviceCopy"] = None
 
@@ -137,9 +140,7 @@ class _Slab:
         """Neither a save (the engine) nor copies still landing hold it."""
         if self.native.in_use():
             return False
-        if self.owner is not None and not self.owner.landed():
-            return False
-        return self.locking is None or self.locking.done()
+        return self.owner is None or self.owner.landed()
 
 
 class SlabPool:
@@ -153,7 +154,6 @@ class SlabPool:
         self._locker: Optional[_Locker] = None
         self._locked_addresses: List[int] = []
         self._launcher: Optional[ThreadPoolExecutor] = None
-        self._pinner: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         #: Most bytes page-locked at once.
         self.peak_locked = 0
@@ -169,7 +169,7 @@ class SlabPool:
         return s
 
     def launcher(self) -> ThreadPoolExecutor:
-        """The thread that queues copies into pageable memory (each blocks until done)."""
+        """The thread that prepares slabs and queues lazy saves' copies."""
         if self._launcher is None:
             self._launcher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-d2h")
         return self._launcher
@@ -200,25 +200,17 @@ class SlabPool:
                 )
             time.sleep(0.001)
 
-    def lock_later(self, slab: _Slab) -> None:
-        """Page-lock ``slab`` in the background once its copies have landed."""
-        if slab.locked or slab.locking is not None or slab.nbytes == 0:
+    def prepare(self, slab: _Slab) -> None:
+        """Populate and page-lock a new slab (once); a slab that cannot be
+        locked stays pageable, and copies into it block until done."""
+        if slab.locked or slab.nbytes == 0:
             return
-        if self._pinner is None:
-            self._pinner = ThreadPoolExecutor(1, thread_name_prefix="ckpt-pin")
-        owner = slab.owner
-
-        def lock() -> None:
-            if owner is not None:
-                owner.wait_landed()
-            locker = self._get_locker()
-            if locker.lock(slab.native.address, slab.nbytes):
-                with self._lock:
-                    slab.locked = True
-                    self._locked_addresses.append(slab.native.address)
-                    self.peak_locked = max(self.peak_locked, self.locked_bytes())
-
-        slab.locking = self._pinner.submit(lock)
+        slab.native.populate()
+        if self._get_locker().lock(slab.native.address, slab.nbytes):
+            with self._lock:
+                slab.locked = True
+                self._locked_addresses.append(slab.native.address)
+                self.peak_locked = max(self.peak_locked, self.locked_bytes())
 
     def locked_bytes(self) -> int:
         """Bytes page-locked now."""
@@ -230,10 +222,9 @@ class SlabPool:
 
     def close(self) -> None:
         """Unlock and free every free slab (after the saves are done)."""
-        for ex in (self._launcher, self._pinner):
-            if ex is not None:
-                ex.shutdown(wait=True)
-        self._launcher = self._pinner = None
+        if self._launcher is not None:
+            self._launcher.shutdown(wait=True)
+        self._launcher = None
         for s in [s for s in self._slabs if s.free()]:
             self._drop(s)
 
@@ -283,12 +274,12 @@ class DeviceCopy:
         self._fenced = False
 
     def add(self, t: torch.Tensor, now: bool) -> Pending:
-        """Queue ``t`` (detached, on a CUDA device); ``now``: it may change before
-        the optimizer step, so the copy starts from a clone taken on the current stream."""
+        """Queue ``t`` (on a CUDA device); ``now``: it may change before the
+        optimizer step, so the copy starts from a clone taken on the current stream."""
         if now:
-            t = t.clone()
+            t = t.detach().clone()
         else:
-            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            key = (t.data_ptr(), t.dtype, t.shape, t.stride())
             i = self._seen.get(key)
             if i is not None:  # the same memory again (a tied weight): one copy, one slot
                 return Pending(i)
@@ -299,14 +290,11 @@ class DeviceCopy:
     def __len__(self) -> int:
         return len(self._srcs)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._srcs)
-
-    def start(self, step: int, lazy: bool) -> None:
-        """Choose the slab and queue the copies, ordered after the work queued so far.
-        Into locked memory the copies are queued here and run on the GPU's copy
-        engine; into pageable memory (a slab's first use) each copy blocks its
-        caller until done, so lazy mode queues them from a background thread."""
+    def start(self, step: int, lazy: bool) -> List[Any]:
+        """Choose the slab and queue the copies, ordered after the work queued so
+        far on the current streams; returns each tensor's slot, in order. In
+        lazy mode a background thread prepares a new slab and queues the copies
+        (which each take microseconds to queue), so this returns at once."""
         lens = [t.numel() * t.element_size() for t in self._srcs]
         slab = self._pool.take(lens, step)
         slab.owner = self
@@ -316,35 +304,32 @@ class DeviceCopy:
                 ev = torch.cuda.Event()
                 ev.record(torch.cuda.current_stream(t.device))
                 self._start[t.device] = ev
-        if slab.locked or not lazy:
-            self._queue()
-        else:
+        if lazy:
             self._launch = self._pool.launcher().submit(self._queue)
-        if not slab.locked:
-            self._pool.lock_later(slab)
+        else:
+            self._queue()
+        return slab.native.slot_list(list(range(len(lens))))
 
     def _queue(self) -> None:
         slab = self.slab
         assert slab is not None
+        self._pool.prepare(slab)
         by_device: Dict[torch.device, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
         for i, t in enumerate(self._srcs):
             dst, src = by_device.setdefault(t.device, ([], []))
-            dst.append(slab.view(i, t.dtype, tuple(t.shape)))
+            dst.append(slab.view(i, t.dtype, t.shape))
             src.append(t)
         events = []
-        for device, (dst, src) in by_device.items():
-            side = self._pool.stream(device)
-            side.wait_event(self._start[device])
-            with torch.cuda.stream(side):
-                _copy_all(dst, src)
-                ev = torch.cuda.Event()
-                ev.record(side)
-            events.append((device, ev))
+        with torch.no_grad():
+            for device, (dst, src) in by_device.items():
+                side = self._pool.stream(device)
+                side.wait_event(self._start[device])
+                with torch.cuda.stream(side):
+                    _copy_all(dst, src)
+                    ev = torch.cuda.Event()
+                    ev.record(side)
+                events.append((device, ev))
         self._events = events
-
-    def slot(self, p: Pending) -> Any:
-        assert self.slab is not None
-        return self.slab.native.slot(p.index)
 
     def landed(self) -> bool:
         """True once every copy has landed in host memory (without waiting)."""
@@ -363,8 +348,8 @@ class DeviceCopy:
 
     def fence(self) -> None:
         """Make the current streams wait for the copies (before the optimizer
-        step mutates their sources); the host waits only for copies still being
-        queued into pageable memory."""
+        step mutates their sources); the host waits only for the copies to be
+        queued (after a new slab was prepared, on a process's first save)."""
         if self._fenced:
             return
         if self._launch is not None:
@@ -385,3 +370,43 @@ def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
             pass
     for d, s in zip(dst, src):
         d.copy_(s, non_blocking=True)
+
+
+class HostStage:
+    """A restore's CUDA destinations filled through one slab: the engine writes
+    into its slots, then host-to-device copies on the current stream."""
+
+    def __init__(self, pool: SlabPool) -> None:
+        self._pool = pool
+        self._dst: List[torch.Tensor] = []
+        self.slab: Optional[_Slab] = None
+
+    def add(self, t: torch.Tensor) -> int:
+        self._dst.append(t)
+        return len(self._dst) - 1
+
+    def __len__(self) -> int:
+        return len(self._dst)
+
+    def buffers(self) -> List[Any]:
+        """A writable byte buffer (numpy) for each destination, in order: the slab's slots."""
+        lens = [t.numel() * t.element_size() for t in self._dst]
+        slab = self._pool.take(lens, -1)
+        slab.owner = None
+        self.slab = slab
+        self._pool.prepare(slab)
+        return [slab.host[off : off + n].numpy() for off, n in slab.slots]
+
+    def copy_back(self) -> None:
+        """Copy every slot into its live tensor and wait for the copies."""
+        slab = self.slab
+        assert slab is not None
+        with torch.no_grad():
+            for i, t in enumerate(self._dst):
+                if t.is_contiguous():
+                    t.copy_(slab.view(i, t.dtype, t.shape), non_blocking=True)
+                else:
+                    t.copy_(slab.view(i, t.dtype, t.shape))
+        for d in {t.device for t in self._dst}:
+            torch.cuda.current_stream(d).synchronize()
+        self._dst = []

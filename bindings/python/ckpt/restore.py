@@ -66,8 +66,11 @@ class RestorePlan:
         numpy_names: tensors saved as numpy arrays.
     """
 
-    def __init__(self, table: Dict[str, Tuple[str, List[int], int]], numpy_names: Set[str]) -> None:
+    def __init__(self, table: Dict[str, Tuple[str, List[int], int]], numpy_names: Set[str], stage: Any = None) -> None:
         self.table = table
+        #: CUDA destinations go through this host slab (:class:`ckpt.cuda.HostStage`), if given.
+        self._stage = stage
+        self._staged: List[Tuple[int, int]] = []
         self.numpy_names = numpy_names
         self.requests: List[Request] = []
         self._after: List[Callable[[], None]] = []
@@ -180,6 +183,11 @@ class RestorePlan:
             return
         pin = t.device.type == "cuda"
         self._cuda = self._cuda or pin
+        if pin and self._stage is not None:
+            # Its buffer is a slot of the stage's slab, chosen once all are known (place()).
+            self._staged.append((len(self.requests), self._stage.add(t)))
+            self.requests.append((name, dtype, shape, shard, None))
+            return
         host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pin)
         self.requests.append((name, dtype, shape, shard, host.reshape(-1).view(torch.uint8).numpy()))
 
@@ -221,10 +229,22 @@ class RestorePlan:
         self._memory[(ptr, nbytes)] = ""
         return True
 
+    def place(self) -> None:
+        """Give the CUDA destinations their slots in the stage's slab (after the walk)."""
+        if not self._staged:
+            return
+        bufs = self._stage.buffers()
+        for r, i in self._staged:
+            name, dtype, shape, shard, _ = self.requests[r]
+            self.requests[r] = (name, dtype, shape, shard, bufs[i])
+
     # --------------------------------------------------------------- after
 
     def finish(self, value: Any) -> Any:
         """Copy host buffers into their live tensors; resolve deferred values."""
+        if self._staged:
+            self._stage.copy_back()
+            self._staged = []
         for f in self._after:
             f()
         if self._cuda:

@@ -100,6 +100,14 @@ class Exporter:
 
     def export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
+        if t.is_cuda:
+            # A GPU's state dict: one check each for what a CUDA tensor may be
+            # (this runs for every tensor in the stall of a lazy save).
+            if t.layout is torch.strided and not (t.is_quantized or t.is_conj() or t.is_neg()):
+                name = _TO_NAME.get(t.dtype)
+                if name is not None:
+                    return name, t.shape, self._device().add(t, copy_now), False
+            return self._export(t, path, copy_now)
         # Most of a state dict: dense, contiguous CPU tensors of a dtype numpy
         # has. ``numpy()`` views them without a copy and refuses everything the
         # checks below sort out (other devices and layouts, meta, quantized,
@@ -134,15 +142,18 @@ class Exporter:
                 copy_now = False
             return name, shape, _byte_view(t), copy_now
         if t.device.type == "cuda":
-            if self.device is None:
-                from .cuda import DeviceCopy, SlabPool
-
-                if self._slabs is None:
-                    self._slabs = SlabPool(None, "wait")
-                self.device = DeviceCopy(self._slabs)
             # Copied by the save's device-to-host copies, into memory private to it.
-            return name, shape, self.device.add(t, copy_now), False
+            return name, shape, self._device().add(t, copy_now), False
         raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
+
+    def _device(self) -> Any:
+        if self.device is None:
+            from .cuda import DeviceCopy, SlabPool
+
+            if self._slabs is None:
+                self._slabs = SlabPool(None, "wait")
+            self.device = DeviceCopy(self._slabs)
+        return self.device
 
 
 def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:

@@ -108,6 +108,57 @@ impl Slab {
     pub fn in_use(&self) -> bool {
         Arc::strong_count(&self.mem) > 1
     }
+
+    /// Map every page of a fresh slab now, on `threads` threads, instead of
+    /// one fault at a time in whatever copies into it first (a device-to-host
+    /// copy into untouched pageable memory ran at a fifth of its speed, and
+    /// page-locking untouched memory took nine times as long as touched).
+    pub fn populate(&self, threads: usize) -> Result<()> {
+        if self.in_use() {
+            return Err(Error::InvalidInput(
+                "a slab held by a save cannot be populated".into(),
+            ));
+        }
+        let (base, len) = (self.address(), self.len());
+        if len == 0 {
+            return Ok(());
+        }
+        let threads = threads.clamp(1, 64);
+        let part = len.div_ceil(threads).next_multiple_of(PAGE);
+        std::thread::scope(|scope| {
+            for k in 0..threads {
+                let start = k * part;
+                if start >= len {
+                    break;
+                }
+                let end = (start + part).min(len);
+                scope.spawn(move || populate_range(base + start, end - start));
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Fault in `[at, at + len)` (page-aligned `at`) for writing.
+fn populate_range(at: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // MADV_POPULATE_WRITE (Linux 5.14): the kernel maps the pages without
+        // the data changing. Older kernels refuse it; then touch each page.
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        // SAFETY: advice about pages of the slab's own mapping.
+        if unsafe { libc::madvise(at as *mut libc::c_void, len, MADV_POPULATE_WRITE) } == 0 {
+            return;
+        }
+    }
+    let mut p = at;
+    while p < at + len {
+        // SAFETY: inside the slab's mapping, which nothing else uses while it
+        // is not in use; a zero is written where a zero already is (fresh
+        // anonymous pages) or over bytes the next fill overwrites.
+        unsafe { std::ptr::write_volatile(p as *mut u8, std::ptr::read_volatile(p as *const u8)) };
+        p += PAGE;
+    }
 }
 
 impl fmt::Debug for Slab {
@@ -155,6 +206,7 @@ mod tests {
             assert!(w[0].0 + w[0].1 <= w[1].0, "slots do not overlap: {w:?}");
         }
         assert!(slab.fits(&[3, big, 5, big + 1, 0]));
+        slab.populate(3).unwrap();
         assert!(!slab.fits(&[3, big, 5, big, 0]));
     }
 
