@@ -257,3 +257,25 @@ def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -
     want = torch.load(ref, weights_only=True)
     for k, v in plain.state_dict().items():
         assert torch.equal(v.cpu(), want[k]), k
+
+
+def test_a_slab_is_locked_in_pieces_that_split_no_page_and_no_slot() -> None:
+    from ckpt import cuda
+
+    big = 100 << 20
+    lens = [12, big, 7, 300, big, big, 64, big + 5, 3]
+
+    class Fake:  # the layout of a real slab, without mapping 400 MiB
+        pass
+
+    real = _ckpt.HostSlab(lens)
+    fake = Fake()
+    fake.slots, fake.nbytes = real.slots, real.nbytes
+    pieces = cuda._pieces(fake)  # type: ignore[arg-type]
+    assert len(pieces) > 1, "a slab this large is locked in several pieces"
+    assert pieces[0][0] == 0 and sum(n for _, n in pieces) == real.nbytes
+    for (a, n), (b, _) in zip(pieces, pieces[1:]):
+        assert a + n == b and b % 4096 == 0, "pieces tile the slab at page boundaries"
+    for off, n in real.slots:
+        inside = [a for a, m in pieces if a <= off and off + n <= a + m]
+        assert len(inside) == 1 or n == 0, f"slot at {off} lies in one piece"

@@ -184,6 +184,9 @@ class RestorePlan:
         pin = t.device.type == "cuda"
         self._cuda = self._cuda or pin
         if pin and self._stage is not None:
+            if self._claim(t.data_ptr(), nbytes, name) == "same":
+                return  # tied to a tensor already staged (the same device memory)
+            self._memory[(t.data_ptr(), nbytes)] = name
             # Its buffer is a slot of the stage's slab, chosen once all are known (place()).
             self._staged.append((len(self.requests), self._stage.add(t)))
             self.requests.append((name, dtype, shape, shard, None))

@@ -139,6 +139,12 @@ impl Slab {
     }
 }
 
+/// Bytes populated per call: the kernel holds the process's address-space
+/// lock (read) through each call, and a thread of the training that maps
+/// memory meanwhile waits for it (populating 4 GiB in 512 MiB calls stalled a
+/// save on the training thread by 0.14 s; 15 GiB by 0.77 s).
+const POPULATE_PIECE: usize = 16 << 20;
+
 /// Fault in `[at, at + len)` (page-aligned `at`) for writing.
 fn populate_range(at: usize, len: usize) {
     #[cfg(target_os = "linux")]
@@ -146,8 +152,16 @@ fn populate_range(at: usize, len: usize) {
         // MADV_POPULATE_WRITE (Linux 5.14): the kernel maps the pages without
         // the data changing. Older kernels refuse it; then touch each page.
         const MADV_POPULATE_WRITE: libc::c_int = 23;
-        // SAFETY: advice about pages of the slab's own mapping.
-        if unsafe { libc::madvise(at as *mut libc::c_void, len, MADV_POPULATE_WRITE) } == 0 {
+        let mut p = at;
+        while p < at + len {
+            let n = POPULATE_PIECE.min(at + len - p);
+            // SAFETY: advice about pages of the slab's own mapping.
+            if unsafe { libc::madvise(p as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0 {
+                break;
+            }
+            p += n;
+        }
+        if p >= at + len {
             return;
         }
     }
