@@ -106,6 +106,33 @@ class TorchCoordinator:
         dist.broadcast(buf, src=src, group=self.group)
         return buf.numpy().tobytes()
 
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytes:
+        """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
+        this rank, both at once (its length first, then the bytes).
+
+        Point to point, not a collective: only the pairs talk. Used by the
+        memory tier (:mod:`ckpt.memory`) to pass replicas around a ring of
+        nodes, where every rank sends to one peer and receives from another.
+        """
+        torch, dist = self._torch, self._dist
+        gdst = dist.get_global_rank(self.group, dst)
+        gsrc = dist.get_global_rank(self.group, src)
+        n_out = torch.tensor([len(data)], dtype=torch.int64)
+        n_in = torch.zeros(1, dtype=torch.int64)
+        works = [dist.isend(n_out, gdst, group=self.group), dist.irecv(n_in, gsrc, group=self.group)]
+        for w in works:
+            w.wait()
+        length = int(n_in.item())
+        out = torch.empty(length, dtype=torch.uint8)
+        works = []
+        if data:
+            works.append(dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), gdst, group=self.group))
+        if length:
+            works.append(dist.irecv(out, gsrc, group=self.group))
+        for w in works:
+            w.wait()
+        return out.numpy().tobytes()
+
     def __repr__(self) -> str:
         return f"TorchCoordinator(rank={self.rank}, world_size={self.world_size})"
 
@@ -159,6 +186,16 @@ class MPICoordinator:
         buf = bytearray(data) if self.rank == root else bytearray(n[0])
         if n[0]:
             self.comm.Bcast([buf, MPI.BYTE], root=root)
+        return bytes(buf)
+
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytes:
+        """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
+        this rank (``MPI_Sendrecv``: lengths, then the bytes). Point to point."""
+        MPI = self._MPI
+        n_in = array("q", [0])
+        self.comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
+        buf = bytearray(n_in[0])
+        self.comm.Sendrecv([bytes(data), len(data), MPI.BYTE], dst, 1, [buf, len(buf), MPI.BYTE], src, 1)
         return bytes(buf)
 
     def close(self) -> None:
