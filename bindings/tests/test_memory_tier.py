@@ -1,0 +1,153 @@
+"""The memory tier (``ckpt.memory``): real multi-process jobs on simulated nodes.
+
+Four ranks (``memtier_worker.py``, torch.distributed over gloo; one test under
+mpirun with mpi4py) form two nodes of two ranks, each node with its own
+memory-tier directory under ``/dev/shm``. A node failure kills the job (the
+last node's ranks by SIGKILL) and wipes that node's directory; the restarted
+job must resume bitwise from memory and the peer's replica, or fall back to
+the durable tier when the replicas are bad. Every test removes its directories.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+import ckpt
+from conftest import PYTHON, python_env
+from test_distributed import free_port, have_mpi4py
+
+WORKER = str(Path(__file__).with_name("memtier_worker.py"))
+LIMIT = 180
+WORLD, PER_NODE = 4, 2
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A memory-tier root on /dev/shm for this test only, removed afterwards."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    d = base / f"ckpt-test-{uuid.uuid4().hex[:12]}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def launch(durable: Path, memory: Path, out: Path, extra: List[str], mpi: bool = False) -> List[Dict]:
+    """Run one job of WORLD ranks to its end; return each rank's report."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    args = [WORKER, durable.as_uri(), str(memory / "node{node}"), str(out), "--ranks-per-node", str(PER_NODE)]
+    args += extra
+    env = python_env()
+    if mpi:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+        cmd = ["mpirun", "--oversubscribe", "-np", str(WORLD), "--mca", "btl", "self,vader"]
+        cmd += ["--mca", "btl_vader_single_copy_mechanism", "none", PYTHON, *args, "--mpi"]
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+        outs = [p.stdout]
+    else:
+        port = str(free_port())
+        procs = []
+        for r in range(WORLD):
+            e = dict(env, RANK=str(r), LOCAL_RANK=str(r % PER_NODE), WORLD_SIZE=str(WORLD))
+            e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_WORLD_SIZE=str(PER_NODE))
+            procs.append(subprocess.Popen([PYTHON, *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = []
+        try:
+            for q in procs:
+                outs.append(q.communicate(timeout=LIMIT)[0])
+        finally:
+            for q in procs:
+                q.kill()
+    rows = []
+    for r in range(WORLD):
+        f = out / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no report:\n" + "\n".join(outs)
+        rows.append(json.loads(f.read_text()))
+    return rows
+
+
+def node_failure(memory: Path, node: int) -> None:
+    """What a lost node leaves: nothing of its memory tier."""
+    shutil.rmtree(memory / f"node{node}")
+
+
+def resumed_bitwise(first: List[Dict], rows: List[Dict], step: int) -> None:
+    """Each rank restored exactly what it saved at ``step``: model, Adam state,
+    and the state of every random generator (its own dropout masks)."""
+    for r, (a, b) in enumerate(zip(first, rows)):
+        assert b["loaded"] == a["saved"][str(step)], f"rank {r}"
+
+
+def test_a_lost_node_resumes_bitwise_from_memory_and_the_peers_replica(
+    tmp_path: Path, shm: Path
+) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    assert all(r["stopped"] == 4 for r in first)
+    # Durable every third save: steps 0 and 3 only. Step 4 lives in memory.
+    assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
+    # Node 0 keeps the replicas of node 1's ranks and the other way round.
+    assert sorted(p.name for p in (shm / "node0").iterdir() if not p.name.startswith(".")) == [
+        "rank0", "rank1", "replica2", "replica3"
+    ]
+    node_failure(shm, 1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
+    assert [r["start"] for r in rows] == [4] * WORLD
+    assert [r["source"] for r in rows] == ["memory", "memory", "peer", "peer"]
+    resumed_bitwise(first, rows, 4)
+    assert all(r["warnings"] == [] for r in rows)
+    # The replacement node's memory tier holds its ranks' state again, and the
+    # retention kept at most two checkpoints per rank in memory.
+    for r in (2, 3):
+        assert len(list((shm / "node1" / f"rank{r}" / "manifests").iterdir())) <= 2
+
+
+def test_bad_replicas_fall_back_to_the_durable_tier(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    node_failure(shm, 1)
+    # Every chunk of the replicas of node 1's ranks is damaged: they fail verification.
+    damaged = 0
+    for rep in ("replica2", "replica3"):
+        for c in (shm / "node0" / rep / "chunks").iterdir():
+            b = bytearray(c.read_bytes())
+            b[-1] ^= 0xFF
+            c.write_bytes(bytes(b))
+            damaged += 1
+    assert damaged
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
+    assert [r["start"] for r in rows] == [3] * WORLD  # the durable tier's newest
+    assert [r["source"] for r in rows] == ["durable"] * WORLD
+    resumed_bitwise(first, rows, 3)
+    # The ranks whose replicas were read warned of the damage.
+    assert all(any("damaged" in w for w in r["warnings"]) for r in rows[2:])
+
+
+def test_both_nodes_lost_resumes_from_the_durable_tier(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    node_failure(shm, 0)
+    node_failure(shm, 1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
+    assert [(r["start"], r["source"]) for r in rows] == [(3, "durable")] * WORLD
+    resumed_bitwise(first, rows, 3)
+
+
+@pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
+def test_under_mpirun_a_lost_node_resumes_from_the_peers_replica(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"], mpi=True)
+    node_failure(shm, 1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"], mpi=True)
+    assert [r["start"] for r in rows] == [4] * WORLD
+    assert [r["source"] for r in rows] == ["memory", "memory", "peer", "peer"]
+    resumed_bitwise(first, rows, 4)
