@@ -96,6 +96,11 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    try:
+        cp.wait()
+    except ckpt.CheckpointError as e:
+        # A memory-tier failure (every rank learns of it); the durable saves went on.
+        row["wait_error"] = {"cls": type(e).__name__, "errno": getattr(e, "errno", None), "msg": str(e)}
     cp.close()
     row["replication_s"] = cp.replication_seconds
     report(args.out, rank, row)

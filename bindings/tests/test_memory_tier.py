@@ -10,6 +10,7 @@ the durable tier when the replicas are bad. Every test removes its directories.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import subprocess
@@ -140,6 +141,26 @@ def test_both_nodes_lost_resumes_from_the_durable_tier(tmp_path: Path, shm: Path
     rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
     assert [(r["start"], r["source"]) for r in rows] == [(3, "durable")] * WORLD
     resumed_bitwise(first, rows, 3)
+
+
+def test_a_full_memory_tier_is_a_storage_error_on_every_rank_and_the_durable_tier_goes_on(
+    tmp_path: Path, shm: Path
+) -> None:
+    # Node 1's memory tier is a tmpfs far too small for one checkpoint (mounting needs root).
+    small = shm / "node1"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs (needs root)")
+    try:
+        durable = tmp_path / "durable"
+        rows = launch(durable, shm, tmp_path / "a", ["--steps", "4"])
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    for r in rows:
+        assert r["wait_error"]["cls"] == "StorageError", r
+        assert r["wait_error"]["errno"] == errno.ENOSPC, r
+    # Every save reached the durable tier all the same.
+    assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
 
 
 @pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
