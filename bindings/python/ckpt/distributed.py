@@ -9,6 +9,10 @@ two collectives for that, on small byte messages; a *coordinator* provides them:
 * ``all_gather(data: bytes) -> list[bytes]``: every rank's ``data``, in rank order;
 * ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank.
 
+Both coordinators here also have ``sendrecv(data, dst, src) -> bytes`` (send
+to one rank while receiving from another, point to point), which the memory
+tier (:mod:`ckpt.memory`) uses to pass replicas between nodes.
+
 The engine calls them from one background thread of its own (never from the
 training loop's thread), one call at a time, with a deadline
 (``collective_timeout``): a rank that died makes the others fail with
