@@ -9,7 +9,7 @@ two collectives for that, on small byte messages; a *coordinator* provides them:
 * ``all_gather(data: bytes) -> list[bytes]``: every rank's ``data``, in rank order;
 * ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank.
 
-Both coordinators here also have ``sendrecv(data, dst, src) -> bytes`` (send
+Both coordinators here also have ``sendrecv(data, dst, src) -> bytearray`` (send
 to one rank while receiving from another, point to point), which the memory
 tier (:mod:`ckpt.memory`) uses to pass replicas between nodes.
 
@@ -110,13 +110,14 @@ class TorchCoordinator:
         dist.broadcast(buf, src=src, group=self.group)
         return buf.numpy().tobytes()
 
-    def sendrecv(self, data: bytes, dst: int, src: int) -> bytes:
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
         this rank, both at once (its length first, then the bytes).
 
         Point to point, not a collective: only the pairs talk. Used by the
         memory tier (:mod:`ckpt.memory`) to pass replicas around a ring of
         nodes, where every rank sends to one peer and receives from another.
+        A ``bytearray`` is sent without a copy.
         """
         torch, dist = self._torch, self._dist
         gdst = dist.get_global_rank(self.group, dst)
@@ -127,15 +128,16 @@ class TorchCoordinator:
         for w in works:
             w.wait()
         length = int(n_in.item())
-        out = torch.empty(length, dtype=torch.uint8)
+        out = bytearray(length)
         works = []
         if data:
-            works.append(dist.isend(torch.frombuffer(bytearray(data), dtype=torch.uint8), gdst, group=self.group))
+            buf = data if isinstance(data, bytearray) else bytearray(data)
+            works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8), gdst, group=self.group))
         if length:
-            works.append(dist.irecv(out, gsrc, group=self.group))
+            works.append(dist.irecv(torch.frombuffer(out, dtype=torch.uint8), gsrc, group=self.group))
         for w in works:
             w.wait()
-        return out.numpy().tobytes()
+        return out
 
     def __repr__(self) -> str:
         return f"TorchCoordinator(rank={self.rank}, world_size={self.world_size})"
@@ -192,15 +194,15 @@ class MPICoordinator:
             self.comm.Bcast([buf, MPI.BYTE], root=root)
         return bytes(buf)
 
-    def sendrecv(self, data: bytes, dst: int, src: int) -> bytes:
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
         this rank (``MPI_Sendrecv``: lengths, then the bytes). Point to point."""
         MPI = self._MPI
         n_in = array("q", [0])
         self.comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
         buf = bytearray(n_in[0])
-        self.comm.Sendrecv([bytes(data), len(data), MPI.BYTE], dst, 1, [buf, len(buf), MPI.BYTE], src, 1)
-        return bytes(buf)
+        self.comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, len(buf), MPI.BYTE], src, 1)
+        return buf
 
     def close(self) -> None:
         """Free the duplicated communicator (a collective; optional)."""

@@ -207,13 +207,18 @@ class _Root:
         except OSError:
             return False
 
-    def read(self, key: str) -> bytes:
+    def read(self, key: str) -> bytearray:
         try:
-            return (self.path / key).read_bytes()
+            with open(self.path / key, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                buf = bytearray(size)
+                if f.readinto(buf) != size:
+                    return bytearray()
+                return buf
         except OSError:
-            return b""  # vanished: the receiver sees the wrong length
+            return bytearray()  # vanished: the receiver sees the wrong length
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: Any) -> None:
         """Write ``key`` whole or not at all (a temporary file renamed into place)."""
         if ".." in key.split("/") or key.startswith("/"):
             raise InvalidInputError(f"refusing replica key {key!r}")
@@ -246,7 +251,7 @@ class _Root:
         _ckpt.Checkpointer(self.url, keep_last=keep).gc()
 
 
-def _write(root: _Root, key: str, data: bytes) -> Optional[Dict[str, Any]]:
+def _write(root: _Root, key: str, data: Any) -> Optional[Dict[str, Any]]:
     try:
         root.write(key, data)
     except OSError as e:
@@ -626,9 +631,9 @@ class MemoryCheckpointer:
         one arrived whole. Returns ``None`` or the failure, described."""
         rounds = max((len(w) for w in everyone), default=0)
         failure: Optional[Dict[str, Any]] = None
-        manifest: Optional[bytes] = None
+        manifest: Any = None
         for i in range(rounds):
-            data = out_root.read(outgoing[i][0]) if i < len(outgoing) else b""
+            data = out_root.read(outgoing[i][0]) if i < len(outgoing) else bytearray()
             got = self._link.sendrecv(data, dst, src)
             if i >= len(incoming) or failure is not None:
                 continue
