@@ -1,0 +1,236 @@
+"""Restart from the memory tier against restart from local disk, in one run.
+
+    python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--shm /dev/shm] [--json OUT]
+    torchrun --nproc-per-node 2 memtier_bench.py --dir D --loop [--steps 40] [--every 5] [--compute-ms 200] [--spin]
+
+**Restore** (one process): a state of ``--gib`` GiB of float32 tensors (16 MiB
+each) is saved once through :class:`ckpt.memory.MemoryCheckpointer` (memory
+tier under ``--shm``, durable tier on local disk under ``--dir``, both
+written) and once with ``torch.save`` + fsync beside it. Then, ``--repeats``
+times, the live tensors are overwritten and restored, each time by a fresh
+checkpointer, as a restarted process would:
+
+- ``memory``: ``MemoryCheckpointer.load_latest`` (it reads the memory tier);
+- ``disk cold``: ``Checkpointer(<local disk>).load_latest`` after the page
+  cache is dropped (``/proc/sys/vm/drop_caches``, else
+  ``posix_fadvise(DONTNEED)``; reported);
+- ``torch.load cold``: ``torch.load(weights_only=True)`` of the same state
+  after the page cache is dropped, copied into the live tensors.
+
+Every restore is checked ``torch.equal`` to the saved state. The figures are
+medians and the ratios are of medians of this run (the target: memory ≤ 0.3×
+disk cold).
+
+**Loop** (``--loop``, under torchrun with two ranks or more): each rank runs
+a loop of emulated compute (``--compute-ms`` per step with the host idle, as
+in a GPU step where the host waits on the device; ``--spin`` busy-waits
+instead, a CPU-bound step) with a 64 MiB state, saved every ``--every`` steps
+through ``MemoryCheckpointer``: once with replication to the peer node (one
+rank per node) and once without, alternating, the same number of steps; the
+slowdown from replication is the ratio of the loops' wall times until the
+last step (target: ≤ 1 %; the slowest rank's, medians over ``--rounds``);
+the final wait for the last save and replication is reported apart. Durable saves are off in both (``durable_every=0``), so only the
+replication differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchlib import drop_cache, fsync_path  # noqa: E402
+
+import ckpt  # noqa: E402
+from ckpt.memory import MemoryCheckpointer  # noqa: E402
+
+PIECE = 16 << 20
+
+
+def make_state(nbytes: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    n = max(1, nbytes // PIECE)
+    return {f"t{i:04}": torch.randn(PIECE // 4, generator=g) for i in range(n)}
+
+
+def scramble(state: dict) -> None:
+    for t in state.values():
+        t.fill_(0.5)
+
+
+def check(state: dict, saved: dict, what: str) -> None:
+    for k, t in saved.items():
+        if not torch.equal(state[k], t):
+            raise AssertionError(f"{what}: tensor {k} differs after the restore")
+
+
+def restore(args: argparse.Namespace) -> dict:
+    work = Path(args.dir)
+    shm = Path(args.shm) / f"ckpt-bench-{uuid.uuid4().hex[:12]}"
+    disk = work / "durable"
+    shutil.rmtree(disk, ignore_errors=True)
+    torch.set_num_threads(1)
+    try:
+        saved = make_state(int(args.gib * (1 << 30)), 0)
+        state = {k: t.clone() for k, t in saved.items()}
+        mem_dir = str(shm / "node{node}")
+        cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
+        cp.save(1, state)
+        cp.close()
+        pt = work / "state.pt"
+        torch.save(saved, pt)
+        fsync_path(str(pt))
+        times: dict = {"memory": [], "disk cold": [], "torch.load cold": []}
+        dropped = "none"
+        for _ in range(args.repeats):
+            scramble(state)
+            t0 = time.perf_counter()
+            cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
+            step = cp.load_latest(state)
+            times["memory"].append(time.perf_counter() - t0)
+            assert (step, cp.last_source) == (1, "memory"), (step, cp.last_source)
+            cp.close()
+            check(state, saved, "memory")
+
+            scramble(state)
+            dropped = drop_cache(str(disk))
+            t0 = time.perf_counter()
+            step = ckpt.Checkpointer(disk.as_uri()).load_latest(state)
+            times["disk cold"].append(time.perf_counter() - t0)
+            assert step == 1
+            check(state, saved, "disk cold")
+
+            scramble(state)
+            drop_cache(str(pt))
+            t0 = time.perf_counter()
+            loaded = torch.load(pt, weights_only=True)
+            for k, t in loaded.items():
+                state[k].copy_(t)
+            times["torch.load cold"].append(time.perf_counter() - t0)
+            del loaded
+            check(state, saved, "torch.load cold")
+        med = {k: statistics.median(v) for k, v in times.items()}
+        gib = sum(t.numel() * 4 for t in saved.values()) / (1 << 30)
+        return {
+            "experiment": "restore",
+            "gib": gib,
+            "repeats": args.repeats,
+            "page_cache": dropped,
+            "seconds": times,
+            "median_s": med,
+            "ratio_memory_to_disk_cold": med["memory"] / med["disk cold"],
+            "ratio_memory_to_torch_load_cold": med["memory"] / med["torch.load cold"],
+        }
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def compute(ms: float, spin: bool) -> None:
+    """A training step's host time: idle (a GPU step: the host waits on the
+    device), or with ``spin`` a busy wait (a CPU-bound step)."""
+    if not spin:
+        time.sleep(ms / 1000)
+        return
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def loop(args: argparse.Namespace) -> dict:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    base = Path(args.shm) / f"ckpt-bench-loop-{os.environ.get('MASTER_PORT', '0')}"
+    state = make_state(64 << 20, rank)
+    walls: dict = {"replicated": [], "memory only": []}
+    tails: dict = {"replicated": [], "memory only": []}  # the final wait, after the last step
+    try:
+        for rnd in range(args.rounds):
+            for replicate in ((True, False) if rnd % 2 == 0 else (False, True)):
+                key = "replicated" if replicate else "memory only"
+                d = base / f"{key.replace(' ', '-')}-{rnd}"
+                cp = MemoryCheckpointer(
+                    (Path(args.dir) / f"durable-{rnd}-{int(replicate)}").as_uri(),
+                    memory_dir=str(d / "node{node}"),
+                    ranks_per_node=1,
+                    durable_every=0,
+                    replicate=replicate,
+                )
+                dist.barrier()
+                t0 = time.perf_counter()
+                for step in range(args.steps):
+                    if step % args.every == 0:
+                        cp.save(step, state)
+                    compute(args.compute_ms, args.spin)
+                    next(iter(state.values())).add_(1.0)  # the optimizer step mutates the state
+                loop_s = time.perf_counter() - t0
+                cp.wait()
+                walls[key].append(loop_s)
+                tails[key].append(time.perf_counter() - t0 - loop_s)
+                cp.close()
+                dist.barrier()
+                if rank == 0:
+                    shutil.rmtree(d, ignore_errors=True)
+                dist.barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(base, ignore_errors=True)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (walls, tails))
+    dist.destroy_process_group()
+    slowest = {k: [max(w[0][k][i] for w in gathered) for i in range(args.rounds)] for k in walls}
+    tail = {k: [max(w[1][k][i] for w in gathered) for i in range(args.rounds)] for k in walls}
+    med = {k: statistics.median(v) for k, v in slowest.items()}
+    return {
+        "experiment": "loop",
+        "ranks": world,
+        "steps": args.steps,
+        "every": args.every,
+        "compute_ms": args.compute_ms,
+        "compute": "busy wait" if args.spin else "idle host (sleep)",
+        "seconds": slowest,
+        "median_s": med,
+        "final_wait_s": tail,
+        "slowdown_from_replication": med["replicated"] / med["memory only"] - 1,
+        "rank": rank,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    p.add_argument("--json")
+    p.add_argument("--loop", action="store_true")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--compute-ms", type=float, default=200.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--spin", action="store_true")
+    args = p.parse_args()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    out = loop(args) if args.loop else restore(args)
+    if out.get("rank", 0) != 0:
+        return
+    out.pop("rank", None)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
