@@ -1,7 +1,8 @@
 """The memory tier (``ckpt.memory``): real multi-process jobs on simulated nodes.
 
 Four ranks (``memtier_worker.py``, torch.distributed over gloo; one test under
-mpirun with mpi4py) form two nodes of two ranks, each node with its own
+mpirun with mpi4py) form two nodes of two ranks (an FSDP2 test under torchrun:
+two nodes of one rank, ``memtier_fsdp_worker.py``), each node with its own
 memory-tier directory under ``/dev/shm``. A node failure kills the job (the
 last node's ranks by SIGKILL) and wipes that node's directory; the restarted
 job must resume bitwise from memory and the peer's replica, or fall back to
@@ -25,6 +26,7 @@ from conftest import PYTHON, python_env
 from test_distributed import free_port, have_mpi4py
 
 WORKER = str(Path(__file__).with_name("memtier_worker.py"))
+FSDP_WORKER = str(Path(__file__).with_name("memtier_fsdp_worker.py"))
 LIMIT = 180
 WORLD, PER_NODE = 4, 2
 
@@ -161,6 +163,27 @@ def test_a_full_memory_tier_is_a_storage_error_on_every_rank_and_the_durable_tie
         assert r["wait_error"]["errno"] == errno.ENOSPC, r
     # Every save reached the durable tier all the same.
     assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
+
+
+def test_fsdp2_shards_resume_from_memory_and_the_peers_replica_under_torchrun(tmp_path: Path, shm: Path) -> None:
+    """Two nodes of one rank each, FSDP2 shards of uneven sizes, real torchrun."""
+
+    def job(out: Path, *extra: str) -> List[Dict]:
+        out.mkdir(parents=True)
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), FSDP_WORKER, (tmp_path / "durable").as_uri(),
+               str(shm / "node{node}"), str(out), "--ranks-per-node", "1", *extra]
+        p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=LIMIT)
+        assert p.returncode == 0, p.stdout[-6000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+    first = job(tmp_path / "a", "--steps", "5", "--stop-at", "3")
+    node_failure(shm, 1)
+    rows = job(tmp_path / "b", "--steps", "5")
+    assert [(r["start"], r["source"]) for r in rows] == [(3, "memory"), (3, "peer")]
+    for r in rows:
+        assert r["loaded"] == first[0]["saved"]["3"]  # the full state, as PyTorch gathers it
 
 
 @pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
