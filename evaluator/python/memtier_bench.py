@@ -2,6 +2,7 @@
 
     python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--shm /dev/shm] [--json OUT]
     torchrun --nproc-per-node 2 memtier_bench.py --dir D --loop [--steps 40] [--every 5] [--compute-ms 200] [--spin]
+    torchrun --nproc-per-node 2 memtier_bench.py --dir D --peer [--gib 1.0] [--repeats 3]
 
 **Restore** (one process): a state of ``--gib`` GiB of float32 tensors (16 MiB
 each) is saved once through :class:`ckpt.memory.MemoryCheckpointer` (memory
@@ -27,6 +28,11 @@ restart time (R; the same C for every source, so only the restart differs),
 Young/Daly gives the interval sqrt(2 C M) and the goodput
 1 - C/T - (T/2 + R)/M for a mean time between failures M (``--mtbf-s``,
 default 4 h).
+
+**Peer** (``--peer``, under torchrun, one rank per node): the restore of
+``--gib`` GiB per rank by a fresh checkpointer from memory on every rank,
+against the same when the last rank's memory was wiped and it fetches its
+replica from its peer over gloo (the slowest rank's time, medians).
 
 **Loop** (``--loop``, under torchrun with two ranks or more): each rank runs
 a loop of emulated compute (``--compute-ms`` per step with the host idle, as
@@ -286,6 +292,62 @@ def loop(args: argparse.Namespace) -> dict:
     }
 
 
+def peer(args: argparse.Namespace) -> dict:
+    """Under torchrun, one rank per node: every rank saves ``--gib`` GiB to
+    the memory tier (replicated to the next rank), the last rank's memory
+    is wiped (a replacement node), and a fresh checkpointer restores on every
+    rank, the last one from its peer's replica over gloo; against the same
+    restore from memory on every rank."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    base = Path(args.shm) / f"ckpt-bench-peer-{os.environ.get('MASTER_PORT', '0')}"
+    mem_dir = str(base / "node{node}")
+    durable = (Path(args.dir) / "peer-durable").as_uri()
+    saved = make_state(int(args.gib * (1 << 30)), rank)
+    state = {k: t.clone() for k, t in saved.items()}
+    times: dict = {"memory": [], "peer": []}
+    try:
+        cp = MemoryCheckpointer(durable, memory_dir=mem_dir, ranks_per_node=1, durable_every=0)
+        cp.save(1, state)
+        cp.close()
+        for _ in range(args.repeats):
+            for what in ("memory", "peer"):
+                scramble(state)
+                dist.barrier()
+                if what == "peer" and rank == world - 1:
+                    shutil.rmtree(base / f"node{rank}" / f"rank{rank}")
+                dist.barrier()
+                t0 = time.perf_counter()
+                cp = MemoryCheckpointer(durable, memory_dir=mem_dir, ranks_per_node=1, durable_every=0)
+                step = cp.load_latest(state)
+                times[what].append(time.perf_counter() - t0)
+                want = "peer" if what == "peer" and rank == world - 1 else "memory"
+                assert (step, cp.last_source) == (1, want), (step, cp.last_source)
+                cp.close()
+                check(state, saved, what)
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(base, ignore_errors=True)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, times)
+    dist.destroy_process_group()
+    slowest = {k: [max(t[k][i] for t in gathered) for i in range(args.repeats)] for k in times}
+    med = {k: statistics.median(v) for k, v in slowest.items()}
+    return {
+        "experiment": "peer restore",
+        "ranks": world,
+        "gib_per_rank": args.gib,
+        "seconds": slowest,
+        "median_s": med,
+        "ratio_peer_to_memory": med["peer"] / med["memory"],
+        "rank": rank,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -294,6 +356,7 @@ def main() -> None:
     p.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
     p.add_argument("--json")
     p.add_argument("--loop", action="store_true")
+    p.add_argument("--peer", action="store_true")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--compute-ms", type=float, default=200.0)
@@ -310,7 +373,7 @@ def main() -> None:
         child(args)
         return
     Path(args.dir).mkdir(parents=True, exist_ok=True)
-    out = loop(args) if args.loop else restore(args)
+    out = loop(args) if args.loop else peer(args) if args.peer else restore(args)
     if out.get("rank", 0) != 0:
         return
     out.pop("rank", None)
