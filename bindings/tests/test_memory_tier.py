@@ -22,6 +22,7 @@ from typing import Dict, Iterator, List
 import pytest
 
 import ckpt
+from ckpt.memory import MemoryCheckpointer, Topology
 from conftest import PYTHON, python_env
 from test_distributed import free_port, have_mpi4py
 
@@ -41,6 +42,69 @@ def shm() -> Iterator[Path]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_each_ranks_replica_lives_on_the_next_node() -> None:
+    # Three nodes of two ranks: rank r's replica is kept by the same local rank one node on.
+    holders = [Topology(r, 6, 2).holder() for r in range(6)]
+    assert holders == [2, 3, 4, 5, 0, 1]
+    assert [Topology(r, 6, 2).source() for r in range(6)] == [4, 5, 0, 1, 2, 3]
+    for r in range(6):
+        t = Topology(r, 6, 2)
+        assert t.node(t.holder()) != t.node()  # never on its own node
+    assert Topology.from_env(0, 4, 4).nodes == 1
+    with pytest.raises(ckpt.InvalidInputError):
+        Topology.from_env(0, 4, 3)
+
+
+def test_one_process_saves_to_memory_and_durable_and_restores_from_memory(tmp_path: Path, shm: Path) -> None:
+    import torch
+
+    durable = (tmp_path / "durable").as_uri()
+    state = {"w": torch.arange(10.0), "extra": {"epoch": 1}}
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", durable_every=2)
+    for step in range(4):
+        state["w"] += 1
+        cp.save(step, state)
+    cp.close()
+    # Memory keeps the newest two; durable got every second save.
+    assert sorted(cp.own.committed()) == [2, 3]
+    assert ckpt.Checkpointer(durable, coordinate="none").steps() == [0, 2]
+    back = {"w": torch.zeros(10), "extra": {}}
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", durable_every=2)
+    assert cp.load_latest(back) == 3 and cp.last_source == "memory"
+    assert torch.equal(back["w"], torch.arange(10.0) + 4) and back["extra"] == {"epoch": 1}
+    # Memory lost (the node rebooted): the durable tier's newest.
+    shutil.rmtree(shm / "node0")
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", durable_every=2)
+    assert cp.load_latest(back) == 2 and cp.last_source == "durable"
+    assert torch.equal(back["w"], torch.arange(10.0) + 3)
+    cp.close()
+
+
+def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(tmp_path: Path, shm: Path) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    durable = (tmp_path / "durable").as_uri()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", lazy=True)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    cp.save(1, model=model, optimizer=opt)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()  # the step pre-hooks wait for both snapshots
+    cp.close()
+    for source in ("memory", "durable"):
+        if source == "durable":
+            shutil.rmtree(shm / "node0")
+        fresh = torch.nn.Linear(64, 64)
+        cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
+        assert cp.load_latest(model=fresh) == 1 and cp.last_source == source
+        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
+        cp.close()
 
 
 def launch(durable: Path, memory: Path, out: Path, extra: List[str], mpi: bool = False) -> List[Dict]:
