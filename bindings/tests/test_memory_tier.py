@@ -57,6 +57,16 @@ def test_each_ranks_replica_lives_on_the_next_node() -> None:
         Topology.from_env(0, 4, 3)
 
 
+def test_a_node_keeps_only_the_roots_of_its_own_ranks(tmp_path: Path, shm: Path) -> None:
+    node = shm / "node0"
+    for stale in ("rank5", "replica7"):
+        (node / stale / "chunks").mkdir(parents=True)
+    (node / "notes").mkdir()
+    cp = MemoryCheckpointer((tmp_path / "d").as_uri(), memory_dir=str(shm / "node{node}"), coordinate="none")
+    cp.close()
+    assert sorted(p.name for p in node.iterdir()) == ["notes", "rank0"]
+
+
 def test_one_process_saves_to_memory_and_durable_and_restores_from_memory(tmp_path: Path, shm: Path) -> None:
     import torch
 

@@ -42,6 +42,11 @@ could not load the step, all go on to the next older complete step, then to
 the durable tier. So every rank agrees on the step, and memory checkpoints
 newer than it are dropped (they belong to a timeline that is not resumed).
 
+Call ``load_latest`` at start-up on every rank, also for a fresh start: it
+drops memory checkpoints that a new run would otherwise collide with. The
+first rank of each node removes the roots of ranks that do not belong on
+it (a job of another shape ran there before).
+
 Limits: a memory checkpoint is one rank's state, so a restart from memory
 needs the same number of ranks and the same sharding; any other job shape
 (N to M) loads from the durable tier. A full memory tier (ENOSPC on tmpfs)
@@ -138,7 +143,8 @@ class _Root:
         return self.path.as_uri()
 
     def committed(self) -> Dict[int, str]:
-        """Committed checkpoints: step -> attempt (the newest-named attempt of a step)."""
+        """Committed checkpoints: step -> attempt (a step has one: the engine
+        refuses a committed step, and a restart uncommits newer ones)."""
         out: Dict[int, str] = {}
         try:
             names = sorted(os.listdir(self.path / MANIFESTS))
@@ -334,6 +340,8 @@ class MemoryCheckpointer:
         me, topo = self.topology.rank, self.topology
         incoming = self.node_dir / f".incoming{me}"
         shutil.rmtree(incoming, ignore_errors=True)  # a dead process's temporary files
+        if me % topo.ranks_per_node == 0:
+            self._remove_strangers()
         self.own = _Root(self.node_dir / f"rank{me}", incoming)
         self.replica: Optional[_Root] = None
         if replicate and topo.nodes > 1:
@@ -366,6 +374,25 @@ class MemoryCheckpointer:
         self.last_source: Optional[str] = None
         #: Seconds each replication took on this rank (its thread), newest last.
         self.replication_seconds: List[float] = []
+
+    def _remove_strangers(self) -> None:
+        """Remove the roots of ranks that no longer live on this node, or whose
+        replica it no longer keeps (a job started with another shape), so the
+        node's memory holds only what this job's ranks use."""
+        topo = self.topology
+        node = topo.node()
+        mine = [r for r in range(topo.world_size) if topo.node(r) == node]
+        keep = {f"rank{r}" for r in mine}
+        if topo.nodes > 1:
+            keep |= {f"replica{topo.source(r)}" for r in mine}
+        try:
+            entries = list(self.node_dir.iterdir())
+        except FileNotFoundError:
+            return
+        for e in entries:
+            stem = e.name.rstrip("0123456789")
+            if stem in ("rank", "replica") and e.name != stem and e.name not in keep:
+                shutil.rmtree(e, ignore_errors=True)
 
     # ------------------------------------------------------------------ saving
 
