@@ -14,8 +14,8 @@ rank or a whole node reads memory instead of storage.
   the job's usual coordinated checkpoint (any URL, ``tiered+...`` included).
 
 **Replication.** Nodes are groups of consecutive ranks (``ranks_per_node``,
-from the launcher: ``LOCAL_WORLD_SIZE`` under torchrun,
-``OMPI_COMM_WORLD_LOCAL_SIZE`` under mpirun, ``CKPT_RANKS_PER_NODE`` to
+from the launcher: ``LOCAL_WORLD_SIZE`` under torchrun, MPI's shared-memory
+split (``MPI_COMM_TYPE_SHARED``) under mpi4py, ``CKPT_RANKS_PER_NODE`` to
 override). Rank ``r`` on node ``k`` sends each committed memory checkpoint to
 the rank of the same local rank on node ``k+1`` (mod the node count), which
 keeps it in ``<its memory_dir>/replica<r>``: losing any one node leaves a copy
@@ -297,7 +297,7 @@ class MemoryCheckpointer:
             replaced by the node's index (simulated nodes on one machine need
             one each). Default: ``/dev/shm/ckpt-<hash of url>/node{node}``.
         ranks_per_node: ranks per node (default: from the launcher, see the
-            module docs; one node when unknown).
+            module docs; one node when unknown). Nodes must be the same size.
         durable_every: also save to ``url`` on every Nth save (the first save
             included); 0: never.
         keep_in_memory: memory checkpoints (and replicas) kept per rank.
@@ -332,6 +332,23 @@ class MemoryCheckpointer:
             url, coordinate=coordinate, process_group=process_group, collective_timeout=collective_timeout, **options
         )
         coord = self.durable._coordinator
+        self.timeout = float(collective_timeout)
+        # A communicator of our own for replicas and restarts (never the engine's).
+        self._link: Any = None
+        if coord is not None and self.durable.world_size > 1:
+            if isinstance(coord, TorchCoordinator):
+                self._link = TorchCoordinator(process_group, timeout=self.timeout)
+            elif isinstance(coord, MPICoordinator):
+                self._link = MPICoordinator()
+            elif callable(getattr(coord, "sendrecv", None)):
+                self._link = coord
+            else:
+                raise InvalidInputError("the memory tier needs a coordinator with sendrecv(data, dst, src)")
+        if ranks_per_node is None and "CKPT_RANKS_PER_NODE" not in os.environ and isinstance(self._link, MPICoordinator):
+            # MPI's own view of the node: the ranks that share memory with this one.
+            local = self._link.comm.Split_type(self._link._MPI.COMM_TYPE_SHARED)
+            ranks_per_node = local.Get_size()
+            local.Free()
         self.topology = Topology.from_env(self.durable.rank, self.durable.world_size, ranks_per_node)
         if memory_dir is None:
             digest = hashlib.sha256(url.encode()).hexdigest()[:16]
@@ -350,18 +367,6 @@ class MemoryCheckpointer:
         self.memory = Checkpointer(self.own.url, keep_last=keep_in_memory, coordinate="none", **mem_options)
         self.durable_every = durable_every
         self.keep_in_memory = keep_in_memory
-        self.timeout = float(collective_timeout)
-        # A communicator of our own for replicas and restarts (never the engine's).
-        self._link: Any = None
-        if coord is not None and topo.world_size > 1:
-            if isinstance(coord, TorchCoordinator):
-                self._link = TorchCoordinator(process_group, timeout=self.timeout)
-            elif isinstance(coord, MPICoordinator):
-                self._link = MPICoordinator()
-            elif callable(getattr(coord, "sendrecv", None)):
-                self._link = coord
-            else:
-                raise InvalidInputError("the memory tier needs a coordinator with sendrecv(data, dst, src)")
         self._saves = 0
         self._broken = False  # the link failed; no more replication
         self._errors: List[CheckpointError] = []
