@@ -1,7 +1,7 @@
 """One rank of the memory-tier tests (test_memory_tier.py launches several).
 
     memtier_worker.py DURABLE_URL MEMORY_DIR OUT --steps 6 [--stop-at S] [--kill]
-                      [--ranks-per-node 2] [--durable-every 3] [--mpi]
+                      [--ranks-per-node 2] [--durable-every 3] [--mpi] [--stuck-rank R] [--timeout T]
 
 Resumes from ``MemoryCheckpointer.load_latest`` (a fresh start when there is
 nothing), then trains a small DDP MLP with dropout (each rank its own dropout
@@ -12,7 +12,8 @@ committed and replicated everywhere: with ``--kill`` the ranks of the last
 node die by SIGKILL (a node failure; the test then wipes that node's memory
 directory), the others exit. Each rank writes ``OUT/rank<r>.json``: the step
 it resumed from, where its state came from, what it restored (digest and
-draws) and what it saved.
+draws) and what it saved. ``--stuck-rank R``: that rank's replication never
+answers (its peers must give up after ``--timeout`` seconds).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 import warnings
 
 import torch
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--durable-every", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--mpi", action="store_true")
+    p.add_argument("--stuck-rank", type=int, default=-1)
     args = p.parse_args()
 
     rank, world = setup(args)
@@ -64,6 +67,9 @@ def main() -> None:
         durable_every=args.durable_every,
         collective_timeout=args.timeout,
     )
+    if rank == args.stuck_rank:
+        # A peer that stops answering: its replication thread never sends nor receives.
+        cp._link.sendrecv = lambda *_: time.sleep(3600)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = cp.load_latest(model=model, optimizer=opt)
@@ -96,6 +102,11 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    if rank == args.stuck_rank:
+        cp.durable.wait()
+        report(args.out, rank, row)
+        sys.stdout.flush()
+        os._exit(0)  # its replication thread is stuck for good
     try:
         cp.wait()
     except ckpt.CheckpointError as e:

@@ -15,6 +15,7 @@ import errno
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -237,6 +238,23 @@ def test_a_full_memory_tier_is_a_storage_error_on_every_rank_and_the_durable_tie
         assert r["wait_error"]["errno"] == errno.ENOSPC, r
     # Every save reached the durable tier all the same.
     assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
+
+
+def test_a_peer_that_does_not_answer_is_given_up_and_the_durable_tier_goes_on(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    t0 = time.monotonic()
+    rows = launch(durable, shm, tmp_path / "a", ["--steps", "4", "--stuck-rank", "2", "--timeout", "5"])
+    assert time.monotonic() - t0 < LIMIT
+    # Rank 0 gives up on rank 2 (it keeps rank 0's replica) after the timeout,
+    # and replication stops; the others then give up on rank 0 in the next
+    # exchange. Every rank but the stuck one says so from wait().
+    for r in (0, 1, 3):
+        assert rows[r]["wait_error"]["cls"] == "CheckpointTimeoutError", rows[r]
+    assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
+    # No replica was committed from the stuck exchange; nothing of it is loadable.
+    assert not (shm / "node1" / "replica0" / "manifests").exists() or not any(
+        (shm / "node1" / "replica0" / "manifests").iterdir()
+    )
 
 
 def test_fsdp2_shards_resume_from_memory_and_the_peers_replica_under_torchrun(tmp_path: Path, shm: Path) -> None:
