@@ -189,6 +189,21 @@ def test_a_lost_node_resumes_bitwise_from_memory_and_the_peers_replica(
         assert len(list((shm / "node1" / f"rank{r}" / "manifests").iterdir())) <= 2
 
 
+def test_a_damaged_memory_copy_is_skipped_for_the_peers_replica(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    # No node is lost, but rank 3's own copy in memory fails verification.
+    for c in (shm / "node1" / "rank3" / "chunks").iterdir():
+        b = bytearray(c.read_bytes())
+        b[-1] ^= 0xFF
+        c.write_bytes(bytes(b))
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
+    assert [r["start"] for r in rows] == [4] * WORLD
+    assert [r["source"] for r in rows] == ["memory", "memory", "memory", "peer"]
+    assert any("damaged" in w for w in rows[3]["warnings"])
+    resumed_bitwise(first, rows, 4)
+
+
 def test_bad_replicas_fall_back_to_the_durable_tier(tmp_path: Path, shm: Path) -> None:
     durable = tmp_path / "durable"
     first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
