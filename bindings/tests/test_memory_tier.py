@@ -302,3 +302,16 @@ def test_under_mpirun_a_lost_node_resumes_from_the_peers_replica(tmp_path: Path,
     assert [r["start"] for r in rows] == [4] * WORLD
     assert [r["source"] for r in rows] == ["memory", "memory", "peer", "peer"]
     resumed_bitwise(first, rows, 4)
+
+
+def test_a_state_that_does_not_fit_the_checkpoint_is_an_error_not_a_fallback(tmp_path: Path, shm: Path) -> None:
+    import torch
+
+    durable = (tmp_path / "durable").as_uri()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
+    cp.save(1, model=torch.nn.Linear(4, 4))
+    cp.close()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
+    with pytest.raises(ckpt.CheckpointError, match="size mismatch|shape"):
+        cp.load_latest(model=torch.nn.Linear(4, 5))
+    cp.close()

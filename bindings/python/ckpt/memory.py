@@ -268,8 +268,10 @@ def _write(root: _Root, key: str, data: Any) -> Optional[Dict[str, Any]]:
 
 
 def _describe(e: BaseException) -> Dict[str, Any]:
-    cls = type(e).__name__ if isinstance(e, CheckpointError) else "InternalError"
-    d: Dict[str, Any] = {"cls": cls, "msg": str(e)}
+    if isinstance(e, CheckpointError):
+        d: Dict[str, Any] = {"cls": type(e).__name__, "msg": str(e)}
+    else:
+        d = {"cls": "InternalError", "msg": f"{type(e).__name__}: {e}"}
     if isinstance(e, OSError) and e.errno is not None:
         d.update(errno=e.errno, msg=e.strerror or str(e))
     return d
@@ -466,7 +468,13 @@ class MemoryCheckpointer:
         state came from."""
         self._jobs.join()  # no replication in flight: the link is ours
         topo = self.topology
-        durable = self.durable.steps()
+        try:
+            durable = self.durable.steps()
+        except CheckpointError as e:
+            # Storage unreachable: memory may still do without it (and if it
+            # cannot, the durable load below says why).
+            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
+            durable = []
         mine = {
             "own": sorted(self.own.committed()),
             "held": sorted(self.replica.committed()) if self.replica is not None else [],
@@ -491,7 +499,7 @@ class MemoryCheckpointer:
                     self._forget_newer(step)
                     self.last_source = source
                     return step
-        except RuntimeError as e:  # the link failed: a peer is gone
+        except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
             warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
         step = self.durable.load_latest(state, **named)
         self._forget_newer(-1 if step is None else step)
@@ -511,8 +519,10 @@ class MemoryCheckpointer:
             return {"status": "absent"}
         try:
             self.memory.load(step, state, **named)
-        except CheckpointError as e:
-            if not _is_damage(e):
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            if not (isinstance(e, CheckpointError) and _is_damage(e)):
                 return {"status": "error", "error": _describe(e)}
             warnings.warn(f"ckpt: memory checkpoint of step {step} is damaged ({e}); trying its replica", stacklevel=4)
             self.own.drop(step, attempt)
