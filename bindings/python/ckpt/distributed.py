@@ -9,6 +9,10 @@ two collectives for that, on small byte messages; a *coordinator* provides them:
 * ``all_gather(data: bytes) -> list[bytes]``: every rank's ``data``, in rank order;
 * ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank.
 
+Both coordinators here also have ``sendrecv(data, dst, src) -> bytearray`` (send
+to one rank while receiving from another, point to point), which the memory
+tier (:mod:`ckpt.memory`) uses to pass replicas between nodes.
+
 The engine calls them from one background thread of its own (never from the
 training loop's thread), one call at a time, with a deadline
 (``collective_timeout``): a rank that died makes the others fail with
@@ -106,6 +110,35 @@ class TorchCoordinator:
         dist.broadcast(buf, src=src, group=self.group)
         return buf.numpy().tobytes()
 
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
+        """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
+        this rank, both at once (its length first, then the bytes).
+
+        Point to point, not a collective: only the pairs talk. Used by the
+        memory tier (:mod:`ckpt.memory`) to pass replicas around a ring of
+        nodes, where every rank sends to one peer and receives from another.
+        A ``bytearray`` is sent without a copy.
+        """
+        torch, dist = self._torch, self._dist
+        gdst = dist.get_global_rank(self.group, dst)
+        gsrc = dist.get_global_rank(self.group, src)
+        n_out = torch.tensor([len(data)], dtype=torch.int64)
+        n_in = torch.zeros(1, dtype=torch.int64)
+        works = [dist.isend(n_out, gdst, group=self.group), dist.irecv(n_in, gsrc, group=self.group)]
+        for w in works:
+            w.wait()
+        length = int(n_in.item())
+        out = bytearray(length)
+        works = []
+        if data:
+            buf = data if isinstance(data, bytearray) else bytearray(data)
+            works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8), gdst, group=self.group))
+        if length:
+            works.append(dist.irecv(torch.frombuffer(out, dtype=torch.uint8), gsrc, group=self.group))
+        for w in works:
+            w.wait()
+        return out
+
     def __repr__(self) -> str:
         return f"TorchCoordinator(rank={self.rank}, world_size={self.world_size})"
 
@@ -160,6 +193,16 @@ class MPICoordinator:
         if n[0]:
             self.comm.Bcast([buf, MPI.BYTE], root=root)
         return bytes(buf)
+
+    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
+        """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
+        this rank (``MPI_Sendrecv``: lengths, then the bytes). Point to point."""
+        MPI = self._MPI
+        n_in = array("q", [0])
+        self.comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
+        buf = bytearray(n_in[0])
+        self.comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, len(buf), MPI.BYTE], src, 1)
+        return buf
 
     def close(self) -> None:
         """Free the duplicated communicator (a collective; optional)."""

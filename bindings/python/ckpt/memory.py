@@ -1,0 +1,479 @@
+"""The memory tier: each rank's newest checkpoints in host memory that outlives
+the training process, replicated to a peer node, so a restart after losing a
+rank or a whole node reads memory instead of storage.
+
+:class:`MemoryCheckpointer` wraps two checkpoint roots per rank:
+
+* **Memory** (``<memory_dir>/rank<r>``, on ``/dev/shm`` by default): every
+  :meth:`~MemoryCheckpointer.save` is a checkpoint of this rank's own state,
+  by the same engine as any other root (content-addressed chunks, blake3,
+  manifest last), saved by this rank alone. It outlives the process (tmpfs
+  belongs to the node), not the node. Retention keeps the newest
+  ``keep_in_memory``.
+* **Durable** (``url``): every ``durable_every``-th save also goes there as
+  the job's usual coordinated checkpoint (any URL, ``tiered+...`` included).
+
+**Replication.** Nodes are groups of consecutive ranks (``ranks_per_node``,
+from the launcher: ``LOCAL_WORLD_SIZE`` under torchrun, MPI's shared-memory
+split (``MPI_COMM_TYPE_SHARED``) under mpi4py, ``CKPT_RANKS_PER_NODE`` to
+override). Rank ``r`` on node ``k`` sends each committed memory checkpoint to
+the rank of the same local rank on node ``k+1`` (mod the node count), which
+keeps it in ``<its memory_dir>/replica<r>``: losing any one node leaves a copy
+of every rank's state on another. Replicas travel over a communicator of
+ckpt's own (a second gloo group of :class:`~ckpt.distributed.TorchCoordinator`,
+or a duplicate of MPI's world; see ``sendrecv`` there), from one background
+thread, in save order, never interleaved with the training's collectives:
+an all-gather of what each rank offers (and whether its memory save
+succeeded), an all-gather of which objects each receiver lacks (chunks it
+already holds are not sent again), the objects point to point, the replica's
+manifest written last, then an all-gather of the outcome. An object whose
+length differs from the offer fails the replication, and nothing is
+committed: what a failed replication leaves behind is never loaded (the
+replica's retention removes it).
+
+**Restart.** :meth:`~MemoryCheckpointer.load_latest` gathers from every rank
+the memory checkpoints it holds (its own and the replica it keeps) and the
+newest durable step, and takes the newest step every rank can get from
+memory, unless the durable tier has a newer one. Each rank loads its own
+copy; a rank whose copy is missing (a replacement node) or fails
+verification gets the replica from the peer that keeps it, into its own
+memory root, and loads that. Every rank learns every other's outcome; if one
+could not load the step, all go on to the next older complete step, then to
+the durable tier. So every rank agrees on the step, and memory checkpoints
+newer than it are dropped (they belong to a timeline that is not resumed).
+
+Call ``load_latest`` at start-up on every rank, also for a fresh start: it
+drops memory checkpoints that a new run would otherwise collide with. The
+first rank of each node removes the roots of ranks that do not belong on
+it (a job of another shape ran there before).
+
+Limits: a memory checkpoint is one rank's state, so a restart from memory
+needs the same number of ranks and the same sharding; any other job shape
+(N to M) loads from the durable tier. A full memory tier (ENOSPC on tmpfs)
+fails that memory save; every rank learns it and :meth:`wait` raises it as a
+:class:`~ckpt.StorageError` with the errno; the durable saves go on.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import errors as errs
+from ._memtier import MemoryRoot, Topology, describe, rebuild, write_object
+from .checkpointer import Checkpointer, _is_damage
+from .distributed import MPICoordinator, TorchCoordinator
+from .errors import CheckpointError, InvalidInputError, StorageError
+
+__all__ = ["MemoryCheckpointer", "Topology"]
+
+
+class MemoryCheckpointer:
+    """Checkpoints in host memory, replicated to a peer node, with a durable
+    tier written every ``durable_every`` saves (see the module docs).
+
+    Args:
+        url: the durable tier (any URL :class:`~ckpt.Checkpointer` takes).
+        memory_dir: this node's memory-tier directory; ``{node}`` in it is
+            replaced by the node's index (simulated nodes on one machine need
+            one each). Default: ``/dev/shm/ckpt-<hash of url>/node{node}``.
+        ranks_per_node: ranks per node (default: from the launcher, see the
+            module docs; one node when unknown). Nodes must be the same size.
+        durable_every: also save to ``url`` on every Nth save (the first save
+            included); 0: never.
+        keep_in_memory: memory checkpoints (and replicas) kept per rank.
+        replicate: send each memory checkpoint to the peer node (needs two
+            nodes or more).
+        coordinate, process_group, collective_timeout: as for
+            :class:`~ckpt.Checkpointer`; ``collective_timeout`` is also how
+            long a replica's peer may take to answer.
+        **options: the other options of :class:`~ckpt.Checkpointer` (``lazy``,
+            ``rng``, ``compression``, ``keep_last`` of the durable tier, ...).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        memory_dir: Optional[str] = None,
+        ranks_per_node: Optional[int] = None,
+        durable_every: int = 1,
+        keep_in_memory: int = 2,
+        replicate: bool = True,
+        coordinate: Any = "auto",
+        process_group: Any = None,
+        collective_timeout: float = 600.0,
+        **options: Any,
+    ) -> None:
+        if type(durable_every) is not int or durable_every < 0:
+            raise InvalidInputError(f"durable_every must be an int >= 0, not {durable_every!r}")
+        if type(keep_in_memory) is not int or keep_in_memory < 1:
+            raise InvalidInputError(f"keep_in_memory must be an int >= 1, not {keep_in_memory!r}")
+        self.durable = Checkpointer(
+            url, coordinate=coordinate, process_group=process_group, collective_timeout=collective_timeout, **options
+        )
+        coord = self.durable._coordinator
+        self.timeout = float(collective_timeout)
+        # A communicator of our own for replicas and restarts (never the engine's).
+        self._link: Any = None
+        if coord is not None and self.durable.world_size > 1:
+            if isinstance(coord, TorchCoordinator):
+                self._link = TorchCoordinator(process_group, timeout=self.timeout)
+            elif isinstance(coord, MPICoordinator):
+                self._link = MPICoordinator()
+            elif callable(getattr(coord, "sendrecv", None)):
+                self._link = coord
+            else:
+                raise InvalidInputError("the memory tier needs a coordinator with sendrecv(data, dst, src)")
+        if ranks_per_node is None and "CKPT_RANKS_PER_NODE" not in os.environ and isinstance(self._link, MPICoordinator):
+            # MPI's own view of the node: the ranks that share memory with this one.
+            local = self._link.comm.Split_type(self._link._MPI.COMM_TYPE_SHARED)
+            ranks_per_node = local.Get_size()
+            local.Free()
+        self.topology = Topology.from_env(self.durable.rank, self.durable.world_size, ranks_per_node)
+        if memory_dir is None:
+            digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+            memory_dir = f"/dev/shm/ckpt-{digest}/node{{node}}"
+        self.node_dir = Path(memory_dir.replace("{node}", str(self.topology.node())))
+        me, topo = self.topology.rank, self.topology
+        incoming = self.node_dir / f".incoming{me}"
+        shutil.rmtree(incoming, ignore_errors=True)  # a dead process's temporary files
+        if me % topo.ranks_per_node == 0:
+            self._remove_strangers()
+        self.own = MemoryRoot(self.node_dir / f"rank{me}", incoming)
+        self.replica: Optional[MemoryRoot] = None
+        if replicate and topo.nodes > 1:
+            self.replica = MemoryRoot(self.node_dir / f"replica{topo.source()}", incoming)
+        mem_options = {k: v for k, v in options.items() if k not in ("keep_last", "keep_every")}
+        self.memory = Checkpointer(self.own.url, keep_last=keep_in_memory, coordinate="none", **mem_options)
+        self.durable_every = durable_every
+        self.keep_in_memory = keep_in_memory
+        self._saves = 0
+        self._broken = False  # the link failed; no more replication
+        self._errors: List[CheckpointError] = []
+        self._lock = threading.Lock()
+        self._jobs: "queue.Queue[Optional[Tuple[int, Any, Optional[BaseException]]]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="ckpt-memory-tier", daemon=True)
+        self._thread.start()
+        #: Where the last :meth:`load_latest` read this rank's state from:
+        #: ``"memory"``, ``"peer"`` (a replica), ``"durable"`` or ``None``.
+        self.last_source: Optional[str] = None
+        #: Seconds each replication took on this rank (its thread), newest last.
+        self.replication_seconds: List[float] = []
+
+    def _remove_strangers(self) -> None:
+        """Remove the roots of ranks that no longer live on this node, or whose
+        replica it no longer keeps (a job started with another shape), so the
+        node's memory holds only what this job's ranks use."""
+        topo = self.topology
+        node = topo.node()
+        mine = [r for r in range(topo.world_size) if topo.node(r) == node]
+        keep = {f"rank{r}" for r in mine}
+        if topo.nodes > 1:
+            keep |= {f"replica{topo.source(r)}" for r in mine}
+        try:
+            entries = list(self.node_dir.iterdir())
+        except FileNotFoundError:
+            return
+        for e in entries:
+            stem = e.name.rstrip("0123456789")
+            if stem in ("rank", "replica") and e.name != stem and e.name not in keep:
+                shutil.rmtree(e, ignore_errors=True)
+
+    # ------------------------------------------------------------------ saving
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.topology.world_size
+
+    def save(self, step: int, state: Any = None, /, **named: Any) -> None:
+        """Save ``step`` to the memory tier (and replicate it in the
+        background), and every ``durable_every``-th time to the durable tier.
+        Returns after the snapshot(s). A memory-tier failure does not stop the
+        durable save; :meth:`wait` raises it on every rank."""
+        durable = self.durable_every > 0 and self._saves % self.durable_every == 0
+        self._saves += 1
+        handle, error = None, None
+        try:
+            handle = self.memory.save(step, state, **named)
+        except CheckpointError as e:
+            error = e
+        self._jobs.put((step, handle, error))
+        if durable:
+            self.durable.save(step, state, **named)
+
+    def wait_snapshot(self, timeout: Optional[float] = None) -> None:
+        """Block until every snapshot in progress is copied (lazy mode)."""
+        self.memory.wait_snapshot(timeout)
+        self.durable.wait_snapshot(timeout)
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Block until every save is committed on its tiers and replicated;
+        raises a durable failure, else the first memory-tier failure (the same
+        on every rank)."""
+        self.durable.wait(timeout)
+        self._jobs.join()
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Wait for every save and replication, then stop the replication thread."""
+        try:
+            self.wait()
+        finally:
+            self._jobs.put(None)
+            self._thread.join()
+            self.durable.close()
+            self.memory.close()
+
+    def __enter__(self) -> "MemoryCheckpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- loading
+
+    def load_latest(self, state: Any = None, /, **named: Any) -> Optional[int]:
+        """Restore the newest checkpoint complete across the tiers in place
+        (see the module docs) and return its step, the same on every rank, or
+        ``None`` for a fresh start. :attr:`last_source` says where this rank's
+        state came from."""
+        self._jobs.join()  # no replication in flight: the link is ours
+        topo = self.topology
+        try:
+            durable = self.durable.steps()
+        except CheckpointError as e:
+            # Storage unreachable: memory may still do without it (and if it
+            # cannot, the durable load below says why).
+            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
+            durable = []
+        mine = {
+            "own": sorted(self.own.committed()),
+            "held": sorted(self.replica.committed()) if self.replica is not None else [],
+            "durable": durable[-1] if durable else None,
+        }
+        try:
+            if self._broken:
+                raise RuntimeError("the link failed earlier")
+            everyone = self._gather(mine)
+            have = []
+            for r in range(topo.world_size):
+                got = set(everyone[r]["own"])
+                if self.replica is not None:
+                    got |= set(everyone[topo.holder(r)]["held"])
+                have.append(got)
+            newest_durable = max((e["durable"] for e in everyone if e["durable"] is not None), default=None)
+            for step in sorted(set.intersection(*have), reverse=True):
+                if newest_durable is not None and step < newest_durable:
+                    break
+                source = self._load_from_memory(step, state, named, everyone)
+                if source is not None:
+                    self._forget_newer(step)
+                    self.last_source = source
+                    return step
+        except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
+            warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
+        step = self.durable.load_latest(state, **named)
+        self._forget_newer(-1 if step is None else step)
+        self.last_source = None if step is None else "durable"
+        return step
+
+    def _forget_newer(self, step: int) -> None:
+        """Memory checkpoints past the resumed step belong to a timeline that is
+        not resumed (the job saves those steps again)."""
+        self.own.drop_newer(step)
+        if self.replica is not None:
+            self.replica.drop_newer(step)
+
+    def _try_load(self, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:
+        attempt = self.own.committed().get(step)
+        if attempt is None:
+            return {"status": "absent"}
+        try:
+            self.memory.load(step, state, **named)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            if not (isinstance(e, CheckpointError) and _is_damage(e)):
+                return {"status": "error", "error": describe(e)}
+            warnings.warn(f"ckpt: memory checkpoint of step {step} is damaged ({e}); trying its replica", stacklevel=4)
+            self.own.drop(step, attempt)
+            return {"status": "damaged"}
+        return {"status": "ok"}
+
+    def _agree(self, mine: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Every rank's outcome; a failure that is not damage is raised on every rank."""
+        everyone = self._gather(mine)
+        for r, o in enumerate(everyone):
+            if o["status"] == "error":
+                raise rebuild(r, o["error"], "load")
+        return everyone
+
+    def _load_from_memory(self, step: int, state: Any, named: Dict[str, Any], everyone: List[Any]) -> Optional[str]:
+        """Load ``step`` from memory on every rank: its own copy, else the
+        replica its peer keeps. ``None`` (on every rank) when some rank could
+        not; its live state may then be partly overwritten, as the caller
+        goes on to load an older checkpoint."""
+        topo = self.topology
+        me = topo.rank
+        first = self._agree(self._try_load(step, state, named))
+        need = {r for r, o in enumerate(first) if o["status"] != "ok"}
+        if not need:
+            return "memory"
+        if self.replica is None or self._link is None:
+            return None
+        if any(step not in everyone[topo.holder(r)]["held"] for r in need):
+            return None
+        outgoing: List[Tuple[str, int]] = []
+        if topo.source() in need:
+            try:
+                outgoing = self.replica.objects(step, self.replica.committed()[step])
+            except (OSError, ValueError, KeyError):
+                outgoing = []
+        lists = [[tuple(x) for x in lst] for lst in self._gather(outgoing)]
+        incoming = lists[topo.holder()] if me in need else []
+        failure = self._transfer(self.replica, outgoing, topo.source(), self.own, incoming, topo.holder(), lists)
+        second = {"status": "ok"}
+        if me in need:
+            if failure is not None or not incoming:
+                second = {"status": "damaged"}
+            else:
+                second = self._try_load(step, state, named)
+        if any(o["status"] != "ok" for o in self._agree(second)):
+            return None
+        return "peer" if me in need else "memory"
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                t0 = time.perf_counter()
+                self._replicate(*job)
+                self.replication_seconds.append(time.perf_counter() - t0)
+            except BaseException as e:  # noqa: BLE001 - reported through wait()
+                with self._lock:
+                    self._errors.append(e if isinstance(e, CheckpointError) else errs.InternalError(f"memory tier: {e}"))
+            finally:
+                self._jobs.task_done()
+
+    def _gather(self, obj: Any) -> List[Any]:
+        if self._link is None:
+            return [obj]
+        return [json.loads(b) for b in self._link.all_gather(json.dumps(obj).encode())]
+
+    def _replicate(self, step: int, handle: Any, error: Optional[BaseException]) -> None:
+        """One save's turn: learn every rank's outcome, then pass replicas on."""
+        if self._broken:
+            if handle is not None:
+                handle.wait()  # its own failure is raised through wait()
+            return
+        try:
+            self._replicate_on_link(step, handle, error)
+        except RuntimeError as e:
+            # The transport failed or timed out (a peer died): the ranks are out
+            # of step on the link, so replication stops; durable saves go on.
+            self._broken = True
+            raise errs.CheckpointTimeoutError(f"memory tier: replication of step {step} failed: {e}") from None
+
+    def _replicate_on_link(self, step: int, handle: Any, error: Optional[BaseException]) -> None:
+        offer: Dict[str, Any] = {"ok": False}
+        pinned = self.node_dir / f".outgoing{self.topology.rank}"
+        if handle is not None:
+            try:
+                handle.wait()
+                if self.replica is not None:
+                    objects = self.own.pin(step, handle.attempt, pinned)
+                    # None: already retired by newer saves, which replicate instead.
+                    offer = {"ok": objects is not None, "objects": objects}
+            except CheckpointError as e:
+                error = e
+            except (OSError, ValueError) as e:
+                error = StorageError(getattr(e, "errno", None) or _errno.EIO, f"reading back the memory checkpoint: {e}")
+        if error is not None:
+            offer = {"ok": False, "error": describe(error)}
+        try:
+            self._pass_on(step, offer, MemoryRoot(pinned, self.own.incoming))
+        finally:
+            shutil.rmtree(pinned, ignore_errors=True)
+
+    def _pass_on(self, step: int, offer: Dict[str, Any], pinned: MemoryRoot) -> None:
+        offers = self._gather(offer)
+        for r, o in enumerate(offers):
+            if not o["ok"] and "error" in o:
+                self._record(rebuild(r, o["error"], f"save of step {step}"))
+        if self.replica is None or self._link is None:
+            return
+        topo = self.topology
+        incoming = offers[topo.source()]
+        want: List[Tuple[str, int]] = []
+        if incoming["ok"]:
+            objs = [tuple(x) for x in incoming["objects"]]
+            want = [(k, n) for k, n in objs[:-1] if not self.replica.has(k, n)] + [objs[-1]]
+        wants = self._gather(want)
+        outgoing = [tuple(x) for x in wants[topo.holder()]]
+        result = self._transfer(pinned, outgoing, topo.holder(), self.replica, want, topo.source(), wants)
+        if result is None and want:
+            try:
+                self.replica.gc(self.keep_in_memory)
+            except CheckpointError as e:
+                result = describe(e)
+        outcomes = self._gather(result)
+        for r, d in enumerate(outcomes):
+            if d is not None:
+                self._record(rebuild(r, d, f"replica of step {step} from rank {topo.source(r)}"))
+
+    def _record(self, e: CheckpointError) -> None:
+        with self._lock:
+            self._errors.append(e)
+
+    def _transfer(
+        self,
+        out_root: MemoryRoot,
+        outgoing: List[Tuple[str, int]],
+        dst: int,
+        in_root: MemoryRoot,
+        incoming: List[Tuple[str, int]],
+        src: int,
+        everyone: List[Any],
+    ) -> Optional[Dict[str, Any]]:
+        """Send ``outgoing`` objects to ``dst`` while receiving ``incoming``
+        from ``src``, one object each way per round, as many rounds as the
+        longest list of any rank (``everyone``), so every pair stays in step.
+        The last incoming object (the manifest) is written only if every other
+        one arrived whole. Returns ``None`` or the failure, described."""
+        rounds = max((len(w) for w in everyone), default=0)
+        failure: Optional[Dict[str, Any]] = None
+        manifest: Any = None
+        for i in range(rounds):
+            data = out_root.read(outgoing[i][0]) if i < len(outgoing) else bytearray()
+            got = self._link.sendrecv(data, dst, src)
+            if i >= len(incoming) or failure is not None:
+                continue
+            key, size = incoming[i]
+            if len(got) != size:
+                failure = {"cls": "CorruptError", "msg": f"{key}: {len(got)} bytes arrived, {size} offered"}
+            elif i == len(incoming) - 1:
+                manifest = got  # written below, last
+            else:
+                failure = write_object(in_root, key, got)
+        if failure is None and manifest is not None:
+            failure = write_object(in_root, incoming[-1][0], manifest)
+        return failure

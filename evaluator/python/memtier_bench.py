@@ -1,0 +1,387 @@
+"""Restart from the memory tier against restart from local disk, in one run.
+
+    python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--shm /dev/shm] [--json OUT]
+    torchrun --nproc-per-node 2 memtier_bench.py --dir D --loop [--steps 40] [--every 5] [--compute-ms 200] [--spin]
+    torchrun --nproc-per-node 2 memtier_bench.py --dir D --peer [--gib 1.0] [--repeats 3]
+
+**Restore** (one process): a state of ``--gib`` GiB of float32 tensors (16 MiB
+each) is saved once through :class:`ckpt.memory.MemoryCheckpointer` (memory
+tier under ``--shm``, durable tier on local disk under ``--dir``, both
+written) and once with ``torch.save`` + fsync beside it. Then, ``--repeats``
+times, the live tensors are overwritten and restored, each time by a fresh
+checkpointer, as a restarted process would:
+
+- ``memory``: ``MemoryCheckpointer.load_latest`` (it reads the memory tier);
+- ``disk cold``: ``Checkpointer(<local disk>).load_latest`` after the page
+  cache is dropped (``/proc/sys/vm/drop_caches``, else
+  ``posix_fadvise(DONTNEED)``; reported);
+- ``torch.load cold``: ``torch.load(weights_only=True)`` of the same state
+  after the page cache is dropped, copied into the live tensors.
+
+Every restore is checked ``torch.equal`` to the saved state. Then each
+source once more as a restart: a fresh process is started (the failure),
+imports torch and ckpt, restores and takes a first step; the time from the
+start to that step is reported beside the restore within it. The figures
+are medians and the ratios are of medians of this run (the target: memory ≤
+0.3× disk cold). With the stall of a save to memory (C) and each source's
+restart time (R; the same C for every source, so only the restart differs),
+Young/Daly gives the interval sqrt(2 C M) and the goodput
+1 - C/T - (T/2 + R)/M for a mean time between failures M (``--mtbf-s``,
+default 4 h).
+
+**Peer** (``--peer``, under torchrun, one rank per node): the restore of
+``--gib`` GiB per rank by a fresh checkpointer from memory on every rank,
+against the same when the last rank's memory was wiped and it fetches its
+replica from its peer over gloo (the slowest rank's time, medians).
+
+**Loop** (``--loop``, under torchrun with two ranks or more): each rank runs
+a loop of emulated compute (``--compute-ms`` per step with the host idle, as
+in a GPU step where the host waits on the device; ``--spin`` busy-waits
+instead, a CPU-bound step) with a 64 MiB state, saved every ``--every`` steps
+through ``MemoryCheckpointer``: once with replication to the peer node (one
+rank per node) and once without, alternating, the same number of steps; the
+slowdown from replication is the ratio of the loops' wall times until the
+last step (target: ≤ 1 %; the slowest rank's, medians over ``--rounds``);
+the final wait for the last save and replication is reported apart. Durable saves are off in both (``durable_every=0``), so only the
+replication differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from benchlib import drop_cache, fsync_path  # noqa: E402
+
+import ckpt  # noqa: E402
+from ckpt.memory import MemoryCheckpointer  # noqa: E402
+
+PIECE = 16 << 20
+
+
+def make_state(nbytes: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    n = max(1, nbytes // PIECE)
+    return {f"t{i:04}": torch.randn(PIECE // 4, generator=g) for i in range(n)}
+
+
+def scramble(state: dict) -> None:
+    for t in state.values():
+        t.fill_(0.5)
+
+
+def check(state: dict, saved: dict, what: str) -> None:
+    for k, t in saved.items():
+        if not torch.equal(state[k], t):
+            raise AssertionError(f"{what}: tensor {k} differs after the restore")
+
+
+def restore(args: argparse.Namespace) -> dict:
+    work = Path(args.dir)
+    shm = Path(args.shm) / f"ckpt-bench-{uuid.uuid4().hex[:12]}"
+    disk = work / "durable"
+    shutil.rmtree(disk, ignore_errors=True)
+    torch.set_num_threads(1)
+    try:
+        saved = make_state(int(args.gib * (1 << 30)), 0)
+        state = {k: t.clone() for k, t in saved.items()}
+        mem_dir = str(shm / "node{node}")
+        # The stall of a memory-tier save (a save to memory alone), then the
+        # saved state on both tiers.
+        warm = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "warm{node}"), coordinate="none", durable_every=0)
+        stalls = []
+        for step in range(3):
+            t0 = time.perf_counter()
+            warm.save(step, state)
+            stalls.append(time.perf_counter() - t0)
+            warm.wait()
+        warm.close()
+        shutil.rmtree(shm / "warm0", ignore_errors=True)
+        cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
+        cp.save(1, state)
+        cp.close()
+        shapes = work / "shapes.json"
+        shapes.write_text(json.dumps({k: t.numel() for k, t in saved.items()}))
+        pt = work / "state.pt"
+        torch.save(saved, pt)
+        fsync_path(str(pt))
+        times: dict = {"memory": [], "disk cold": [], "torch.load cold": []}
+        dropped = "none"
+        for _ in range(args.repeats):
+            scramble(state)
+            t0 = time.perf_counter()
+            cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
+            step = cp.load_latest(state)
+            times["memory"].append(time.perf_counter() - t0)
+            assert (step, cp.last_source) == (1, "memory"), (step, cp.last_source)
+            cp.close()
+            check(state, saved, "memory")
+
+            scramble(state)
+            dropped = drop_cache(str(disk))
+            t0 = time.perf_counter()
+            step = ckpt.Checkpointer(disk.as_uri()).load_latest(state)
+            times["disk cold"].append(time.perf_counter() - t0)
+            assert step == 1
+            check(state, saved, "disk cold")
+
+            scramble(state)
+            drop_cache(str(pt))
+            t0 = time.perf_counter()
+            loaded = torch.load(pt, weights_only=True)
+            for k, t in loaded.items():
+                state[k].copy_(t)
+            times["torch.load cold"].append(time.perf_counter() - t0)
+            del loaded
+            check(state, saved, "torch.load cold")
+        restarts: dict = {k: [] for k in SOURCES}
+        for _ in range(args.repeats):
+            for source in SOURCES:
+                restarts[source].append(restart(args, source, disk, mem_dir, pt, shapes))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        to_step = {k: statistics.median(r["to_first_step_s"] for r in v) for k, v in restarts.items()}
+        stall = statistics.median(stalls[1:])
+        gib = sum(t.numel() * 4 for t in saved.values()) / (1 << 30)
+        return {
+            "restart_to_first_step_s": {k: [r["to_first_step_s"] for r in v] for k, v in restarts.items()},
+            "restart_restore_s": {k: [r["restore_s"] for r in v] for k, v in restarts.items()},
+            "median_restart_to_first_step_s": to_step,
+            "ratio_restart_memory_to_disk_cold": to_step["memory"] / to_step["disk cold"],
+            "memory_save_stall_s": stalls,
+            "mtbf_s": args.mtbf_s,
+            "goodput_young_daly": {k: goodput(stall, r, args.mtbf_s) for k, r in to_step.items()},
+            "experiment": "restore",
+            "gib": gib,
+            "repeats": args.repeats,
+            "page_cache": dropped,
+            "seconds": times,
+            "median_s": med,
+            "ratio_memory_to_disk_cold": med["memory"] / med["disk cold"],
+            "ratio_memory_to_torch_load_cold": med["memory"] / med["torch.load cold"],
+        }
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+SOURCES = ("memory", "disk cold", "torch.load cold")
+
+
+def child(args: argparse.Namespace) -> None:
+    """A restarted process: start, restore from one source, take a first step."""
+    torch.set_num_threads(1)
+    shapes = json.loads(Path(args.shapes).read_text())
+    state = {k: torch.empty(n) for k, n in shapes.items()}
+    t0 = time.perf_counter()
+    if args.child == "memory":
+        cp = MemoryCheckpointer(args.disk, memory_dir=args.mem_dir, coordinate="none", durable_every=1)
+        assert cp.load_latest(state) == 1 and cp.last_source == "memory", cp.last_source
+    elif args.child == "disk cold":
+        assert ckpt.Checkpointer(args.disk).load_latest(state) == 1
+    else:
+        loaded = torch.load(args.pt, weights_only=True)
+        for k, t in loaded.items():
+            state[k].copy_(t)
+    restore_s = time.perf_counter() - t0
+    next(iter(state.values())).add_(1.0)  # the first training step
+    print(json.dumps({"restore_s": restore_s, "first_step_at": time.time()}), flush=True)
+
+
+def restart(args: argparse.Namespace, source: str, disk: Path, mem_dir: str, pt: Path, shapes: Path) -> dict:
+    """Seconds from the failure (a fresh process is started at once) to its first step."""
+    drop = "none"
+    if source == "disk cold":
+        drop = drop_cache(str(disk))
+    elif source == "torch.load cold":
+        drop = drop_cache(str(pt))
+    cmd = [sys.executable, __file__, "--dir", args.dir, "--child", source, "--disk", disk.as_uri(),
+           "--mem-dir", mem_dir, "--pt", str(pt), "--shapes", str(shapes)]
+    failed_at = time.time()
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    return {"to_first_step_s": row["first_step_at"] - failed_at, "restore_s": row["restore_s"], "page_cache": drop}
+
+
+def goodput(stall_s: float, restart_s: float, mtbf_s: float) -> dict:
+    """Young/Daly: the interval sqrt(2 C M) and the fraction of time left for
+    training, 1 - C/T - (T/2 + R)/M, with C the save's stall and R the restart."""
+    t = (2 * stall_s * mtbf_s) ** 0.5
+    return {"interval_s": t, "goodput": 1 - stall_s / t - (t / 2 + restart_s) / mtbf_s}
+
+
+def compute(ms: float, spin: bool) -> None:
+    """A training step's host time: idle (a GPU step: the host waits on the
+    device), or with ``spin`` a busy wait (a CPU-bound step)."""
+    if not spin:
+        time.sleep(ms / 1000)
+        return
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def loop(args: argparse.Namespace) -> dict:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    base = Path(args.shm) / f"ckpt-bench-loop-{os.environ.get('MASTER_PORT', '0')}"
+    state = make_state(64 << 20, rank)
+    walls: dict = {"replicated": [], "memory only": []}
+    tails: dict = {"replicated": [], "memory only": []}  # the final wait, after the last step
+    try:
+        for rnd in range(args.rounds):
+            for replicate in ((True, False) if rnd % 2 == 0 else (False, True)):
+                key = "replicated" if replicate else "memory only"
+                d = base / f"{key.replace(' ', '-')}-{rnd}"
+                cp = MemoryCheckpointer(
+                    (Path(args.dir) / f"durable-{rnd}-{int(replicate)}").as_uri(),
+                    memory_dir=str(d / "node{node}"),
+                    ranks_per_node=1,
+                    durable_every=0,
+                    replicate=replicate,
+                )
+                dist.barrier()
+                t0 = time.perf_counter()
+                for step in range(args.steps):
+                    if step % args.every == 0:
+                        cp.save(step, state)
+                    compute(args.compute_ms, args.spin)
+                    next(iter(state.values())).add_(1.0)  # the optimizer step mutates the state
+                loop_s = time.perf_counter() - t0
+                cp.wait()
+                walls[key].append(loop_s)
+                tails[key].append(time.perf_counter() - t0 - loop_s)
+                cp.close()
+                dist.barrier()
+                if rank == 0:
+                    shutil.rmtree(d, ignore_errors=True)
+                dist.barrier()
+    finally:
+        if rank == 0:
+            shutil.rmtree(base, ignore_errors=True)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (walls, tails))
+    dist.destroy_process_group()
+    slowest = {k: [max(w[0][k][i] for w in gathered) for i in range(args.rounds)] for k in walls}
+    tail = {k: [max(w[1][k][i] for w in gathered) for i in range(args.rounds)] for k in walls}
+    med = {k: statistics.median(v) for k, v in slowest.items()}
+    return {
+        "experiment": "loop",
+        "ranks": world,
+        "steps": args.steps,
+        "every": args.every,
+        "compute_ms": args.compute_ms,
+        "compute": "busy wait" if args.spin else "idle host (sleep)",
+        "seconds": slowest,
+        "median_s": med,
+        "final_wait_s": tail,
+        "slowdown_from_replication": med["replicated"] / med["memory only"] - 1,
+        "rank": rank,
+    }
+
+
+def peer(args: argparse.Namespace) -> dict:
+    """Under torchrun, one rank per node: every rank saves ``--gib`` GiB to
+    the memory tier (replicated to the next rank), the last rank's memory
+    is wiped (a replacement node), and a fresh checkpointer restores on every
+    rank, the last one from its peer's replica over gloo; against the same
+    restore from memory on every rank."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    base = Path(args.shm) / f"ckpt-bench-peer-{os.environ.get('MASTER_PORT', '0')}"
+    mem_dir = str(base / "node{node}")
+    durable = (Path(args.dir) / "peer-durable").as_uri()
+    saved = make_state(int(args.gib * (1 << 30)), rank)
+    state = {k: t.clone() for k, t in saved.items()}
+    times: dict = {"memory": [], "peer": []}
+    try:
+        cp = MemoryCheckpointer(durable, memory_dir=mem_dir, ranks_per_node=1, durable_every=0)
+        cp.save(1, state)
+        cp.close()
+        for _ in range(args.repeats):
+            for what in ("memory", "peer"):
+                scramble(state)
+                dist.barrier()
+                if what == "peer" and rank == world - 1:
+                    shutil.rmtree(base / f"node{rank}" / f"rank{rank}")
+                dist.barrier()
+                t0 = time.perf_counter()
+                cp = MemoryCheckpointer(durable, memory_dir=mem_dir, ranks_per_node=1, durable_every=0)
+                step = cp.load_latest(state)
+                times[what].append(time.perf_counter() - t0)
+                want = "peer" if what == "peer" and rank == world - 1 else "memory"
+                assert (step, cp.last_source) == (1, want), (step, cp.last_source)
+                cp.close()
+                check(state, saved, what)
+    finally:
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(base, ignore_errors=True)
+    gathered = [None] * world
+    dist.all_gather_object(gathered, times)
+    dist.destroy_process_group()
+    slowest = {k: [max(t[k][i] for t in gathered) for i in range(args.repeats)] for k in times}
+    med = {k: statistics.median(v) for k, v in slowest.items()}
+    return {
+        "experiment": "peer restore",
+        "ranks": world,
+        "gib_per_rank": args.gib,
+        "seconds": slowest,
+        "median_s": med,
+        "ratio_peer_to_memory": med["peer"] / med["memory"],
+        "rank": rank,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
+    p.add_argument("--json")
+    p.add_argument("--loop", action="store_true")
+    p.add_argument("--peer", action="store_true")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--compute-ms", type=float, default=200.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--spin", action="store_true")
+    p.add_argument("--mtbf-s", type=float, default=4 * 3600.0)
+    p.add_argument("--child", choices=SOURCES)
+    p.add_argument("--disk")
+    p.add_argument("--mem-dir")
+    p.add_argument("--pt")
+    p.add_argument("--shapes")
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    out = loop(args) if args.loop else peer(args) if args.peer else restore(args)
+    if out.get("rank", 0) != 0:
+        return
+    out.pop("rank", None)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
