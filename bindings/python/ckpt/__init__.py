@@ -45,12 +45,14 @@ from .errors import (
     UnsupportedError,
 )
 from .export import export
+from .memory import MemoryCheckpointer
 from .rng import RNGState
 
 __version__: str = _ckpt.__version__
 
 __all__ = [
     "Checkpointer",
+    "MemoryCheckpointer",
     "SaveHandle",
     "Checkpoint",
     "RNGState",
