@@ -48,7 +48,7 @@ use ckpt_core::torch::rng;
 use ckpt_core::torch::tch::{self, nn, Device, Kind, Tensor};
 use ckpt_core::{CheckpointId, Checkpointer, CheckpointerBuilder, Error, Loaded, Result};
 use ckpt_eval::faults::event::{Event, Failure};
-use ckpt_eval::faults::report::Skipped;
+use ckpt_eval::faults::record::Skipped;
 use ckpt_examples::tch_loop::{self, mlp, parse_device, Hooks, TrainConfig, INPUTS};
 
 /// Width of the victim's hidden layers.

@@ -16,9 +16,10 @@ use std::path::Path;
 use ckpt_core::{SnapshotMode, State};
 use serde::Serialize;
 
-use super::{file_url, BoxError, Ctx};
+use super::{file_url, BoxError, Ctx, Experiment, Output};
 use crate::group::LocalGroup;
 use crate::python;
+use crate::table::Table;
 use crate::train::Trainer;
 use crate::workload::Params;
 
@@ -383,6 +384,59 @@ impl DeterminismBench {
             detail: format!("final state {} vs {}", digest(&a), digest(&b)),
         })
     }
+}
+
+/// The determinism experiment (on the shared state; no options).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Determinism {}
+
+#[async_trait::async_trait]
+impl Experiment for Determinism {
+    fn name(&self) -> &'static str {
+        "determinism"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        format!(
+            "byte-identical saves of {} MiB in every format, bitwise resume",
+            ctx.spec.mib
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        10.0 + 8.0 * ctx.spec.mib as f64 / 1024.0 * 4.0
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+        let shared = ctx.state().await?;
+        let d = DeterminismBench {
+            steps: 200,
+            stop_at: 77,
+        }
+        .run(ctx, &shared.0)
+        .await?;
+        let mut out = Output::of(&d);
+        out.tables.push(table(&d));
+        Ok(out)
+    }
+}
+
+/// The determinism table.
+pub fn table(d: &DeterminismResults) -> Table {
+    let mut t = Table::new(
+        "determinism",
+        "Determinism".into(),
+        &["check", "compared", "identical", "detail"],
+    );
+    for c in &d.checks {
+        t.rows.push(vec![
+            c.what.clone(),
+            c.compared.to_string(),
+            if c.identical { "yes" } else { "NO" }.into(),
+            c.detail.clone(),
+        ]);
+    }
+    t
 }
 
 #[cfg(test)]

@@ -9,18 +9,19 @@
 //! is the slowest (largest) rank's. Targets of the sharded-state issue compare
 //! ckpt with the others as ratios in the same run; they are reported, not asserted.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::engine::Target;
-use super::{python_missing, ratio, write_bench_script, BoxError, Ctx};
+use super::script::{free_port, python_missing, run_bounded, tail, write_bench_script};
+use super::{ratio, BoxError, Ctx, Experiment, Output, Target};
+use crate::plot::{bar, Chart};
 use crate::python;
 use crate::stats::Summary;
+use crate::table::{mib, opt_ms, opt_secs, Table};
 
 /// The rank script, embedded so the binary works from any directory.
 pub const SCRIPT: &str = include_str!("../../python/sharded_bench.py");
@@ -115,74 +116,13 @@ pub struct ShardedResults {
 }
 
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
-/// `torch.distributed` in it.
+/// `torch.distributed` or ckpt package in it (a table of the peers without
+/// ckpt would compare nothing).
 pub fn unavailable(python: Option<&Path>) -> Option<String> {
     python_missing(
         python,
-        "torch.distributed.fsdp, torch.distributed.checkpoint",
+        "torch.distributed.fsdp, torch.distributed.checkpoint, ckpt",
     )
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
-/// It runs in a process group of its own, so past `limit` torchrun and every
-/// rank it started (or a script and its writer processes) are killed together
-/// (killing torchrun alone orphans them). `what` names it in the error.
-pub(crate) fn run_bounded(
-    mut cmd: Command,
-    limit: Duration,
-    what: &str,
-) -> Result<(bool, String, String), BoxError> {
-    use std::os::unix::process::CommandExt;
-    let mut child = cmd
-        .process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(p) = out.as_mut() {
-            let _ = p.read_to_string(&mut s);
-        }
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(p) = err.as_mut() {
-            let _ = p.read_to_string(&mut s);
-        }
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break Some(s);
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kill(2) of a process group with a signal number has no memory effects.
-            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
-    match status {
-        Some(s) => Ok((s.success(), stdout, stderr)),
-        None => Err(format!("{what} ran past {} s", limit.as_secs()).into()),
-    }
-}
-
-/// The last `lines` lines of `s`.
-pub(crate) fn tail(s: &str, lines: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Turn the JSON rank 0 printed into a run.
@@ -344,6 +284,189 @@ impl ShardedBench {
             runs,
         })
     }
+}
+
+/// Options of the sharded experiment.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Sharded {
+    /// Sharded: rank counts to run under torchrun [default: 2; --full: 2,4].
+    #[arg(long, value_delimiter = ',')]
+    pub sharded_ranks: Option<Vec<usize>>,
+    /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that)
+    /// [default: 64; --full: 256, far above the engine's fixed costs per rank].
+    #[arg(long)]
+    pub sharded_mib: Option<f64>,
+    /// Sharded: timed saves and loads per method, after a cold and a warm save
+    /// (sampled for memory, not timed) [default: 2; --full: 3, so that one slow
+    /// load does not decide the median].
+    #[arg(long)]
+    pub sharded_repeats: Option<usize>,
+}
+
+impl Sharded {
+    fn bench(&self, ctx: &Ctx) -> ShardedBench {
+        let full = ctx.full;
+        ShardedBench {
+            ranks: self.sharded_ranks.clone().unwrap_or_else(|| {
+                if full {
+                    vec![2, 4]
+                } else {
+                    vec![2]
+                }
+            }),
+            mib: self.sharded_mib.unwrap_or(if full { 256.0 } else { 64.0 }),
+            repeats: self
+                .sharded_repeats
+                .unwrap_or(if full { 3 } else { 2 })
+                .max(1),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Sharded {
+    fn name(&self) -> &'static str {
+        "sharded"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        let b = self.bench(ctx);
+        format!(
+            "FSDP2 model of {} MiB of parameters plus AdamW on {:?} ranks",
+            b.mib, b.ranks
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Per rank count: start-up, then 6 methods of (2 + repeats) saves and
+        // loads; on 2 cores about 1.5 s per 100 MiB of state per save and load.
+        let b = self.bench(ctx);
+        let per_save = 3.0 * b.mib / 100.0 * 1.5;
+        b.ranks.len() as f64 * (20.0 + 6.0 * (2 + b.repeats) as f64 * per_save)
+    }
+
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        unavailable(ctx.python.as_deref())
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+        let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
+        let sh = self.bench(ctx).run(ctx, py)?;
+        let mut out = Output::of(&sh);
+        out.tables = tables(&sh);
+        out.charts = charts(&sh);
+        out.targets = sh.targets.clone();
+        Ok(out)
+    }
+}
+
+/// The sharded experiment: per method and rank count, its floors, its targets.
+pub fn tables(sh: &ShardedResults) -> Vec<Table> {
+    let mut t = Table::new(
+        "sharded",
+        format!(
+            "Sharded state: an FSDP2 MLP ({} MiB of f32 parameters) plus AdamW, saved and loaded by each method on each rank count (torchrun, gloo, CPU, torch {}); slowest rank, median [min-max] of {} timed saves after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks, snapshot = until the state may change, durable = on disk with fsync; load into a fresh model, page cache dropped; ratios to the same run's floors",
+            sh.runs.first().map_or(String::new(), |x| mib(x.param_bytes as f64)),
+            sh.torch,
+            sh.repeats
+        ),
+        &[
+            "ranks", "method", "stall ms", "snapshot s", "durable s", "load s", "written/rank MiB",
+            "peak extra MiB", "stall/memcpy", "durable/write", "load/read", "peak/local",
+        ],
+    );
+    for run in &sh.runs {
+        for x in &run.rows {
+            if let Some(why) = &x.skipped {
+                t.push_note_row(
+                    vec![run.ranks.to_string(), x.name.clone()],
+                    format!("skipped: {why}"),
+                );
+                continue;
+            }
+            t.rows.push(vec![
+                run.ranks.to_string(),
+                x.name.clone(),
+                opt_ms(x.stall_s.as_ref()),
+                opt_secs(x.snapshot_s.as_ref()),
+                opt_secs(x.durable_s.as_ref()),
+                opt_secs(x.load_s.as_ref()),
+                mib(x.written_bytes as f64),
+                mib(x.peak_extra_bytes as f64),
+                format!("{:.2}", x.stall_vs_memcpy),
+                format!("{:.2}", x.durable_vs_write),
+                format!("{:.2}", x.load_vs_read),
+                format!("{:.2}", x.peak_vs_local),
+            ]);
+        }
+    }
+    let mut f = Table::new(
+        "sharded_floors",
+        "Sharded state: the floors, per rank count (slowest rank's local model and optimizer shards)".into(),
+        &["ranks", "local state MiB", "write + fsync s", "read s", "page cache", "memcpy s"],
+    );
+    for run in &sh.runs {
+        let fl = &run.floors;
+        f.rows.push(vec![
+            run.ranks.to_string(),
+            mib(run.local_bytes as f64),
+            format!("{:.3}", fl.write_fsync_s),
+            format!("{:.3}", fl.read_cold_s),
+            fl.cache_drop.clone(),
+            format!("{:.4}", fl.memcpy_s),
+        ]);
+    }
+    vec![t, f]
+}
+
+/// Stall, time until durable and load, by rank count and method.
+pub fn charts(sh: &ShardedResults) -> Vec<(String, Chart)> {
+    let mut out = Vec::new();
+    type Pick = fn(&ShardedRow) -> Option<&Summary>;
+    let bars = |f: Pick| {
+        sh.runs
+            .iter()
+            .flat_map(|run| run.rows.iter())
+            .filter_map(|x| {
+                f(x).map(|s| {
+                    bar(
+                        &format!("{}: {}", x.ranks, x.name),
+                        s,
+                        usize::from(!x.name.starts_with("ckpt")),
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    for (name, title, f) in [
+        (
+            "sharded_stall",
+            "Sharded state: stall (the save call blocks)",
+            (|x| x.stall_s.as_ref()) as Pick,
+        ),
+        (
+            "sharded_durable",
+            "Sharded state: save until durable",
+            (|x| x.durable_s.as_ref()) as Pick,
+        ),
+        (
+            "sharded_load",
+            "Sharded state: load (page cache dropped)",
+            (|x| x.load_s.as_ref()) as Pick,
+        ),
+    ] {
+        out.push((
+            name.into(),
+            Chart::Bars {
+                title: title.into(),
+                unit: "seconds, slowest rank; bars are ranks: method".into(),
+                bars: bars(f),
+                reference: None,
+            },
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::event::Event;
 use super::plan::Kind;
-use super::report::{RunRecord, Spread, StartRecord};
+use super::record::{RunRecord, Spread, StartRecord};
 use super::victim::{self, Job, StartOut, Stop};
 
 /// How the page cache stands, for the report.

@@ -9,7 +9,7 @@ use std::path::Path;
 use ckpt_core::store::FaultCounts;
 use serde::{Deserialize, Serialize};
 
-use super::report::Skipped;
+use super::record::Skipped;
 
 /// An error as the victim reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -25,6 +25,7 @@ pub mod inject;
 pub mod mpi;
 pub mod oracle;
 pub mod plan;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod victim;
@@ -37,7 +38,8 @@ use std::time::Instant;
 use clap::Parser;
 
 use plan::{Kind, KindStream, Rng};
-use report::{CampaignReport, RunRecord};
+use record::RunRecord;
+use report::CampaignReport;
 
 /// What a campaign does.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use super::event::Event;
 use super::inject::{self, Corruption, Tmpfs};
 use super::oracle::{self, Scan};
 use super::plan::{self, Kind, Rng};
-use super::report::{RunRecord, Skipped, StartRecord};
+use super::record::{RunRecord, Skipped, StartRecord};
 use super::victim::{self, Job, StartOut, Stop};
 
 /// What every tch run of a campaign shares.
