@@ -282,8 +282,7 @@ impl DeterminismBench {
     /// loaded, and the final state must equal an uninterrupted run's, bit for bit.
     async fn torch_resume(&self, ctx: &Ctx, py: &Path) -> Result<Check, BoxError> {
         let dir = ctx.fresh_dir("determinism-torch")?;
-        let script = dir.join("baselines.py");
-        std::fs::write(&script, python::SCRIPT)?;
+        let script = python::write_bench_script(&dir, "baselines.py", python::SCRIPT)?;
         let steps = [
             "--steps".to_string(),
             self.steps.to_string(),

@@ -1,25 +1,13 @@
-//! Running the Python benchmark scripts: each is embedded in the binary and
-//! written, with the modules it imports, into a scratch directory; it runs
-//! under a time limit in a process group of its own and prints one JSON line.
+//! Running the Python benchmark scripts (written out by
+//! [`crate::python::write_bench_script`]): whether they can run here, and a
+//! run under a time limit in a process group of its own.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::BoxError;
-
-/// What the Python benchmark scripts share (`benchlib.py`), written next to each.
-pub const BENCHLIB: &str = include_str!("../../python/benchlib.py");
-
-/// Write a Python benchmark script and the module it imports into `dir`;
-/// returns the script's path.
-pub(crate) fn write_bench_script(dir: &Path, name: &str, script: &str) -> std::io::Result<PathBuf> {
-    std::fs::write(dir.join("benchlib.py"), BENCHLIB)?;
-    let path = dir.join(name);
-    std::fs::write(&path, script)?;
-    Ok(path)
-}
 
 /// Why a Python-driven experiment cannot run: no interpreter, or `imports`
 /// (a Python `import` statement's list) fail in it; `None` when it can.

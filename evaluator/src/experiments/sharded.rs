@@ -16,10 +16,11 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::script::{free_port, python_missing, run_bounded, tail, write_bench_script};
+use super::script::{free_port, python_missing, run_bounded, tail};
 use super::{ratio, BoxError, Ctx, Experiment, Output, Target};
 use crate::plot::{bar, Chart};
 use crate::python;
+use crate::python::write_bench_script;
 use crate::stats::Summary;
 use crate::table::{mib, opt_ms, opt_secs, Table};
 
