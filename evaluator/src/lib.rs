@@ -4,7 +4,6 @@
 //! machine's own limits and the usual alternatives, measured in the same run.
 //!
 //! - [`suite`]: the list of experiments, their shared options, a run of them;
-//! - [`faults`]: fault campaigns (`ckpt-eval faults`): kill, corrupt, restart, compare;
 //! - [`experiments`]: the `Experiment` trait and one module per experiment;
 //! - [`models`] / [`workload`]: generated states shaped like real models;
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
@@ -18,7 +17,6 @@
 #![warn(missing_docs)]
 
 pub mod experiments;
-pub mod faults;
 pub mod group;
 pub mod html;
 pub mod interval;

@@ -5,7 +5,8 @@
 //! the terminal, and a run directory with `results.json`, CSVs, plots,
 //! `report.md` and `report.html`.
 //!
-//! `ckpt-eval faults` runs fault campaigns instead (`ckpt-eval faults --help`).
+//! The fault campaigns are a test harness of their own: `ckpt-faults` (the
+//! `faults/` crate).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use clap::Parser;
     name = "ckpt-eval",
     version,
     about = "Measure checkpointing cost, formats, determinism, interference and intervals",
-    after_help = "Fault campaigns: ckpt-eval faults --help"
+    after_help = "Fault campaigns: ckpt-faults --help (the faults/ crate)"
 )]
 struct Cli {
     #[command(flatten)]
@@ -61,9 +62,12 @@ async fn run(cli: Cli) -> Result<bool, Box<dyn std::error::Error + Send + Sync>>
 }
 
 fn main() -> ExitCode {
-    // `ckpt-eval faults ...`: the fault campaigns, with their own options.
     if std::env::args().nth(1).as_deref() == Some("faults") {
-        return ckpt_eval::faults::main(std::env::args().skip(1));
+        eprintln!(
+            "the fault campaigns are their own command: source scripts/env.sh && \
+             cargo build --release -p ckpt-faults --features victim && ./target/release/ckpt-faults --help"
+        );
+        return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()

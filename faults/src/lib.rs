@@ -1,4 +1,4 @@
-//! `ckpt-eval faults`: fault campaigns. A seeded plan of failures over real
+//! `ckpt-faults`: fault campaigns, a test harness of ckpt. A seeded plan of failures over real
 //! training jobs: SIGKILLs at random instants and inside each phase of a save,
 //! bit flips, truncations and deletions of stored objects between runs, storage
 //! errors and timeouts, a full disk, a rank killed under mpirun. After each failure
@@ -14,10 +14,12 @@
 //! - [`run`]: a tch run through its failures; [`mpi`]: the MPI kinds;
 //! - [`baseline`]: the same state restarted through libtorch's serializer, for
 //!   the restart figures' comparison;
-//! - [`report`]: per start, per run, the summary and its text.
+//! - [`record`]: what is recorded of each start and run;
+//! - [`report`]: the summary and its text.
 //!
-//! The victim is built with `cargo build -p ckpt-eval --features faults` (tch on
+//! The victim is built with `cargo build -p ckpt-faults --features victim` (tch on
 //! the venv's libtorch and ckpt's failpoints: `source scripts/env.sh` first).
+#![warn(missing_docs)]
 
 pub mod baseline;
 pub mod event;
@@ -265,11 +267,11 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// Command line of `ckpt-eval faults`.
+/// Command line of `ckpt-faults`.
 #[derive(Parser, Debug)]
 #[command(
-    name = "ckpt-eval faults",
-    bin_name = "ckpt-eval faults",
+    name = "ckpt-faults",
+    bin_name = "ckpt-faults",
     about = "Fault campaigns: train, inject failures, restart, and prove nothing was lost"
 )]
 pub struct FaultsCli {
@@ -322,7 +324,7 @@ pub struct FaultsCli {
     pub torch_restores: usize,
 }
 
-/// `ckpt-eval faults ARGS...` (`args` starts with `faults`).
+/// `ckpt-faults ARGS...` (`args` starts with `faults`).
 pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     let cli = FaultsCli::parse_from(args);
     let kinds = match &cli.kinds {
@@ -343,7 +345,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     };
     let Some(victim) = cli.victim.clone().or_else(|| find_binary("fault_victim")) else {
         eprintln!(
-            "fault_victim not found: build it with `source scripts/env.sh && cargo build --release -p ckpt-eval --features faults` (or pass --victim)"
+            "fault_victim not found: build it with `source scripts/env.sh && cargo build --release -p ckpt-faults --features victim` (or pass --victim)"
         );
         return ExitCode::FAILURE;
     };
