@@ -32,9 +32,10 @@ pub struct Common {
     /// Model whose tensor shapes the shared state takes (resnet50, bert-large, gpt2-xl, llama3-8b).
     #[arg(long, global = true, default_value = "gpt2-xl")]
     pub model: String,
-    /// Size of the shared model-shaped state in MiB (parameters plus optimizer state).
-    #[arg(long, global = true, default_value_t = 256)]
-    pub mib: usize,
+    /// Size of the shared model-shaped state in MiB (parameters plus optimizer
+    /// state) [default: 128; --full: 256].
+    #[arg(long, global = true)]
+    pub mib: Option<usize>,
     /// Dtype mix: fp32, or bf16 (bf16 parameters, f32 master copy and moments).
     #[arg(long, global = true, default_value = "fp32")]
     pub dtype: String,
@@ -72,7 +73,7 @@ impl Common {
         ctx.full = self.full;
         ctx.spec = StateSpec {
             model: self.model.clone(),
-            mib: self.mib,
+            mib: self.mib.unwrap_or(if self.full { 256 } else { 128 }),
             mix,
             optimizer: !self.no_optimizer,
         };
@@ -95,6 +96,8 @@ macro_rules! suite {
         }
 
         /// The subcommands: the suite, or one experiment with its own options.
+        // Parsed once per run: the suite's variant being large costs nothing.
+        #[allow(clippy::large_enum_variant)]
         #[derive(clap::Subcommand, Debug, Clone)]
         pub enum Cmd {
             /// The default suite (every experiment); also what runs with no subcommand.

@@ -335,10 +335,12 @@ impl Experiment for Formats {
     }
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        // Per repeat and GiB: about 3 s per ckpt variant, 15 s for the Python baselines.
+        // Per repeat and GiB, on a busy 2-core machine: about 6 s per ckpt
+        // variant, 60 s for the Python baselines (81 s for 3 of 256 MiB); and
+        // the shared state and its floors.
         let gib = ctx.spec.mib as f64 / 1024.0;
-        let python = if ctx.python.is_some() { 15.0 } else { 0.0 };
-        5.0 + ctx.repeats as f64 * gib * (3.0 * self.bench().variants().len() as f64 + python)
+        let python = if ctx.python.is_some() { 60.0 } else { 0.0 };
+        10.0 + ctx.repeats as f64 * gib * (6.0 * self.bench().variants().len() as f64 + python)
     }
 
     async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {

@@ -158,7 +158,7 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// A context with the default state (256 MiB shaped like GPT-2 XL, fp32, with Adam).
+    /// A context with the default state (128 MiB shaped like GPT-2 XL, fp32, with Adam).
     pub fn new(scratch: PathBuf, repeats: usize, python: Option<PathBuf>, progress: bool) -> Ctx {
         Ctx {
             scratch,
@@ -168,7 +168,7 @@ impl Ctx {
             full: false,
             spec: StateSpec {
                 model: "gpt2-xl".into(),
-                mib: 256,
+                mib: 128,
                 mix: DtypeMix::Fp32,
                 optimizer: true,
             },

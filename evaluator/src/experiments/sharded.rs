@@ -341,10 +341,10 @@ impl Experiment for Sharded {
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
         // Per rank count: start-up, then 6 methods of (2 + repeats) saves and
-        // loads; on 2 cores about 1.5 s per 100 MiB of state per save and load.
+        // loads (55 s for 2 ranks of 64 MiB of parameters on a busy 2-core machine).
         let b = self.bench(ctx);
-        let per_save = 3.0 * b.mib / 100.0 * 1.5;
-        b.ranks.len() as f64 * (20.0 + 6.0 * (2 + b.repeats) as f64 * per_save)
+        let per_save = 0.026 * b.mib;
+        b.ranks.len() as f64 * (15.0 + 6.0 * (2 + b.repeats) as f64 * per_save)
     }
 
     fn unavailable(&self, ctx: &Ctx) -> Option<String> {
