@@ -1,18 +1,20 @@
-//! The GPU experiment's rendering of what `gpu_bench.py` writes, from a
-//! fixture of its JSON (the script itself needs a CUDA device): the methods
+//! The GPU experiment's rendering of what `gpu_bench.py` writes, from
+//! fixtures of its JSON (the script itself needs a CUDA device): the methods
 //! table, the floors, the targets in the report's targets section, and a run
 //! without a device listed at the top of the report as not run.
+//! `gpu_bench_h100.json` is what the script wrote on an H100 (a small model,
+//! without the ckpt package, so ckpt's row is its error).
 
 use ckpt_eval::experiments::gpu::{render, GpuResults};
 use ckpt_eval::suite::{Ran, SuiteResults};
 
+fn read(name: &str) -> GpuResults {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 fn fixture() -> GpuResults {
-    let bytes = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/gpu_bench.json"
-    ))
-    .unwrap();
-    serde_json::from_slice(&bytes).unwrap()
+    read("gpu_bench.json")
 }
 
 fn suite_of(r: &GpuResults) -> SuiteResults {
@@ -102,4 +104,38 @@ fn without_a_device_it_is_listed_as_not_run_at_the_top() {
     );
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
     assert!(html.contains("<li>not run: gpu: no CUDA device"), "{html}");
+}
+
+#[test]
+fn the_scripts_own_output_renders() {
+    let r = read("gpu_bench_h100.json");
+    let out = render(&r);
+    let t = &out.tables[0];
+    assert!(
+        t.title.contains("NVIDIA H100 80GB HBM3") && t.title.contains("GPT 4 x 512"),
+        "{}",
+        t.title
+    );
+    assert!(t.title.contains("device to host 0.014 s"), "{}", t.title);
+    let methods: Vec<&str> = t.rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        methods,
+        [
+            "none",
+            "ckpt lazy",
+            "torch.save",
+            "dcp.save",
+            "dcp.async_save"
+        ]
+    );
+    // The loop without checkpoints has a slowdown (the noise) and no stall.
+    assert_eq!(t.rows[0][1], "");
+    assert_eq!(t.rows[0][4], "+6.2");
+    assert_eq!(
+        t.rows[1][1],
+        "failed: ModuleNotFoundError: No module named 'ckpt'"
+    );
+    assert_eq!(t.rows[2][1], "1000.27");
+    assert_eq!(t.rows[2][5], "1.005");
+    assert!(out.targets.is_empty() && out.not_run.is_none());
 }
