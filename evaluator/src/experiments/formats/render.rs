@@ -1,6 +1,6 @@
 //! The formats experiment's tables, charts and the report's summary figure.
 
-use super::FormatResults;
+use super::results::FormatResults;
 use crate::limits::Limits;
 use crate::plot::{bar, Bar, Chart};
 use crate::table::{mib, opt_secs, secs, Table};
@@ -187,7 +187,7 @@ pub fn summary_chart(f: &FormatResults) -> Option<Chart> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::FormatRow;
+    use super::super::results::FormatRow;
     use super::*;
     use crate::stats::Summary;
 

@@ -1,6 +1,6 @@
 //! The Python experiment's tables and charts.
 
-use super::{PyMethodRow, PyTrainResults};
+use super::results::{PyMethodRow, PyTrainResults};
 use crate::limits::Limits;
 use crate::plot::{bar, Bar, Chart};
 use crate::stats::Summary;

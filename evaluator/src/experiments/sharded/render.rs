@@ -1,6 +1,6 @@
 //! The sharded experiment's tables and charts.
 
-use super::{ShardedResults, ShardedRow};
+use super::results::{ShardedResults, ShardedRow};
 use crate::plot::{bar, Chart};
 use crate::stats::Summary;
 use crate::table::{mib, opt_ms, opt_secs, Table};
