@@ -4,6 +4,7 @@
 //! machine's own limits and the usual alternatives, measured in the same run.
 //!
 //! - [`suite`]: the list of experiments, their shared options, a run of them;
+//! - [`error`]: what an experiment can fail with;
 //! - [`experiments`]: the `Experiment` trait and one module per experiment;
 //! - [`models`] / [`workload`]: generated states shaped like real models;
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
@@ -16,6 +17,7 @@
 //! - [`interval`] / [`stats`]: Young/Daly and goodput arithmetic, medians and spread.
 #![warn(missing_docs)]
 
+pub mod error;
 pub mod experiments;
 pub mod group;
 pub mod html;

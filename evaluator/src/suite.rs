@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::experiments::{BoxError, Ctx, Experiment, Output, StateSpec};
+use crate::experiments::{Ctx, Error, Experiment, Output, StateSpec};
 use crate::models::{DtypeMix, MODELS};
 
 /// The options every experiment shares.
@@ -52,7 +52,7 @@ pub struct Common {
 
 impl Common {
     /// The context of a run with these options.
-    pub fn ctx(&self) -> Result<Ctx, BoxError> {
+    pub fn ctx(&self) -> Result<Ctx, Error> {
         let mix = DtypeMix::parse(&self.dtype)
             .ok_or_else(|| format!("--dtype must be fp32 or bf16, not {:?}", self.dtype))?;
         if !MODELS.contains(&self.model.as_str()) {

@@ -14,7 +14,7 @@ use std::time::Instant;
 use ckpt_core::{CheckpointerOptions, SnapshotMode};
 use serde::Serialize;
 
-use super::{BoxError, Ctx, Experiment, Output, Target};
+use super::{Ctx, Error, Experiment, Output, Target};
 use crate::limits;
 use crate::rss::{rss_bytes, PeakSampler};
 use crate::stats::{ratio, Summary};
@@ -60,7 +60,7 @@ impl Experiment for Engine {
         3.0 + 10.0 * b.repeats as f64 * b.bytes as f64 / (1u64 << 30) as f64
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let r = self.bench(ctx).run(&ctx.scratch).await?;
         let mut out = Output::of(&r);
         out.tables.push(engine_table(&r));

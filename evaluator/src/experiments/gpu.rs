@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::script::{python_missing, run_bounded, tail};
-use super::{BoxError, Ctx, Experiment, Output, Target};
+use super::{Ctx, Error, Experiment, Output, Target};
 use crate::table::Table;
 
 /// Options of the GPU experiment; the script chooses what is not given.
@@ -180,7 +180,7 @@ impl Experiment for Gpu {
         python_missing(ctx.python.as_deref(), "torch")
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
         let script = script_path();
         let dir = ctx.fresh_dir("gpu")?;

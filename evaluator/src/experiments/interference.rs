@@ -13,7 +13,7 @@ use ckpt_core::State;
 use serde::Serialize;
 
 use super::overhead::slowdown_pct;
-use super::{file_url, BoxError, Ctx, Experiment, Output};
+use super::{file_url, Ctx, Error, Experiment, Output};
 use crate::noise::{Noise, NoiseKind};
 use crate::plot::{bar, Chart};
 use crate::stats::{ratio, Summary};
@@ -80,7 +80,7 @@ impl InterferenceBench {
         ctx: &Ctx,
         params: &Params,
         tag: &str,
-    ) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+    ) -> Result<(Vec<f64>, Vec<f64>), Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let dir = ctx.fresh_dir(&format!("interference-{tag}"))?;
         let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
@@ -106,7 +106,7 @@ impl InterferenceBench {
         ctx: &Ctx,
         params: &Params,
         checkpoint: bool,
-    ) -> Result<f64, BoxError> {
+    ) -> Result<f64, Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let dir = ctx.fresh_dir("interference-compute")?;
         let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
@@ -131,7 +131,7 @@ impl InterferenceBench {
     }
 
     /// Run on `state`.
-    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<InterferenceResults, BoxError> {
+    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<InterferenceResults, Error> {
         let params = Params::from_state(state);
         let pb = ctx.bar(
             (NoiseKind::ALL.len() + 1 + 2 * ctx.repeats) as u64,
@@ -231,7 +231,7 @@ impl Experiment for Interference {
         5.0 + ctx.repeats as f64 * (1.0 + 10.0 * self.mib() as f64 / 1024.0)
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let small = ctx.spec.build(self.mib(), 2)?;
         let i = InterferenceBench {
             intensity: self.intensity.unwrap_or(1),

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::formats::FormatResults;
 use super::overhead::OverheadResults;
-use super::{BoxError, Ctx, Experiment, Output};
+use super::{Ctx, Error, Experiment, Output};
 use crate::interval::{goodput, plan, Plan};
 use crate::plot::Chart;
 use crate::table::Table;
@@ -128,7 +128,7 @@ impl Experiment for Interval {
         &["formats", "overhead"]
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let o = ctx
             .kept::<OverheadResults>()
             .ok_or("needs the overhead results, which are missing (it failed or did not run)")?;

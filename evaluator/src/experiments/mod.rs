@@ -53,7 +53,7 @@ pub trait Experiment: Send + Sync {
         None
     }
     /// Run it and render what it measured.
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError>;
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error>;
 }
 
 /// What a run hands to the report.
@@ -179,7 +179,7 @@ impl Ctx {
 
     /// The shared state and the machine's floors for it, made and measured
     /// by the first experiment that asks.
-    pub async fn state(&self) -> Result<Arc<(State, Limits)>, BoxError> {
+    pub async fn state(&self) -> Result<Arc<(State, Limits)>, Error> {
         self.shared
             .get_or_try_init(|| async {
                 let state = self.spec.build(self.spec.mib, 1)?;
@@ -192,7 +192,7 @@ impl Ctx {
                     state.tensors.len()
                 );
                 let lim = Limits::measure(&state, &self.scratch, self.repeats)?;
-                Ok::<_, BoxError>(Arc::new((state, lim)))
+                Ok::<_, Error>(Arc::new((state, lim)))
             })
             .await
             .cloned()
@@ -268,5 +268,4 @@ pub(crate) fn ratio(a: Option<&crate::stats::Summary>, b: f64) -> f64 {
     a.map_or(f64::NAN, |s| s.median / b)
 }
 
-/// Error type of the experiments.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::Error;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use ckpt_core::{SaveHandle, SnapshotMode, State};
 use serde::Serialize;
 
-use super::{file_url, BoxError, Ctx, Experiment, Output};
+use super::{file_url, Ctx, Error, Experiment, Output};
 use crate::plot::{bar, Chart};
 use crate::python;
 use crate::rss::{rss_bytes, PeakSampler};
@@ -111,7 +111,7 @@ impl OverheadBench {
         mode: Mode,
         url: &str,
         seed: u64,
-    ) -> Result<(f64, Vec<f64>), BoxError> {
+    ) -> Result<(f64, Vec<f64>), Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let cp = match mode {
             Mode::None => None,
@@ -159,7 +159,7 @@ impl OverheadBench {
     }
 
     /// Run every setup on `state`.
-    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<OverheadResults, BoxError> {
+    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<OverheadResults, Error> {
         let params = Params::from_state(state);
         let modes = [Mode::None, Mode::Blocking, Mode::EagerAsync, Mode::Lazy];
         let pb = ctx.bar((modes.len() * ctx.repeats + 2) as u64, "overhead");
@@ -280,7 +280,7 @@ impl Overhead {
     }
 
     /// Run it on the shared state (kept for the interval experiment).
-    pub async fn results(&self, ctx: &Ctx) -> Result<OverheadResults, BoxError> {
+    pub async fn results(&self, ctx: &Ctx) -> Result<OverheadResults, Error> {
         if let Some(r) = ctx.kept::<OverheadResults>() {
             return Ok(r);
         }
@@ -317,7 +317,7 @@ impl Experiment for Overhead {
         ctx.repeats as f64 * setups * (b.steps as f64 * b.compute.as_secs_f64() + saves)
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let o = self.results(ctx).await?;
         let mut out = Output::of(&o);
         out.tables.push(table(&o));

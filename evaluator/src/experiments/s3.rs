@@ -25,7 +25,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use serde::Serialize;
 
-use super::BoxError;
+use super::Error;
 use super::{Ctx, Experiment, Output, Target};
 use crate::limits::Limits;
 use crate::stats::Summary;
@@ -95,7 +95,7 @@ pub fn unavailable(url: Option<&str>) -> Option<String> {
     None
 }
 
-async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), BoxError> {
+async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), Error> {
     let keys = store.list(None).map_ok(|m| m.location).boxed();
     store.delete_stream(keys).try_collect::<Vec<_>>().await?;
     Ok(())
@@ -103,7 +103,7 @@ async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), BoxError> {
 
 impl S3Bench {
     /// Run on `state`.
-    pub async fn run(&self, state: &State) -> Result<S3Results, BoxError> {
+    pub async fn run(&self, state: &State) -> Result<S3Results, Error> {
         let opts = CheckpointerOptions::default();
         let write = WriteOptions::default();
         let (wc, rc, chunk) = (
@@ -255,7 +255,7 @@ impl Experiment for S3 {
         unavailable(self.s3_url.as_deref())
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let shared = ctx.state().await?;
         let r = S3Bench {
             url: self.s3_url.clone().unwrap_or_default(),

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::experiments::{BoxError, Ctx, Experiment, Output};
+use crate::experiments::{Ctx, Error, Experiment, Output};
 use crate::plot::Chart;
 use crate::stats::Summary;
 use crate::table::{mib, secs, Table};
@@ -64,7 +64,7 @@ pub struct ScaleResults {
 
 /// The rank program: `$CKPT_SCALE_RANK`, or `scale_rank` built next to the running
 /// program (or one folder up, for test binaries) with the `mpi` feature.
-pub fn rank_binary() -> Result<PathBuf, BoxError> {
+pub fn rank_binary() -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os("CKPT_SCALE_RANK") {
         return Ok(PathBuf::from(p));
     }
@@ -82,7 +82,7 @@ pub fn rank_binary() -> Result<PathBuf, BoxError> {
         })
 }
 
-fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, BoxError> {
+fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, Error> {
     let out = ckpt_core::testing::mpirun(np)
         .arg(bin)
         .args(args)
@@ -117,7 +117,7 @@ pub fn summarise(
     ranks: usize,
     dedup: bool,
     reports: &[serde_json::Value],
-) -> Result<ScaleRow, BoxError> {
+) -> Result<ScaleRow, Error> {
     /// One rank's stalls, commit times and bytes written, per save.
     struct Rank {
         stall: Vec<f64>,
@@ -169,7 +169,7 @@ pub fn summarise(
 
 impl ScaleBench {
     /// Run every rank count, with and without dedup.
-    pub fn run(&self, ctx: &Ctx) -> Result<ScaleResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx) -> Result<ScaleResults, Error> {
         let bin = rank_binary()?;
         let mut rows = Vec::new();
         let mut state_bytes = 0;
@@ -261,7 +261,7 @@ impl Experiment for Scale {
         rank_binary().err().map(|e| e.to_string())
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let sc = self.bench(ctx).run(ctx)?;
         let mut out = Output::of(&sc);
         out.tables.push(table(&sc));

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::BoxError;
+use super::Error;
 
 /// Why a Python-driven experiment cannot run: no interpreter, or `imports`
 /// (a Python `import` statement's list) fail in it; `None` when it can.
@@ -55,7 +55,7 @@ pub(crate) fn run_bounded(
     mut cmd: Command,
     limit: Duration,
     what: &str,
-) -> Result<(bool, String, String), BoxError> {
+) -> Result<(bool, String, String), Error> {
     use std::os::unix::process::CommandExt;
     let mut child = cmd
         .process_group(0)

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use ckpt_core::{Compression, State};
 
-use super::{dir_bytes, file_url, BoxError, Ctx, Experiment, Output, Target};
+use super::{dir_bytes, file_url, Ctx, Error, Experiment, Output, Target};
 use crate::limits::{drop_cache_tree, Limits};
 use crate::python;
 use crate::stats::Summary;
@@ -101,7 +101,7 @@ impl FormatsBench {
         ctx: &Ctx,
         state: &State,
         lim: &Limits,
-    ) -> Result<FormatResults, BoxError> {
+    ) -> Result<FormatResults, Error> {
         let raw = state.nbytes();
         let variants = self.variants();
         let pb = ctx.bar((variants.len() * ctx.repeats + 1) as u64, "formats");
@@ -265,7 +265,7 @@ impl Formats {
     }
 
     /// Run it on the shared state (kept for the interval experiment).
-    pub async fn results(&self, ctx: &Ctx) -> Result<FormatResults, BoxError> {
+    pub async fn results(&self, ctx: &Ctx) -> Result<FormatResults, Error> {
         if let Some(r) = ctx.kept::<FormatResults>() {
             return Ok(r);
         }
@@ -300,7 +300,7 @@ impl Experiment for Formats {
         10.0 + ctx.repeats as f64 * gib * (6.0 * self.bench().variants().len() as f64 + python)
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let f = self.results(ctx).await?;
         let shared = ctx.state().await?;
         let l = &shared.1;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 
 use super::script::{python_missing, run_bounded, tail};
-use super::{ratio, BoxError, Ctx, Experiment, Output, Target};
+use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
 use crate::python::write_bench_script;
 use crate::stats::Summary;
@@ -63,7 +63,7 @@ fn num(v: &Json, key: &str) -> u64 {
 }
 
 /// Turn the script's JSON into results (targets included).
-pub fn parse(v: &Json) -> Result<PyTrainResults, BoxError> {
+pub fn parse(v: &Json) -> Result<PyTrainResults, Error> {
     let f = &v["floors"];
     let floors = PyFloors {
         memcpy_s: f["memcpy_s"].as_f64().ok_or("no memcpy floor")?,
@@ -249,7 +249,7 @@ pub fn targets(r: &PyTrainResults) -> Vec<Target> {
 
 impl PyTrainBench {
     /// Run the script once with `python`.
-    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, Error> {
         let dir = ctx.fresh_dir("python")?;
         let script = write_bench_script(&dir, "pytrain_bench.py", SCRIPT)?;
         let pb = ctx.bar(1, "python");
@@ -369,7 +369,7 @@ impl Experiment for Python {
         unavailable(ctx.python.as_deref())
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
         let r = self.bench(ctx).run(ctx, py)?;
         let mut out = Output::of(&r);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value as Json;
 
 use super::script::{free_port, python_missing, run_bounded, tail};
-use super::{ratio, BoxError, Ctx, Experiment, Output, Target};
+use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
 use crate::python::write_bench_script;
 use crate::stats::Summary;
@@ -53,7 +53,7 @@ pub fn unavailable(python: Option<&Path>) -> Option<String> {
 }
 
 /// Turn the JSON rank 0 printed into a run.
-pub fn parse_run(v: &Json) -> Result<ShardedRun, BoxError> {
+pub fn parse_run(v: &Json) -> Result<ShardedRun, Error> {
     let ranks = v["ranks"].as_u64().ok_or("no ranks")? as usize;
     let local = v["local_bytes"].as_u64().ok_or("no local_bytes")?;
     let f = &v["floors"];
@@ -162,7 +162,7 @@ pub fn targets(runs: &[ShardedRun]) -> Vec<Target> {
 
 impl ShardedBench {
     /// Run one torchrun job per rank count with `python`.
-    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, Error> {
         let dir = ctx.fresh_dir("sharded")?;
         let script = write_bench_script(&dir, "sharded_bench.py", SCRIPT)?;
         let pb = ctx.bar(self.ranks.len() as u64, "sharded");
@@ -277,7 +277,7 @@ impl Experiment for Sharded {
         unavailable(ctx.python.as_deref())
     }
 
-    async fn run(&self, ctx: &Ctx) -> Result<Output, BoxError> {
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
         let sh = self.bench(ctx).run(ctx, py)?;
         let mut out = Output::of(&sh);
