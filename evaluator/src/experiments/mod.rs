@@ -29,6 +29,7 @@ use ckpt_core::State;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
+pub use crate::error::Error;
 use crate::limits::Limits;
 use crate::models::{DtypeMix, ModelState};
 use crate::plot::Chart;
@@ -267,5 +268,3 @@ pub fn dir_bytes(dir: &std::path::Path) -> u64 {
 pub(crate) fn ratio(a: Option<&crate::stats::Summary>, b: f64) -> f64 {
     a.map_or(f64::NAN, |s| s.median / b)
 }
-
-pub use crate::error::Error;
