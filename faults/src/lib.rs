@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod baseline;
+pub mod error;
 pub mod event;
 pub mod inject;
 pub mod mpi;
@@ -98,11 +99,13 @@ impl CampaignConfig {
 
 /// Whether a tmpfs can be mounted under `work`.
 fn probe_mount(work: &Path) -> Result<(), String> {
-    inject::Tmpfs::mount(&work.join("mount-probe"), 1).map(drop)
+    inject::Tmpfs::mount(&work.join("mount-probe"), 1)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Run a campaign.
-pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
+pub fn campaign(cfg: &CampaignConfig) -> Result<CampaignReport, error::Error> {
     let t0 = Instant::now();
     std::fs::create_dir_all(&cfg.work)?;
     let work = std::fs::canonicalize(&cfg.work)?;
@@ -225,7 +228,7 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
         (Some(t), true) => match t.finish(cfg.torch_restores) {
             Ok(b) => Some(b),
             Err(why) => {
-                not_run.push(("torch baseline".into(), why));
+                not_run.push(("torch baseline".into(), why.to_string()));
                 None
             }
         },
