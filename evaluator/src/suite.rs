@@ -154,6 +154,8 @@ suite! {
         "FSDP2 state under torchrun: ckpt beside dcp and torch-checkpointing.";
     python: crate::experiments::pytrain::Python => Python,
         "A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside its peers, and real training loops.";
+    recovery: crate::experiments::recovery::Recovery => Recovery,
+        "Restarts after SIGKILLs of a tch job (ckpt-faults) beside libtorch's serializer (needs fault_victim).";
     gpu: crate::experiments::gpu::Gpu => Gpu,
         "A model training on a CUDA device checkpointed by ckpt and its peers (evaluator/python/gpu_bench.py).";
     s3: crate::experiments::s3::S3 => S3,

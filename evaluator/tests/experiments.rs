@@ -62,6 +62,7 @@ fn the_suite_is_the_list_and_a_subcommand_runs_what_it_needs() {
             "scale",
             "sharded",
             "python",
+            "recovery",
             "gpu",
             "s3"
         ]
@@ -443,12 +444,13 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         scratch.to_str().unwrap(),
     ]);
     let c = cli.common.ctx().unwrap();
-    // The scale experiment needs the mpirun rank program (feature `mpi`).
+    // The scale experiment needs the mpirun rank program (feature `mpi`);
+    // recovery (a campaign) has its own test below.
     let list: Vec<_> = cli
         .suite
         .experiments()
         .into_iter()
-        .filter(|e| cfg!(feature = "mpi") || e.name() != "scale")
+        .filter(|e| (cfg!(feature = "mpi") || e.name() != "scale") && e.name() != "recovery")
         .collect();
     let r = ckpt_eval::suite::run(&c, &list).await;
     let errors: Vec<_> = r.errors().collect();
@@ -568,4 +570,32 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     assert!(!html.contains("src=") && html.contains("<table>"));
     let expected = if cfg!(feature = "mpi") { 8 } else { 7 };
     assert!(plots.len() >= expected, "{plots:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_restarts_or_why_not() {
+    use ckpt_eval::experiments::recovery::Recovery;
+    use ckpt_eval::experiments::Experiment;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let e = Recovery {
+        recovery_kills: Some(2),
+    };
+    if let Some(why) = e.unavailable(&c) {
+        // The victim links libtorch: built by the workspace's --all-features runs.
+        assert!(why.contains("fault_victim"), "{why}");
+        return;
+    }
+    let out = e.run(&c).await.unwrap();
+    let t = &out.tables[0];
+    assert_eq!(t.id, "recovery");
+    assert_eq!(t.rows[0][0], "restart: spawn to first new step");
+    assert!(
+        !t.rows[0][1].is_empty() && !t.rows[1][1].is_empty(),
+        "{t:?}"
+    );
+    // Nothing torn loaded, every restart where the oracle says, finals identical.
+    assert_eq!(out.targets.len(), 3);
+    assert!(out.targets.iter().all(|x| x.met), "{:?}", out.targets);
+    assert!(out.results["failures_total"].as_u64().unwrap() >= 2);
 }

@@ -15,6 +15,7 @@ pub mod interference;
 pub mod interval;
 pub mod overhead;
 pub mod pytrain;
+pub mod recovery;
 pub mod s3;
 pub mod scale;
 pub mod script;
