@@ -5,7 +5,8 @@ length of each tensor) and one binary blob; this script rebuilds the same
 tensors with torch and times the usual ways to checkpoint them, printing one
 JSON object on stdout. Every save is made durable (fsync) before the clock
 stops, as ckpt's saves are; loads read files whose page cache was dropped
-(posix_fadvise DONTNEED after fsync) where the OS allows it.
+(``peers.drop_cache``: ``/proc/sys/vm/drop_caches`` where allowed, else
+posix_fadvise DONTNEED after fsync), as in every Python benchmark.
 
     baselines.py formats  --spec S --blob B --dir D --repeats N
     baselines.py overhead --spec S --blob B --dir D --mode {torch_save,dcp_async_save}
@@ -23,6 +24,10 @@ import sys
 import time
 
 import torch
+
+# The page cache is dropped and files fsynced as in every Python benchmark.
+from peers import drop_cache, fsync_tree
+from peers import fsync_path as fsync_file
 
 DTYPES = {
     "F32": torch.float32,
@@ -58,40 +63,9 @@ def load_state(spec_path, blob_path):
 def fsync_path(path):
     """fsync a file, or every file of a directory tree and the directories."""
     if os.path.isdir(path):
-        for root, _dirs, files in os.walk(path):
-            for name in files:
-                fsync_path(os.path.join(root, name))
-            fd = os.open(root, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fsync_tree(path)
     else:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def drop_cache(path):
-    """Drop the page cache of a file or tree; True if the OS accepted it."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    paths = []
-    if os.path.isdir(path):
-        for root, _dirs, files in os.walk(path):
-            paths += [os.path.join(root, n) for n in files]
-    else:
-        paths = [path]
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return True
+        fsync_file(path)
 
 
 def size_of(path):
@@ -233,7 +207,7 @@ def run_formats(args):
         dcp_async_save(tiny, path) if save is None else save(tiny, path)
         load(path, tiny)
         r = {"name": name, "save_s": [], "stall_s": [], "load_s": [], "bytes": 0}
-        cache_dropped = True
+        cache_dropped, how = True, "none"
         for _ in range(args.repeats):
             fresh(path)
             if save is None:
@@ -247,13 +221,15 @@ def run_formats(args):
                 r["save_s"].append(dt)
                 r["stall_s"].append(dt)
             r["bytes"] = size_of(path)
-            cache_dropped &= drop_cache(path)
+            how = drop_cache(path)
+            cache_dropped &= how != "none"
             t0 = time.perf_counter()
             loaded = load(path, state)
             r["load_s"].append(time.perf_counter() - t0)
             check_equal(state, loaded, name)
             del loaded
         r["cache_dropped"] = cache_dropped
+        r["cache_drop"] = how
         fresh(path)
         results.append(r)
     return {"baselines": results}

@@ -69,7 +69,6 @@ One JSON object is printed last.
 
 from __future__ import annotations
 
-import abc
 import argparse
 import json
 import os
@@ -83,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchlib import Peak, drop_cache, fsync_path, fsync_written, settle, tree_bytes
+from peers import MAKERS, Ckpt, DcpAsync, Method, Peak, drop_cache, floors, settle, timed_save
 
 # ---------------------------------------------------------------- the model
 
@@ -209,364 +208,7 @@ def check(tr: Trainer, ref: dict, name: str) -> None:
         raise RuntimeError(f"{name}: {len(bad)} of {len(ref)} tensors differ after load, e.g. {bad[:3]}")
 
 
-# ---------------------------------------------------------------- floors
-
-def floors(ref: dict, work: str, repeats: int) -> dict:
-    """Copy, write + fsync and cold read of the state's bytes; the fastest of the repeats."""
-    uniq, seen = [], set()
-    for t in ref.values():
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            uniq.append(t)
-    dsts = [torch.empty_like(t) for t in uniq]
-    for d in dsts:
-        d.zero_()  # touch the pages first
-    copy = []
-    for _ in range(max(3, repeats)):
-        t = time.perf_counter()
-        for d, s in zip(dsts, uniq):
-            d.copy_(s)
-        copy.append(time.perf_counter() - t)
-    del dsts
-    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in uniq])
-    path = os.path.join(work, "floor.bin")
-    write, read, how = [], [], "none"
-    back = torch.empty_like(flat)
-    for _ in range(repeats):
-        t = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            f.write(memoryview(flat.numpy()))
-            os.fsync(f.fileno())
-        write.append(time.perf_counter() - t)
-        how = drop_cache(path)
-        t = time.perf_counter()
-        with open(path, "rb", buffering=0) as f:
-            f.readinto(memoryview(back.numpy()))
-        read.append(time.perf_counter() - t)
-        assert torch.equal(back, flat)
-        os.remove(path)
-    return {"memcpy_s": min(copy), "write_fsync_s": min(write), "read_cold_s": min(read), "cache_drop": how}
-
-
-# ---------------------------------------------------------------- methods
-
-def done() -> None:
-    """The waiter of a save that was durable when it returned."""
-
-
-class Method(abc.ABC):
-    """One way to checkpoint: a saver kept across saves (as in training) and its
-    directory. ``start`` returns once the training loop may go on (the stall)
-    with a function that blocks until the save is durable."""
-
-    name = "?"
-    #: Whether this method's load is timed (one method per file format).
-    loads = True
-
-    def __init__(self, work: str, tr: Trainer) -> None:
-        self.dir = os.path.join(work, self.name.replace(" ", "_").replace(".", "_"))
-        self.tr = tr
-        self.written = 0
-
-    def prepare(self) -> None:
-        """Import what the method needs (an exception skips the method)."""
-
-    def open(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.makedirs(self.dir, exist_ok=True)
-
-    def step_dir(self, step: int) -> str:
-        return os.path.join(self.dir, f"step_{step}")
-
-    @abc.abstractmethod
-    def start(self, step: int):
-        """Start saving ``step``; returns a function that blocks until durable."""
-
-    def snapshot_wait(self) -> None:
-        """Block until the state may be mutated again (before the optimizer step)."""
-
-    @abc.abstractmethod
-    def load(self, step: int) -> None:
-        """Load ``step`` into the live model and optimizer."""
-
-    def measure_written(self, step: int) -> None:
-        self.written = tree_bytes(self.step_dir(step))
-
-    def prune(self, step: int) -> None:
-        """Remove every checkpoint but ``step``'s (bounds the disk used)."""
-        for name in os.listdir(self.dir):
-            if name.startswith("step_") and name != f"step_{step}":
-                shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
-
-    def close(self) -> None:
-        pass
-
-
-class Ckpt(Method):
-
-    def __init__(self, work: str, tr: Trainer, lazy: bool) -> None:
-        self.lazy = lazy
-        self.name = "ckpt lazy" if lazy else "ckpt eager"
-        self.loads = not lazy  # the same files and load path as eager
-        self.cp = None
-        self.h = None
-        super().__init__(work, tr)
-
-    def prepare(self) -> None:
-        import ckpt  # noqa: F401
-
-    def open(self) -> None:
-        import ckpt
-
-        super().open()
-        # Retention as a training run sets it (the disk holds two checkpoints).
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, keep_last=2)
-
-    def start(self, step: int):
-        before = self.cp.io_counts()["written_bytes"]
-        h = self.h = self.cp.save(step, model=self.tr.model, optimizer=self.tr.opt)
-
-        def wait():
-            h.wait()
-            self.written = self.cp.io_counts()["written_bytes"] - before
-
-        return wait
-
-    def snapshot_wait(self) -> None:
-        if self.h is not None:
-            self.h.wait_snapshot()
-
-    def measure_written(self, step: int) -> None:
-        pass  # counted by the waiter
-
-    def prune(self, step: int) -> None:
-        pass  # keep_last
-
-    def load(self, step: int) -> None:
-        import ckpt
-
-        cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), rng=False)
-        try:
-            got = cp.load_latest(model=self.tr.model, optimizer=self.tr.opt)
-            if got != step:
-                raise RuntimeError(f"ckpt loaded step {got}, not {step}")
-        finally:
-            cp.close()
-
-    def close(self) -> None:
-        if self.cp is not None:
-            self.cp.close()
-            self.cp = None
-
-
-class TorchSave(Method):
-    name = "torch.save"
-
-    def path(self, step: int) -> str:
-        return os.path.join(self.step_dir(step), "state.pt")
-
-    def start(self, step: int):
-        os.makedirs(self.step_dir(step), exist_ok=True)
-        with open(self.path(step), "wb") as f:
-            torch.save({"model": self.tr.model.state_dict(), "optimizer": self.tr.opt.state_dict()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        return done
-
-    def load(self, step: int) -> None:
-        s = torch.load(self.path(step), weights_only=True)
-        self.tr.model.load_state_dict(s["model"])
-        self.tr.opt.load_state_dict(s["optimizer"])
-
-
-class Safetensors(Method):
-    """One file of every tensor; tied weights stored once (safetensors refuses
-    shared tensors), the optimizer's param groups as JSON in the metadata."""
-
-    name = "safetensors"
-
-    def prepare(self) -> None:
-        import safetensors.torch  # noqa: F401
-
-    def path(self, step: int) -> str:
-        return os.path.join(self.step_dir(step), "state.safetensors")
-
-    def start(self, step: int):
-        from safetensors.torch import save_file
-
-        flat, aliases, seen = {}, {}, {}
-        for k, v in self.tr.model.state_dict().items():
-            key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
-            if key in seen:
-                aliases[k] = seen[key]
-            else:
-                seen[key] = k
-                flat[f"model.{k}"] = v.contiguous()
-        osd = self.tr.opt.state_dict()
-        for pid, s in osd["state"].items():
-            for k, v in s.items():
-                flat[f"optim.{pid}.{k}"] = v
-        meta = {"aliases": json.dumps(aliases), "param_groups": json.dumps(osd["param_groups"])}
-        os.makedirs(self.step_dir(step), exist_ok=True)
-        save_file(flat, self.path(step), metadata=meta)
-        fsync_path(self.path(step))
-        return done
-
-    def load(self, step: int) -> None:
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
-        with safe_open(self.path(step), framework="pt") as f:
-            meta = f.metadata()
-        flat = load_file(self.path(step))
-        msd = {k[len("model."):]: v for k, v in flat.items() if k.startswith("model.")}
-        for k, src in json.loads(meta["aliases"]).items():
-            msd[k] = msd[src]
-        state: dict = {}
-        for k, v in flat.items():
-            if k.startswith("optim."):
-                _, pid, name = k.split(".", 2)
-                state.setdefault(int(pid), {})[name] = v
-        self.tr.model.load_state_dict(msd)
-        self.tr.opt.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
-
-
-def dcp_state(tr: Trainer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(tr.model, tr.opt)
-    return {"model": msd, "optim": osd}
-
-
-def dcp_apply(tr: Trainer, sd: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    set_state_dict(tr.model, tr.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
-class DcpSave(Method):
-    name = "dcp.save"
-
-    def prepare(self) -> None:
-        import torch.distributed.checkpoint  # noqa: F401
-
-    def start(self, step: int):
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.step_dir(step), sync_files=True))
-        return done
-
-    def load(self, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        sd = dcp_state(self.tr)
-        dcp.load(sd, checkpoint_id=self.step_dir(step))
-        dcp_apply(self.tr, sd)
-
-
-class DcpAsync(DcpSave):
-    name = "dcp.async_save"
-    loads = False  # dcp.save's files and load
-
-    def prepare(self) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
-
-        import torch.distributed as dist
-
-        # Pinned host memory needs CUDA; without it the same stager stages to plain memory.
-        self.pinned = torch.cuda.is_available()
-        self.pg = dist.new_group(backend="gloo")  # its own group for the background collectives
-        self.stager = None
-        self.resp = None
-
-    def open(self) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        super().open()
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
-                                                   use_async_staging=True, use_non_blocking_copy=self.pinned))
-
-    def start(self, step: int):
-        import torch.distributed.checkpoint as dcp
-
-        resp = self.resp = dcp.async_save(
-            dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.step_dir(step), sync_files=True),
-            process_group=self.pg, async_stager=self.stager)
-        if hasattr(resp, "upload_completion"):
-            return lambda: resp.upload_completion.result()
-        return lambda: resp.result()
-
-    def snapshot_wait(self) -> None:
-        if self.resp is not None and hasattr(self.resp, "staging_completion"):
-            self.resp.staging_completion.result()
-
-    def close(self) -> None:
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
-
-
-class TorchCheckpointing(Method):
-    name = "torch-checkpointing"
-
-    def prepare(self) -> None:
-        import torch_checkpointing  # noqa: F401
-
-        self.m = None
-
-    def _manager(self, for_load: bool = False):
-        from torch_checkpointing import CheckpointManager, ItemSpec
-        from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
-        from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-
-        # O_DIRECT (its default) fails on the first unaligned write (EINVAL), so
-        # buffered writes, made durable by the pre-finalize fsync.
-        spec = ItemSpec()
-        return CheckpointManager(CheckpointManager.Config(
-            items={"model": spec, "optim": spec},
-            pre_finalize_callback=fsync_written,
-            save=SyncCheckpointSaverConfig() if for_load else AsyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False)))
-
-    def open(self) -> None:
-        super().open()
-        self.m = self._manager()
-
-    def start(self, step: int):
-        fut = self.m.save(self.step_dir(step), dcp_state(self.tr))
-        return (lambda: fut.result()) if fut is not None else done
-
-    def snapshot_wait(self) -> None:
-        if self.m is not None and self.m._staging_future is not None:
-            self.m._staging_future.result()
-
-    def load(self, step: int) -> None:
-        sd = dcp_state(self.tr)
-        m = self._manager(for_load=True)
-        try:
-            m.load(self.step_dir(step), into=sd)
-        finally:
-            m.close()
-        dcp_apply(self.tr, sd)
-
-    def close(self) -> None:
-        if self.m is not None:
-            self.m.close()
-            self.m = None
-
-
 # ---------------------------------------------------------------- measurements
-
-def timed_save(m: Method, step: int):
-    """(stall, snapshot, durable) of one save, seconds from the call."""
-    t = time.perf_counter()
-    wait = m.start(step)
-    stall = time.perf_counter() - t
-    m.snapshot_wait()
-    snap = time.perf_counter() - t
-    wait()
-    return stall, snap, time.perf_counter() - t
-
 
 def checked_load(m: Method, tr: Trainer, ref: dict, step: int, peak: "Peak | None" = None):
     """Scramble the live state, drop the page cache, load ``step`` into it (in a
@@ -708,20 +350,18 @@ def main() -> None:
         "threads": torch.get_num_threads(), "cores": os.cpu_count(), "floors": fl, "methods": [], "loops": [],
     }
     makers = {
-        "ckpt eager": lambda: Ckpt(work, tr, lazy=False),
-        "ckpt lazy": lambda: Ckpt(work, tr, lazy=True),
-        "torch.save": lambda: TorchSave(work, tr),
-        "safetensors": lambda: Safetensors(work, tr),
-        "dcp.save": lambda: DcpSave(work, tr),
-        "dcp.async_save": lambda: DcpAsync(work, tr),
-        "torch-checkpointing": lambda: TorchCheckpointing(work, tr),
+        **MAKERS,
+        # Retention as a training run sets it (the disk holds two checkpoints).
+        "ckpt eager": lambda work: Ckpt(work, lazy=False, keep_last=2),
+        "ckpt lazy": lambda work: Ckpt(work, lazy=True, keep_last=2),
+        "dcp.async_save": lambda work: DcpAsync(work, loads=False),  # dcp.save's files and load
     }
     loop_methods = [s.strip() for s in a.loop_methods.split(",") if s.strip()]
     for _ in range(2):
         tr.step()  # warm: the first steps of a process are slower
     for name in [s.strip() for s in a.methods.split(",") if s.strip()]:
         row: dict = {"name": name}
-        m = makers[name]()
+        m = makers[name](work).bind(tr.model, tr.opt)
         try:
             m.prepare()
         except Exception as e:  # noqa: BLE001 - any import failure skips the method

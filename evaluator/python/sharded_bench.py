@@ -41,7 +41,6 @@ Rank 0 prints one JSON object.
 
 from __future__ import annotations
 
-import abc
 import argparse
 import json
 import os
@@ -53,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from benchlib import Peak, drop_cache, fsync_written, tree_bytes
+from peers import MAKERS, Method, Peak, drop_cache_ranks, floors, timed_save
 
 LAYERS = 8
 
@@ -115,306 +114,6 @@ def nbytes(state: dict) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-# ---------------------------------------------------------------- floors
-
-def floors(state: dict, work: str) -> dict:
-    """write + fsync, cold read and copy of this rank's local bytes."""
-    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in state.values()])
-    path = os.path.join(work, f"floor-rank{dist.get_rank()}.bin")
-    mv = memoryview(flat.numpy())
-    dist.barrier()
-    t = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        f.write(mv)
-        os.fsync(f.fileno())
-    write = time.perf_counter() - t
-    dist.barrier()
-    how = drop_cache(path) if dist.get_rank() == 0 else None
-    dist.barrier()
-    how = broadcast(how)
-    if how != "drop_caches":
-        how = drop_cache(path)
-    dist.barrier()
-    back = torch.empty_like(flat)
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        f.readinto(memoryview(back.numpy()))
-    read = time.perf_counter() - t
-    assert torch.equal(back, flat)
-    os.remove(path)
-    del back
-    dsts = {k: torch.empty_like(v) for k, v in state.items()}
-    for k, v in state.items():  # touch the pages first
-        dsts[k].zero_()
-    dist.barrier()
-    t = time.perf_counter()
-    for k, v in state.items():
-        dsts[k].copy_(v)
-    copy = time.perf_counter() - t
-    return {"write_fsync_s": write, "read_cold_s": read, "memcpy_s": copy, "cache_drop": how}
-
-
-def broadcast(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-# ---------------------------------------------------------------- methods
-
-class Method(abc.ABC):
-    """One way to checkpoint: a saver kept across saves (as in training), its
-    directory. Each peer below implements ``save`` and ``load``."""
-
-    name = "?"
-
-    def __init__(self, work: str) -> None:
-        self.dir = os.path.join(work, self.name.replace(" ", "_").replace(".", "_"))
-
-    def prepare(self) -> None:
-        """Import what the method needs (an exception skips the method)."""
-
-    def open(self) -> None:
-        """A fresh directory and saver."""
-        if dist.get_rank() == 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            os.makedirs(self.dir, exist_ok=True)
-        dist.barrier()
-
-    def step_dir(self, step: int) -> str:
-        return os.path.join(self.dir, f"step_{step}")
-
-    @abc.abstractmethod
-    def save(self, model, opt, step: int):
-        """Returns (stall, snapshot, durable) in seconds from the call."""
-
-    @abc.abstractmethod
-    def load(self, model, opt, step: int) -> None:
-        """Load step ``step`` into ``model`` and ``opt`` (fresh ones)."""
-
-    def written(self, step: int, world: int) -> int:
-        return tree_bytes(self.step_dir(step)) // world
-
-    def close(self) -> None:
-        pass
-
-
-class Ckpt(Method):
-    def __init__(self, work: str, lazy: bool) -> None:
-        self.lazy = lazy
-        self.name = "ckpt lazy" if lazy else "ckpt eager"
-        self.cp = None
-        super().__init__(work)
-
-    def prepare(self) -> None:
-        import ckpt  # noqa: F401
-
-    def open(self) -> None:
-        import ckpt
-
-        super().open()
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
-
-    def save(self, model, opt, step: int):
-        before = self.cp.io_counts()["written_bytes"]
-        t = time.perf_counter()
-        h = self.cp.save(step, **self.state(model, opt))
-        stall = time.perf_counter() - t
-        h.wait_snapshot()
-        snap = time.perf_counter() - t
-        h.wait()
-        durable = time.perf_counter() - t
-        self._written = self.cp.io_counts()["written_bytes"] - before
-        return stall, snap, durable
-
-    def state(self, model, opt) -> dict:
-        """What ``save`` and ``load_latest`` are given."""
-        return {"model": model, "optimizer": opt}
-
-    def written(self, step: int, world: int) -> int:
-        return self._written
-
-    def load(self, model, opt, step: int) -> None:
-        import ckpt
-
-        cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
-        try:
-            if cp.load_latest(**self.state(model, opt)) != step:
-                raise RuntimeError(f"ckpt did not find step {step}")
-        finally:
-            cp.close()
-
-    def close(self) -> None:
-        if self.cp is not None:
-            self.cp.close()
-            self.cp = None
-
-
-class CkptAppState(Ckpt):
-    """ckpt lazy, given DCP's tutorial ``AppState`` (a ``Stateful`` over
-    ``get_state_dict``/``set_state_dict``) instead of the model and optimizer."""
-
-    name = "ckpt lazy (AppState)"
-
-    def __init__(self, work: str) -> None:
-        super().__init__(work, lazy=True)
-        self.name = CkptAppState.name
-
-    def state(self, model, opt) -> dict:
-        return {"app": AppState(model, opt)}
-
-
-class AppState:
-    """The ``Stateful`` of PyTorch's DCP tutorial."""
-
-    def __init__(self, model, opt) -> None:
-        self.model, self.optimizer = model, opt
-
-    def state_dict(self) -> dict:
-        return dcp_state(self.model, self.optimizer)
-
-    def load_state_dict(self, sd: dict) -> None:
-        dcp_apply(self.model, self.optimizer, sd)
-
-
-def dcp_state(model, opt) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, opt)
-    return {"model": msd, "optim": osd}
-
-
-def dcp_apply(model, opt, sd) -> None:
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
-class DcpSave(Method):
-    name = "dcp.save"
-
-    def prepare(self) -> None:
-        import torch.distributed.checkpoint  # noqa: F401
-
-    def save(self, model, opt, step: int):
-        import torch.distributed.checkpoint as dcp
-
-        t = time.perf_counter()
-        dcp.save(dcp_state(model, opt), storage_writer=dcp.FileSystemWriter(self.step_dir(step), sync_files=True))
-        d = time.perf_counter() - t
-        return d, d, d
-
-    def load(self, model, opt, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        sd = dcp_state(model, opt)
-        dcp.load(sd, checkpoint_id=self.step_dir(step))
-        dcp_apply(model, opt, sd)
-
-
-class DcpAsync(DcpSave):
-    name = "dcp.async_save"
-
-    def prepare(self) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
-
-        # Pinned host memory needs CUDA; without it the same stager stages to plain memory.
-        self.pinned = torch.cuda.is_available()
-        self.pg = dist.new_group(backend="gloo")  # its own group for the background collectives
-        self.stager = None
-
-    def open(self) -> None:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        super().open()
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
-                                                   use_async_staging=True, use_non_blocking_copy=self.pinned))
-
-    def save(self, model, opt, step: int):
-        import torch.distributed.checkpoint as dcp
-
-        t = time.perf_counter()
-        resp = dcp.async_save(dcp_state(model, opt),
-                              storage_writer=dcp.FileSystemWriter(self.step_dir(step), sync_files=True),
-                              process_group=self.pg, async_stager=self.stager)
-        stall = time.perf_counter() - t
-        if hasattr(resp, "staging_completion"):
-            resp.staging_completion.result()
-            snap = time.perf_counter() - t
-            resp.upload_completion.result()
-        else:
-            snap = stall
-            resp.result()
-        durable = time.perf_counter() - t
-        return stall, snap, durable
-
-    def close(self) -> None:
-        if self.stager is not None:
-            self.stager.close()
-            self.stager = None
-
-
-class TorchCheckpointing(Method):
-    name = "torch-checkpointing"
-
-    def prepare(self) -> None:
-        import torch_checkpointing  # noqa: F401
-
-        self.m = None
-
-    def _manager(self, for_load: bool = False):
-        from torch_checkpointing import CheckpointManager, ItemSpec
-        from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
-        from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-
-        # No resharder: 0.1.1 gathers resharding metadata through a CUDA tensor
-        # (metadata_manager._all_gather_pickled_data), which fails without a GPU.
-        # Without one it saves each rank's DTensor shards as they are
-        # (``<item>_<rank>.pt``) and loads them back on the same layout.
-        # O_DIRECT (its default) fails here on the first unaligned write (EINVAL),
-        # so buffered writes, made durable by the fsync in ``save`` below.
-        spec = ItemSpec()
-        return CheckpointManager(CheckpointManager.Config(
-            items={"model": spec, "optim": spec},
-            # It does not fsync: its pre-finalize hook (in its writer process, after
-            # this rank's files are written, before the ranks' barrier) does.
-            pre_finalize_callback=fsync_written,
-            # Loading starts no writer subprocess.
-            save=SyncCheckpointSaverConfig() if for_load else AsyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False)))
-
-    def open(self) -> None:
-        super().open()
-        self.m = self._manager()
-
-    def save(self, model, opt, step: int):
-        t = time.perf_counter()
-        fut = self.m.save(self.step_dir(step), dcp_state(model, opt))
-        stall = time.perf_counter() - t
-        # The manager's staging future: when the state may be mutated again.
-        if self.m._staging_future is not None:
-            self.m._staging_future.result()
-        snap = time.perf_counter() - t
-        if fut is not None:
-            fut.result()
-        durable = time.perf_counter() - t
-        return stall, snap, durable
-
-    def load(self, model, opt, step: int) -> None:
-        sd = dcp_state(model, opt)
-        m = self._manager(for_load=True)
-        try:
-            m.load(self.step_dir(step), into=sd)
-        finally:
-            m.close()
-        dcp_apply(model, opt, sd)
-
-    def close(self) -> None:
-        if self.m is not None:
-            self.m.close()
-            self.m = None
-
-
 # ---------------------------------------------------------------- main
 
 def max_over_ranks(x: float) -> float:
@@ -430,7 +129,7 @@ def train_step(model, opt, h: int, step: int) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def run_method(m: Method, a, h: int, model, opt, world: int) -> dict:
+def run_method(m: Method, a, h: int, model, opt) -> dict:
     """Two saves sampled for memory (a cold one, so savers, pools and writer
     subprocesses exist, then a warm one), then per repeat: a training step
     (every value changes), a timed save, a cold load checked shard by shard.
@@ -442,35 +141,33 @@ def run_method(m: Method, a, h: int, model, opt, world: int) -> dict:
     rows = {"stall_s": [], "snapshot_s": [], "durable_s": [], "load_s": [],
             "written_bytes": [], "peak_extra_bytes": []}
     cache = None
+    m.bind(model, opt)
     dist.barrier()
     with Peak() as p:  # from before the first save: staging pools and writer processes count
         with p.active():
             m.open()
-            m.save(model, opt, 0)
+            timed_save(m, 0)
         train_step(model, opt, h, 100)
         dist.barrier()
         with p.active():
-            m.save(model, opt, 1)
+            timed_save(m, 1)
     rows["peak_extra_bytes"].append(max_over_ranks(p.extra))
     for rep in range(a.repeats):
         step = rep + 2
         train_step(model, opt, h, 100 + step)
         ref = {k: v.detach().clone() for k, v in local_view(model, opt).items()}
         dist.barrier()
-        stall, snap, durable = m.save(model, opt, step)
-        written = m.written(step, world)
+        stall, snap, durable = timed_save(m, step)
+        m.measure_written(step)
+        written = m.written
         fresh = build(h, seed=1000 + rep)
         fopt = make_opt(fresh, seed=1000 + rep, h=h)
         dist.barrier()
-        how = drop_cache(m.dir) if dist.get_rank() == 0 else None
-        how = broadcast(how)
-        if how != "drop_caches":
-            how = drop_cache(m.dir)
-        cache = how
-        dist.barrier()
+        cache = drop_cache_ranks(m.dir)
         t = time.perf_counter()
-        m.load(fresh, fopt, step)
+        m.bind(fresh, fopt).load(step)
         load = time.perf_counter() - t
+        m.bind(model, opt)
         got = local_view(fresh, fopt)
         bad = [k for k, v in ref.items() if k not in got or not torch.equal(got[k], v)]
         if bad:
@@ -517,17 +214,9 @@ def main() -> None:
         "floors": {k: (max_over_ranks(v) if isinstance(v, float) else v) for k, v in fl.items()},
         "methods": [],
     }
-    makers = {
-        "ckpt eager": lambda: Ckpt(work, lazy=False),
-        "ckpt lazy": lambda: Ckpt(work, lazy=True),
-        CkptAppState.name: lambda: CkptAppState(work),
-        "dcp.save": lambda: DcpSave(work),
-        "dcp.async_save": lambda: DcpAsync(work),
-        "torch-checkpointing": lambda: TorchCheckpointing(work),
-    }
     for name in [s.strip() for s in a.methods.split(",") if s.strip()]:
         row: dict = {"name": name}
-        m = makers[name]()
+        m = MAKERS[name](work)
         try:
             m.prepare()
         except Exception as e:  # noqa: BLE001 - any import failure skips the method
@@ -536,7 +225,7 @@ def main() -> None:
             continue
         if name == "dcp.async_save":
             row["pinned_stager"] = m.pinned
-        row.update(run_method(m, a, h, model, opt, world))
+        row.update(run_method(m, a, h, model, opt))
         out["methods"].append(row)
     if rank == 0:
         print(json.dumps(out), flush=True)

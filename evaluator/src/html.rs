@@ -4,9 +4,8 @@
 
 use std::fmt::Write as _;
 
-use crate::experiments::formats::FormatResults;
-use crate::plot::{Bar, Chart};
-use crate::report::Table;
+use crate::plot::Chart;
+use crate::table::Table;
 
 /// Escape text for HTML.
 pub fn escape(s: &str) -> String {
@@ -40,67 +39,13 @@ pub fn table(t: &Table) -> String {
     s
 }
 
-/// The summary figure: how long each peer takes relative to ckpt's first row
-/// (`ckpt native`), on stall, time until durable and load. `None` without a ckpt
-/// row and a peer.
-pub fn summary_chart(f: &FormatResults) -> Option<Chart> {
-    let ours = f.rows.iter().find(|r| r.by == "ckpt")?;
-    let peers: Vec<_> = f.rows.iter().filter(|r| r.by != "ckpt").collect();
-    if peers.is_empty() {
-        return None;
-    }
-    let mut bars = Vec::new();
-    for p in peers {
-        let metrics = [
-            ("stall", &p.stall_s, &ours.stall_s),
-            ("durable", &p.save_s, &ours.save_s),
-            ("load", &p.load_s, &ours.load_s),
-        ];
-        for (group, (what, theirs, mine)) in metrics.into_iter().enumerate() {
-            if mine.median <= 0.0 || !theirs.median.is_finite() {
-                continue;
-            }
-            // The spread of the ratio from the extremes of both sides.
-            let lo = if mine.max > 0.0 {
-                theirs.min / mine.max
-            } else {
-                0.0
-            };
-            let hi = if mine.min > 0.0 {
-                theirs.max / mine.min
-            } else {
-                theirs.median / mine.median
-            };
-            bars.push(Bar {
-                label: format!("{}: {what}", p.name),
-                value: theirs.median / mine.median,
-                lo,
-                hi,
-                group,
-            });
-        }
-    }
-    Some(Chart::Bars {
-        title: format!(
-            "Each peer's time relative to {} (stall, until durable, load)",
-            ours.name
-        ),
-        unit: format!(
-            "times {} (median, min-max; above 1: ckpt is faster)",
-            ours.name
-        ),
-        bars,
-        reference: Some((ours.name.clone(), 1.0)),
-    })
-}
-
 const STYLE: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;\
 max-width:1000px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}\
 h1{font-size:1.7em}h2{font-size:1.25em;margin-top:2em;border-bottom:1px solid #ddd}\
 table{border-collapse:collapse;font-size:.9em;margin:1em 0}\
 th,td{padding:.25em .6em;border-bottom:1px solid #eee;text-align:left}\
 td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f6f6f6}\
-figure{margin:1em 0}svg{max-width:100%;height:auto}.note{color:#555}";
+figure{margin:1em 0}svg{max-width:100%;height:auto}.note{color:#555}.top{font-weight:600}";
 
 /// One section of the page.
 pub struct Section<'a> {
@@ -111,8 +56,10 @@ pub struct Section<'a> {
 }
 
 /// The whole page.
+/// `top`: lines for the top of the page (what did not run, what failed).
 pub fn page(
     intro: &str,
+    top: &[String],
     summary: Option<&Chart>,
     sections: &[Section<'_>],
     notes: &[String],
@@ -123,6 +70,13 @@ pub fn page(
     );
     if !intro.is_empty() {
         let _ = writeln!(s, "<p>{}</p>", escape(intro));
+    }
+    if !top.is_empty() {
+        s.push_str("<ul class=\"top\">\n");
+        for n in top {
+            let _ = writeln!(s, "<li>{}</li>", escape(n));
+        }
+        s.push_str("</ul>\n");
     }
     if let Some(c) = summary {
         let _ = writeln!(s, "<figure>{}</figure>", c.to_svg());
@@ -152,62 +106,6 @@ pub fn page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::experiments::formats::FormatRow;
-    use crate::stats::Summary;
-
-    fn s(v: f64) -> Summary {
-        Summary::of(&[v * 0.9, v, v * 1.1])
-    }
-
-    fn row(name: &str, by: &str, t: f64) -> FormatRow {
-        FormatRow {
-            name: name.into(),
-            by: by.into(),
-            save_s: s(t),
-            stall_s: s(t / 2.0),
-            load_s: s(t / 4.0),
-            load_into_s: None,
-            bytes: 1,
-            save_gbps: 1.0,
-            load_gbps: 1.0,
-            save_vs_floor: 1.0,
-            load_vs_floor: 1.0,
-            load_into_vs_floor: None,
-        }
-    }
-
-    #[test]
-    fn summary_is_each_peer_over_ckpt_on_three_measures() {
-        let f = FormatResults {
-            state_bytes: 1,
-            tensors: 1,
-            rows: vec![
-                row("ckpt native", "ckpt", 1.0),
-                row("torch.save", "python", 3.0),
-            ],
-            python_error: None,
-            targets: Vec::new(),
-        };
-        let Some(Chart::Bars {
-            bars, reference, ..
-        }) = summary_chart(&f)
-        else {
-            panic!("no summary")
-        };
-        let labels: Vec<_> = bars.iter().map(|b| b.label.as_str()).collect();
-        assert_eq!(
-            labels,
-            [
-                "torch.save: stall",
-                "torch.save: durable",
-                "torch.save: load"
-            ]
-        );
-        assert!(bars
-            .iter()
-            .all(|b| (b.value - 3.0).abs() < 1e-9 && b.lo < 3.0 && b.hi > 3.0));
-        assert_eq!(reference, Some(("ckpt native".to_string(), 1.0)));
-    }
 
     #[test]
     fn page_is_self_contained_and_escaped() {
@@ -225,6 +123,7 @@ mod tests {
         };
         let html = page(
             "intro",
+            &["not run: x: <why>".into()],
             Some(&c),
             &[Section {
                 table: &t,
@@ -237,5 +136,6 @@ mod tests {
         assert!(!html.contains("<script>") && !html.contains("src=") && !html.contains("href="));
         assert_eq!(html.matches("<svg").count(), 2);
         assert!(html.contains("<td class=\"n\">1.5</td>"));
+        assert!(html.contains("<li>not run: x: &lt;why&gt;</li>"));
     }
 }

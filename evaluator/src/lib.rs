@@ -3,21 +3,22 @@
 //! The benchmark suite of ckpt: experiments that measure checkpointing against the
 //! machine's own limits and the usual alternatives, measured in the same run.
 //!
-//! - [`suite`]: which experiments run on what state, and their gathered results;
-//! - [`faults`]: fault campaigns (`ckpt-eval faults`): kill, corrupt, restart, compare;
-//! - [`experiments`]: engine, formats, overhead, determinism, interference, interval;
+//! - [`suite`]: the list of experiments, their shared options, a run of them;
+//! - [`error`]: what an experiment can fail with;
+//! - [`experiments`]: the `Experiment` trait and one module per experiment;
 //! - [`models`] / [`workload`]: generated states shaped like real models;
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
 //! - [`python`]: the Python baselines (torch.save, safetensors, DCP, h5py);
 //! - [`noise`]: bounded local noise generators;
 //! - [`group`]: an in-process coordinator (several ranks in one process);
 //! - [`train`]: a small real model for the bitwise resume check;
-//! - [`report`] / [`plot`]: tables, CSV, JSON, SVG/PNG plots, Markdown report;
+//! - [`table`] / [`plot`]: tables (text, Markdown, CSV) and SVG plots;
+//! - [`report`] / [`html`]: `results.json`, `report.md`, `report.html`;
 //! - [`interval`] / [`stats`]: Young/Daly and goodput arithmetic, medians and spread.
 #![warn(missing_docs)]
 
+pub mod error;
 pub mod experiments;
-pub mod faults;
 pub mod group;
 pub mod html;
 pub mod interval;
@@ -30,5 +31,6 @@ pub mod report;
 pub mod rss;
 pub mod stats;
 pub mod suite;
+pub mod table;
 pub mod train;
 pub mod workload;

@@ -1,6 +1,6 @@
-//! Plots, drawn once and rendered twice: as SVG text and as a PNG raster (a
-//! small canvas with an 8x8 bitmap font, so no system font or graphics library
-//! is needed). Two kinds: horizontal bars with min-max whiskers, and lines.
+//! Plots as plain SVG: shapes and `<text>`, which the viewer sets in its own
+//! fonts (no raster, no font of ours). Two kinds: horizontal bars with min-max
+//! whiskers, and lines.
 
 use std::path::Path;
 
@@ -29,6 +29,17 @@ pub struct Bar {
     pub hi: f64,
     /// Palette index (bars of one group share a colour).
     pub group: usize,
+}
+
+/// A bar of a summary's median and spread.
+pub fn bar(label: &str, s: &crate::stats::Summary, group: usize) -> Bar {
+    Bar {
+        label: label.into(),
+        value: s.median,
+        lo: s.min,
+        hi: s.max,
+        group,
+    }
 }
 
 /// A chart.
@@ -60,7 +71,7 @@ pub enum Chart {
     },
 }
 
-/// Drawing primitives, implemented by the SVG and raster backends.
+/// Drawing primitives (the SVG writer implements them).
 trait Painter {
     fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, c: [u8; 3]);
     fn line(&mut self, x0: f64, y0: f64, x1: f64, y1: f64, c: [u8; 3], dashed: bool);
@@ -249,31 +260,10 @@ impl Chart {
         )
     }
 
-    /// The chart as a PNG image.
-    pub fn to_png(&self) -> Vec<u8> {
-        let (w, h) = (W as usize, self.height() as usize);
-        let mut r = Raster {
-            w,
-            h,
-            px: vec![255; w * h * 3],
-        };
-        self.draw(&mut r);
-        let mut out = Vec::new();
-        {
-            let mut enc = png::Encoder::new(&mut out, w as u32, h as u32);
-            enc.set_color(png::ColorType::Rgb);
-            enc.set_depth(png::BitDepth::Eight);
-            let mut wr = enc.write_header().expect("in-memory PNG header");
-            wr.write_image_data(&r.px).expect("in-memory PNG data");
-        }
-        out
-    }
-
-    /// Write `<dir>/<name>.svg` and `<dir>/<name>.png`.
+    /// Write `<dir>/<name>.svg`.
     pub fn save(&self, dir: &Path, name: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join(format!("{name}.svg")), self.to_svg())?;
-        std::fs::write(dir.join(format!("{name}.png")), self.to_png())
+        std::fs::write(dir.join(format!("{name}.svg")), self.to_svg())
     }
 }
 
@@ -315,78 +305,6 @@ impl Painter for Svg {
     }
 }
 
-struct Raster {
-    w: usize,
-    h: usize,
-    px: Vec<u8>,
-}
-
-impl Raster {
-    fn set(&mut self, x: i64, y: i64, c: [u8; 3]) {
-        if x >= 0 && y >= 0 && (x as usize) < self.w && (y as usize) < self.h {
-            let i = (y as usize * self.w + x as usize) * 3;
-            self.px[i..i + 3].copy_from_slice(&c);
-        }
-    }
-}
-
-impl Painter for Raster {
-    fn rect(&mut self, x: f64, y: f64, w: f64, h: f64, c: [u8; 3]) {
-        for yy in y.round() as i64..(y + h).round() as i64 {
-            for xx in x.round() as i64..(x + w).round() as i64 {
-                self.set(xx, yy, c);
-            }
-        }
-    }
-    fn line(&mut self, x0: f64, y0: f64, x1: f64, y1: f64, c: [u8; 3], dashed: bool) {
-        let n = ((x1 - x0).abs().max((y1 - y0).abs()).ceil() as usize).max(1);
-        for i in 0..=n {
-            if dashed && (i / 5) % 2 == 1 {
-                continue;
-            }
-            let t = i as f64 / n as f64;
-            self.set(
-                (x0 + (x1 - x0) * t).round() as i64,
-                (y0 + (y1 - y0) * t).round() as i64,
-                c,
-            );
-        }
-    }
-    fn text(&mut self, x: f64, y: f64, s: &str, anchor: u8, big: bool) {
-        // Titles in double size where they fit.
-        let fits = s.chars().count() * 16 + 20 <= self.w;
-        let scale = if big && fits { 2 } else { 1 };
-        let adv = 8 * scale;
-        let width = (s.chars().count() * adv) as f64;
-        let left = match anchor {
-            0 => x,
-            1 => x - width / 2.0,
-            _ => x - width,
-        } as i64;
-        let top = y as i64 - 7 * scale as i64;
-        for (k, ch) in s.chars().enumerate() {
-            let code = if (ch as u32) < 128 {
-                ch as usize
-            } else {
-                b'?' as usize
-            };
-            let glyph = font8x8::legacy::BASIC_LEGACY[code];
-            for (row, bits) in glyph.iter().enumerate() {
-                for col in 0..8 {
-                    if bits >> col & 1 == 1 {
-                        for dy in 0..scale {
-                            for dx in 0..scale {
-                                let px = left + (k * adv + col * scale + dx) as i64;
-                                self.set(px, top + (row * scale + dy) as i64, [0, 0, 0]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,29 +340,6 @@ mod tests {
         assert!(s.contains("save &lt;time&gt;"));
         assert_eq!(s.matches("<rect").count(), 3, "background + two bars");
         assert!(s.contains("stroke-dasharray"), "reference line");
-    }
-
-    #[test]
-    fn png_decodes_with_the_right_size_and_ink() {
-        for chart in [
-            bars(),
-            Chart::Lines {
-                title: "goodput".into(),
-                x_label: "interval (s)".into(),
-                y_label: "goodput".into(),
-                log_x: true,
-                series: vec![("x".into(), vec![(1.0, 0.1), (10.0, 0.9), (100.0, 0.5)])],
-            },
-        ] {
-            let png_bytes = chart.to_png();
-            let dec = png::Decoder::new(std::io::Cursor::new(png_bytes));
-            let mut reader = dec.read_info().unwrap();
-            let mut buf = vec![0; reader.output_buffer_size().unwrap()];
-            let info = reader.next_frame(&mut buf).unwrap();
-            assert_eq!((info.width, info.height), (W as u32, chart.height() as u32));
-            let ink = buf.chunks(3).filter(|p| p != &[255, 255, 255]).count();
-            assert!(ink > 1000, "something was drawn: {ink}");
-        }
     }
 
     #[test]

@@ -26,6 +26,19 @@ pub fn interpreter() -> Option<PathBuf> {
     .find(|p| p.exists())
 }
 
+/// The peers, floors, cache dropping and memory sampling every Python
+/// benchmark script imports (`peers.py`), written next to each.
+pub const PEERS: &str = include_str!("../python/peers.py");
+
+/// Write a Python benchmark script and the module it imports into `dir`;
+/// returns the script's path.
+pub fn write_bench_script(dir: &Path, name: &str, script: &str) -> std::io::Result<PathBuf> {
+    std::fs::write(dir.join("peers.py"), PEERS)?;
+    let path = dir.join(name);
+    std::fs::write(&path, script)?;
+    Ok(path)
+}
+
 /// A state written for the script: where the spec, blob and script live.
 #[derive(Debug, Clone)]
 pub struct Exported {
@@ -63,8 +76,7 @@ pub fn export(state: &State, dir: &Path) -> std::io::Result<Exported> {
         &spec,
         serde_json::to_vec(&serde_json::json!({ "tensors": tensors }))?,
     )?;
-    let script = dir.join("baselines.py");
-    std::fs::write(&script, SCRIPT)?;
+    let script = write_bench_script(dir, "baselines.py", SCRIPT)?;
     let work = dir.join("py");
     std::fs::create_dir_all(&work)?;
     Ok(Exported {

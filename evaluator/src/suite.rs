@@ -1,388 +1,285 @@
-//! The suite: which experiments to run, on what state, and their results
-//! gathered in one place (what `results.json` holds).
+//! The suite: the list of experiments (one line each in [`suite!`]), the
+//! options they share, and a run of some of them, gathered for the report.
+//!
+//! Each experiment's options are flattened twice: into [`SuiteArgs`] (so
+//! `ckpt-eval --sharded-ranks 2,4` sizes the suite's sharded run) and into its
+//! own subcommand (`ckpt-eval sharded --sharded-ranks 2,4`).
 
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::experiments::determinism::{DeterminismBench, DeterminismResults};
-use crate::experiments::engine::{EngineBench, EngineResults};
-use crate::experiments::formats::{FormatResults, FormatsBench};
-use crate::experiments::interference::{InterferenceBench, InterferenceResults};
-use crate::experiments::interval::{IntervalBench, IntervalResults};
-use crate::experiments::overhead::{OverheadBench, OverheadResults};
-use crate::experiments::pytrain::{PyTrainBench, PyTrainResults};
-use crate::experiments::s3::{S3Bench, S3Results};
-use crate::experiments::scale::{ScaleBench, ScaleResults};
-use crate::experiments::sharded::{ShardedBench, ShardedResults};
-use crate::experiments::{BoxError, Ctx};
-use crate::limits::Limits;
-use crate::models::{DtypeMix, ModelState};
+use crate::experiments::{Ctx, Error, Experiment, Output, StateSpec};
+use crate::models::{DtypeMix, MODELS};
 
-/// The experiments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Experiment {
-    /// The engine benchmark (its own state and floors).
-    Engine,
-    /// Formats and the Python baselines.
-    Formats,
-    /// Training-loop overhead.
-    Overhead,
-    /// Determinism and bitwise resume.
-    Determinism,
-    /// Interference both ways.
-    Interference,
-    /// Young/Daly interval and goodput (needs formats and overhead).
-    Interval,
-    /// 1 to 8 ranks under mpirun.
-    Scale,
-    /// FSDP2 state on 2 and 4 ranks under torchrun: ckpt beside DCP and torch-checkpointing.
-    Sharded,
-    /// A GPT-2-shaped PyTorch model and AdamW through ckpt's Python API beside
-    /// torch.save, safetensors, DCP and torch-checkpointing; real training loops.
-    Python,
-    /// Save and load on an S3 server beside plain multipart and ranged transfers.
-    S3,
-}
-
-impl Experiment {
-    /// Every experiment of the default suite, in order.
-    pub const ALL: [Experiment; 10] = [
-        Experiment::Engine,
-        Experiment::Formats,
-        Experiment::Overhead,
-        Experiment::Determinism,
-        Experiment::Interference,
-        Experiment::Interval,
-        Experiment::Scale,
-        Experiment::Sharded,
-        Experiment::Python,
-        Experiment::S3,
-    ];
-}
-
-/// Settings of a suite run.
-#[derive(Debug, Clone, Serialize)]
-pub struct SuiteConfig {
-    /// Which experiments.
-    pub experiments: Vec<Experiment>,
-    /// Model whose shapes the state takes.
+/// The options every experiment shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Directory on the disk under test (checkpoints are written and deleted here).
+    #[arg(long, global = true, default_value = "runs/scratch")]
+    pub scratch: PathBuf,
+    /// Where results go (a new run directory is made inside).
+    #[arg(long, global = true, default_value = "runs")]
+    pub out: PathBuf,
+    /// Repeats of each measurement.
+    #[arg(long, global = true, default_value_t = 3)]
+    pub repeats: usize,
+    /// The heavy configurations (more ranks, larger states, more repeats) for
+    /// every option not given; the default suite takes a few minutes on 2 cores.
+    #[arg(long, global = true)]
+    pub full: bool,
+    /// Model whose tensor shapes the shared state takes (resnet50, bert-large, gpt2-xl, llama3-8b).
+    #[arg(long, global = true, default_value = "gpt2-xl")]
     pub model: String,
-    /// State size in MiB (parameters and optimizer state).
-    pub mib: usize,
-    /// Dtype mix.
-    pub mix: DtypeMix,
-    /// Include Adam state.
-    pub optimizer: bool,
-    /// State size of the engine benchmark, MiB.
-    pub engine_mib: usize,
-    /// Tensors of the engine benchmark's state.
-    pub engine_tensors: usize,
-    /// zstd levels of the native format in the formats experiment (0 = none).
-    pub zstd_levels: Vec<i32>,
-    /// Steps per overhead run.
-    pub steps: u64,
-    /// Checkpoint every this many steps.
-    pub every: u64,
-    /// Emulated compute per step, milliseconds.
-    pub compute_ms: u64,
-    /// Threads per noise generator.
-    pub noise_intensity: usize,
-    /// State size of the interference experiment, MiB (saves under disk noise are slow).
-    pub interference_mib: usize,
-    /// MTBF for the interval experiment, seconds.
-    pub mtbf_s: f64,
-    /// Fixed restart cost, seconds.
-    pub restart_s: f64,
-    /// Rank counts of the scale experiment.
-    pub scale_ranks: Vec<usize>,
-    /// State size of the scale experiment, MiB (every rank holds all of it).
-    pub scale_mib: usize,
-    /// Rank counts of the sharded experiment.
-    pub sharded_ranks: Vec<usize>,
-    /// MiB of parameters of the sharded experiment's model (AdamW adds twice that).
-    pub sharded_mib: f64,
-    /// Timed saves and loads per method in the sharded experiment.
-    pub sharded_repeats: usize,
-    /// Python experiment: transformer blocks of the GPT-2-shaped model.
-    pub python_layers: usize,
-    /// Python experiment: embedding width.
-    pub python_width: usize,
-    /// Python experiment: tokens per sequence (and context length).
-    pub python_seq: usize,
-    /// Python experiment: sequences per training step.
-    pub python_batch: usize,
-    /// Python experiment: timed saves and loads per method.
-    pub python_repeats: usize,
-    /// Python experiment: checkpoints per method in the training loop.
-    pub python_rounds: usize,
-    /// Python experiment: training steps between checkpoints in the loop.
-    pub python_every: usize,
-    /// Root URL of the S3 experiment (`s3://bucket/prefix`); none: not run.
-    pub s3_url: Option<String>,
+    /// Size of the shared model-shaped state in MiB (parameters plus optimizer
+    /// state) [default: 128; --full: 256].
+    #[arg(long, global = true)]
+    pub mib: Option<usize>,
+    /// Dtype mix: fp32, or bf16 (bf16 parameters, f32 master copy and moments).
+    #[arg(long, global = true, default_value = "fp32")]
+    pub dtype: String,
+    /// Leave the Adam optimizer state out.
+    #[arg(long, global = true)]
+    pub no_optimizer: bool,
+    /// Skip the Python baselines and experiments.
+    #[arg(long, global = true)]
+    pub no_python: bool,
+    /// No progress bars.
+    #[arg(long, global = true)]
+    pub quiet: bool,
 }
 
-/// Everything a suite run measured.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct SuiteResults {
-    /// The settings.
-    pub config: Option<SuiteConfig>,
-    /// Raw bytes and tensor count of the generated state.
-    pub state_bytes: u64,
-    /// Tensors of the generated state.
-    pub state_tensors: usize,
-    /// The machine's floors for the state.
-    pub limits: Option<Limits>,
-    /// Engine benchmark.
-    pub engine: Option<EngineResults>,
-    /// Formats.
-    pub formats: Option<FormatResults>,
-    /// Overhead.
-    pub overhead: Option<OverheadResults>,
-    /// Determinism.
-    pub determinism: Option<DeterminismResults>,
-    /// Interference.
-    pub interference: Option<InterferenceResults>,
-    /// Interval.
-    pub interval: Option<IntervalResults>,
-    /// Scale.
-    pub scale: Option<ScaleResults>,
-    /// Sharded (FSDP2) state.
-    pub sharded: Option<ShardedResults>,
-    /// A PyTorch model and its training loop, from Python.
-    pub python: Option<PyTrainResults>,
-    /// S3 against its own baseline.
-    pub s3: Option<S3Results>,
-    /// Experiments that failed, with the error.
-    pub errors: Vec<(String, String)>,
-    /// Experiments of the issue that are not in this suite, and why.
-    pub not_included: Vec<(String, String)>,
-    /// Seconds per experiment.
-    pub timings: Vec<(String, f64)>,
-}
-
-fn record<T>(r: &mut SuiteResults, name: &str, t: Instant, out: Result<T, BoxError>) -> Option<T> {
-    r.timings.push((name.to_owned(), t.elapsed().as_secs_f64()));
-    match out {
-        Ok(v) => Some(v),
-        Err(e) => {
-            eprintln!("{name} failed: {e}");
-            r.errors.push((name.to_owned(), e.to_string()));
-            None
+impl Common {
+    /// The context of a run with these options.
+    pub fn ctx(&self) -> Result<Ctx, Error> {
+        let mix = DtypeMix::parse(&self.dtype)
+            .ok_or_else(|| format!("--dtype must be fp32 or bf16, not {:?}", self.dtype))?;
+        if !MODELS.contains(&self.model.as_str()) {
+            return Err(format!("--model must be one of {MODELS:?}").into());
         }
+        std::fs::create_dir_all(&self.scratch)?;
+        let python = if self.no_python {
+            None
+        } else {
+            crate::python::interpreter()
+        };
+        let mut ctx = Ctx::new(
+            std::fs::canonicalize(&self.scratch)?,
+            self.repeats,
+            python,
+            !self.quiet,
+        );
+        ctx.full = self.full;
+        ctx.spec = StateSpec {
+            model: self.model.clone(),
+            mib: self.mib.unwrap_or(if self.full { 256 } else { 128 }),
+            mix,
+            optimizer: !self.no_optimizer,
+        };
+        Ok(ctx)
     }
 }
 
-/// Run the configured experiments.
-pub async fn run(ctx: &Ctx, cfg: &SuiteConfig) -> Result<SuiteResults, BoxError> {
+/// The list of experiments: `field: Type => Subcommand, "its help";`, in the
+/// suite's order. Adding an experiment is its module and one line here.
+macro_rules! suite {
+    ($($field:ident: $ty:ty => $variant:ident, $doc:literal;)*) => {
+        /// Every experiment's options, flattened into the suite.
+        #[derive(clap::Args, Debug, Clone, Default)]
+        pub struct SuiteArgs {
+            $(
+                #[allow(missing_docs)]
+                #[command(flatten)]
+                pub $field: $ty,
+            )*
+        }
+
+        /// The subcommands: the suite, or one experiment with its own options.
+        // Parsed once per run: the suite's variant being large costs nothing.
+        #[allow(clippy::large_enum_variant)]
+        #[derive(clap::Subcommand, Debug, Clone)]
+        pub enum Cmd {
+            /// The default suite (every experiment); also what runs with no subcommand.
+            Suite(SuiteArgs),
+            $(
+                #[doc = $doc]
+                $variant($ty),
+            )*
+        }
+
+        impl SuiteArgs {
+            /// Every experiment, in the suite's order.
+            pub fn experiments(&self) -> Vec<Box<dyn Experiment>> {
+                vec![$(Box::new(self.$field.clone()) as Box<dyn Experiment>),*]
+            }
+        }
+
+        impl Cmd {
+            /// What this subcommand runs: the suite's experiments, or one with
+            /// those it needs (taken from `suite`) before it.
+            pub fn experiments(&self, suite: &SuiteArgs) -> Vec<Box<dyn Experiment>> {
+                let one: Box<dyn Experiment> = match self {
+                    Cmd::Suite(s) => return s.experiments(),
+                    $(Cmd::$variant(x) => Box::new(x.clone()),)*
+                };
+                let mut v: Vec<Box<dyn Experiment>> = suite
+                    .experiments()
+                    .into_iter()
+                    .filter(|e| one.needs().contains(&e.name()))
+                    .collect();
+                v.push(one);
+                v
+            }
+        }
+    };
+}
+
+suite! {
+    engine: crate::experiments::engine::Engine => Engine,
+        "The engine benchmark: stall, time to commit, memory, incremental bytes.";
+    formats: crate::experiments::formats::Formats => Formats,
+        "Formats: ckpt's formats and the Python baselines, save/load/size.";
+    overhead: crate::experiments::overhead::Overhead => Overhead,
+        "Overhead of checkpointing a training loop every k steps.";
+    determinism: crate::experiments::determinism::Determinism => Determinism,
+        "Byte-identical saves and bitwise resume.";
+    interference: crate::experiments::interference::Interference => Interference,
+        "Checkpoints under memory/disk/CPU/network noise, and the reverse.";
+    interval: crate::experiments::interval::Interval => Interval,
+        "Young/Daly interval and goodput from measured costs (runs formats and overhead).";
+    scale: crate::experiments::scale::Scale => Scale,
+        "Data-parallel ranks under mpirun, with and without dedup (needs the `mpi` feature).";
+    sharded: crate::experiments::sharded::Sharded => Sharded,
+        "FSDP2 state under torchrun: ckpt beside dcp and torch-checkpointing.";
+    python: crate::experiments::pytrain::Python => Python,
+        "A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside its peers, and real training loops.";
+    recovery: crate::experiments::recovery::Recovery => Recovery,
+        "Restarts after SIGKILLs of a tch job (ckpt-faults) beside libtorch's serializer (needs fault_victim).";
+    gpu: crate::experiments::gpu::Gpu => Gpu,
+        "A model training on a CUDA device checkpointed by ckpt and its peers (evaluator/python/gpu_bench.py).";
+    s3: crate::experiments::s3::S3 => S3,
+        "Save and load on S3 beside a plain multipart upload and ranged download (needs --s3-url).";
+}
+
+/// What one experiment of a run came to.
+#[derive(Debug, Serialize)]
+pub struct Ran {
+    /// Its name.
+    pub name: String,
+    /// Seconds it took.
+    pub secs: f64,
+    /// Why it did not run or measured nothing, if so.
+    pub not_run: Option<String>,
+    /// Its error, if it failed.
+    pub error: Option<String>,
+    /// What it measured, rendered.
+    #[serde(rename = "results", serialize_with = "output_results")]
+    pub output: Output,
+}
+
+fn output_results<S: serde::Serializer>(o: &Output, s: S) -> Result<S::Ok, S::Error> {
+    o.results.serialize(s)
+}
+
+/// Everything a run measured (what `results.json` holds).
+#[derive(Debug, Serialize, Default)]
+pub struct SuiteResults {
+    /// The shared state's settings.
+    pub state: Option<StateSpec>,
+    /// Bytes and tensors of the shared state, if an experiment made it.
+    pub state_made: Option<(u64, usize)>,
+    /// Repeats per figure.
+    pub repeats: usize,
+    /// The machine's floors for the shared state, if measured.
+    pub limits: Option<crate::limits::Limits>,
+    /// Each experiment, in the order they ran.
+    pub experiments: Vec<Ran>,
+}
+
+impl SuiteResults {
+    /// Experiments that did not run or measured nothing, with why.
+    pub fn not_run(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.experiments
+            .iter()
+            .filter_map(|r| Some((r.name.as_str(), r.not_run.as_deref()?)))
+    }
+
+    /// Experiments that failed, with the error.
+    pub fn errors(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.experiments
+            .iter()
+            .filter_map(|r| Some((r.name.as_str(), r.error.as_deref()?)))
+    }
+}
+
+fn minutes(s: f64) -> String {
+    if s < 90.0 {
+        format!("{:.0} s", s.max(1.0))
+    } else {
+        format!("{:.0} min", s / 60.0)
+    }
+}
+
+/// Run `experiments` in order. Progress on stderr names each as it starts,
+/// with an estimate of what is left (the estimates, scaled by how the ones so
+/// far compared with what they took).
+pub async fn run(ctx: &Ctx, experiments: &[Box<dyn Experiment>]) -> SuiteResults {
     let mut r = SuiteResults {
-        config: Some(cfg.clone()),
-        not_included: vec![
-            (
-                "faults".into(),
-                "its own command, `ckpt-eval faults` (it drives a tch job built with the `faults` feature)".into(),
-            ),
-        ],
+        state: Some(ctx.spec.clone()),
+        repeats: ctx.repeats,
         ..Default::default()
     };
-    let has = |e: Experiment| cfg.experiments.contains(&e);
-    if has(Experiment::Engine) {
-        let t = Instant::now();
-        eprintln!(
-            "engine: {} MiB in {} tensors",
-            cfg.engine_mib, cfg.engine_tensors
-        );
-        let bench = EngineBench {
-            bytes: cfg.engine_mib << 20,
-            tensors: cfg.engine_tensors,
-            repeats: ctx.repeats,
+    let estimates: Vec<f64> = experiments.iter().map(|e| e.estimate_s(ctx)).collect();
+    let (mut estimated_done, mut took_done) = (0.0, 0.0);
+    for (i, e) in experiments.iter().enumerate() {
+        let name = e.name();
+        let mut ran = Ran {
+            name: name.into(),
+            secs: 0.0,
+            not_run: None,
+            error: None,
+            output: Output::default(),
         };
-        let out = bench.run(&ctx.scratch).await.map_err(BoxError::from);
-        r.engine = record(&mut r, "engine", t, out);
-    }
-    if has(Experiment::Scale) {
-        let t = Instant::now();
-        eprintln!(
-            "scale: {} MiB on {:?} ranks",
-            cfg.scale_mib, cfg.scale_ranks
-        );
-        let bench = ScaleBench {
-            ranks: cfg.scale_ranks.clone(),
-            mib: cfg.scale_mib,
-            tensors: 32,
-        };
-        let out = bench.run(ctx);
-        r.scale = record(&mut r, "scale", t, out);
-    }
-    if has(Experiment::Sharded) {
-        // `unavailable` gives the reason, also when there is no interpreter at all.
-        match (
-            &ctx.python,
-            crate::experiments::sharded::unavailable(ctx.python.as_deref()),
-        ) {
-            (Some(py), None) => {
-                let t = Instant::now();
-                eprintln!(
-                    "sharded: FSDP2 model of {} MiB of parameters plus AdamW on {:?} ranks",
-                    cfg.sharded_mib, cfg.sharded_ranks
-                );
-                let bench = ShardedBench {
-                    ranks: cfg.sharded_ranks.clone(),
-                    mib: cfg.sharded_mib,
-                    repeats: cfg.sharded_repeats,
-                    timeout: Duration::from_secs(600),
-                };
-                let out = bench.run(ctx, py);
-                r.sharded = record(&mut r, "sharded", t, out);
-            }
-            (_, why) => {
-                let why = why.unwrap_or_default();
-                eprintln!("sharded: skipped: {why}");
-                r.not_included.push(("sharded".into(), why));
-            }
+        if let Some(why) = e.unavailable(ctx) {
+            eprintln!("[{}/{}] {name}: not run: {why}", i + 1, experiments.len());
+            ran.not_run = Some(why);
+            r.experiments.push(ran);
+            continue;
         }
-    }
-    if has(Experiment::Python) {
-        match (
-            &ctx.python,
-            crate::experiments::pytrain::unavailable(ctx.python.as_deref()),
-        ) {
-            (Some(py), None) => {
-                let t = Instant::now();
-                eprintln!(
-                    "python: GPT-2-shaped model, {} layers of width {}, plus AdamW",
-                    cfg.python_layers, cfg.python_width
-                );
-                let bench = PyTrainBench {
-                    layers: cfg.python_layers,
-                    width: cfg.python_width,
-                    seq: cfg.python_seq,
-                    batch: cfg.python_batch,
-                    repeats: cfg.python_repeats,
-                    rounds: cfg.python_rounds,
-                    every: cfg.python_every,
-                    timeout: Duration::from_secs(600),
-                };
-                let out = bench.run(ctx, py);
-                r.python = record(&mut r, "python", t, out);
-            }
-            (_, why) => {
-                let why = why.unwrap_or_default();
-                eprintln!("python: skipped: {why}");
-                r.not_included.push(("python".into(), why));
-            }
-        }
-    }
-    let needs_state = cfg.experiments.iter().any(|e| {
-        !matches!(
-            e,
-            Experiment::Engine | Experiment::Scale | Experiment::Sharded | Experiment::Python
-        )
-    });
-    if !needs_state {
-        return Ok(r);
-    }
-    let state = ModelState {
-        model: cfg.model.clone(),
-        bytes: cfg.mib << 20,
-        mix: cfg.mix,
-        optimizer: cfg.optimizer,
-        seed: 1,
-    }
-    .build()?;
-    r.state_bytes = state.nbytes();
-    r.state_tensors = state.tensors.len();
-    eprintln!(
-        "state: {} shapes, {:?}, optimizer {}: {:.1} MiB in {} tensors",
-        cfg.model,
-        cfg.mix,
-        cfg.optimizer,
-        r.state_bytes as f64 / (1 << 20) as f64,
-        r.state_tensors
-    );
-    let t = Instant::now();
-    let lim = Limits::measure(&state, &ctx.scratch, ctx.repeats)?;
-    r.timings.push(("limits".into(), t.elapsed().as_secs_f64()));
-    r.limits = Some(lim.clone());
-
-    if has(Experiment::Formats) || has(Experiment::Interval) {
-        let t = Instant::now();
-        let out = FormatsBench {
-            zstd_levels: cfg.zstd_levels.clone(),
-        }
-        .run(ctx, &state, &lim)
-        .await;
-        r.formats = record(&mut r, "formats", t, out);
-    }
-    if has(Experiment::Overhead) || has(Experiment::Interval) {
-        let t = Instant::now();
-        let bench = OverheadBench {
-            steps: cfg.steps,
-            every: cfg.every,
-            compute: Duration::from_millis(cfg.compute_ms),
-        };
-        let out = bench.run(ctx, &state).await;
-        r.overhead = record(&mut r, "overhead", t, out);
-    }
-    if has(Experiment::Determinism) {
-        let t = Instant::now();
-        let out = DeterminismBench {
-            steps: 200,
-            stop_at: 77,
-        }
-        .run(ctx, &state)
-        .await;
-        r.determinism = record(&mut r, "determinism", t, out);
-    }
-    if has(Experiment::Interference) {
-        let t = Instant::now();
-        let bench = InterferenceBench {
-            intensity: cfg.noise_intensity,
-            steps: 12,
-            every: 4,
-            kernel_iters: 12_000_000,
-        };
-        let small = ModelState {
-            model: cfg.model.clone(),
-            bytes: cfg.interference_mib << 20,
-            mix: cfg.mix,
-            optimizer: cfg.optimizer,
-            seed: 2,
-        }
-        .build()?;
-        let out = bench.run(ctx, &small).await;
-        r.interference = record(&mut r, "interference", t, out);
-    }
-    if has(Experiment::S3) {
-        match crate::experiments::s3::unavailable(cfg.s3_url.as_deref()) {
-            None => {
-                let t = Instant::now();
-                let bench = S3Bench {
-                    url: cfg.s3_url.clone().unwrap_or_default(),
-                    repeats: ctx.repeats,
-                };
-                let out = bench.run(&state).await;
-                r.s3 = record(&mut r, "s3", t, out);
-            }
-            Some(why) => {
-                eprintln!("s3: skipped: {why}");
-                r.not_included.push(("s3".into(), why));
-            }
-        }
-    }
-    if has(Experiment::Interval) {
-        if let Some(o) = &r.overhead {
-            let bench = IntervalBench {
-                mtbf_s: cfg.mtbf_s,
-                restart_fixed_s: cfg.restart_s,
-            };
-            r.interval = Some(bench.run(o, r.formats.as_ref()));
+        let pace = if estimated_done > 0.0 {
+            took_done / estimated_done
         } else {
-            r.errors.push((
-                "interval".into(),
-                "needs the overhead results, which failed".into(),
-            ));
+            1.0
+        };
+        let left: f64 = estimates[i..].iter().sum::<f64>() * pace;
+        eprintln!(
+            "[{}/{}] {name}: {} (about {}; about {} left in this run)",
+            i + 1,
+            experiments.len(),
+            e.about(ctx),
+            minutes(estimates[i] * pace),
+            minutes(left)
+        );
+        let t = Instant::now();
+        match e.run(ctx).await {
+            Ok(out) => {
+                ran.not_run = out.not_run.clone();
+                ran.output = out;
+            }
+            Err(err) => {
+                eprintln!("{name} failed: {err}");
+                ran.error = Some(err.to_string());
+            }
         }
+        ran.secs = t.elapsed().as_secs_f64();
+        estimated_done += estimates[i];
+        took_done += ran.secs;
+        r.experiments.push(ran);
     }
-    Ok(r)
+    if let Some(s) = ctx.state_made() {
+        r.state_made = Some((s.0.nbytes(), s.0.tensors.len()));
+        r.limits = Some(s.1.clone());
+    }
+    r
 }

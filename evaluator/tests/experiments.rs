@@ -16,15 +16,72 @@ use ckpt_eval::experiments::Ctx;
 use ckpt_eval::limits::Limits;
 use ckpt_eval::models::{DtypeMix, ModelState};
 use ckpt_eval::stats::Summary;
-use ckpt_eval::suite::{Experiment, SuiteConfig};
+use ckpt_eval::suite::{Cmd, Common, SuiteArgs};
+use clap::Parser;
 
 fn ctx(dir: &std::path::Path) -> Ctx {
-    Ctx {
-        scratch: dir.to_path_buf(),
-        repeats: 2,
-        python: ckpt_eval::python::interpreter(),
-        progress: false,
-    }
+    Ctx::new(
+        dir.to_path_buf(),
+        2,
+        ckpt_eval::python::interpreter(),
+        false,
+    )
+}
+
+/// The command line of `ckpt-eval`, as its `main` puts it together.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    suite: SuiteArgs,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+fn names(cli: &Cli) -> Vec<&'static str> {
+    let list = match &cli.cmd {
+        None => cli.suite.experiments(),
+        Some(c) => c.experiments(&cli.suite),
+    };
+    list.iter().map(|e| e.name()).collect()
+}
+
+#[test]
+fn the_suite_is_the_list_and_a_subcommand_runs_what_it_needs() {
+    let all = Cli::parse_from(["ckpt-eval"]);
+    assert_eq!(
+        names(&all),
+        [
+            "engine",
+            "formats",
+            "overhead",
+            "determinism",
+            "interference",
+            "interval",
+            "scale",
+            "sharded",
+            "python",
+            "recovery",
+            "gpu",
+            "s3"
+        ]
+    );
+    // An experiment's options work both in the suite and after its subcommand.
+    let one = Cli::parse_from(["ckpt-eval", "sharded", "--sharded-ranks", "2,4"]);
+    assert_eq!(names(&one), ["sharded"]);
+    let Some(Cmd::Sharded(s)) = &one.cmd else {
+        panic!("not the sharded subcommand")
+    };
+    assert_eq!(s.sharded_ranks, Some(vec![2, 4]));
+    let suite = Cli::parse_from(["ckpt-eval", "--sharded-ranks", "4"]);
+    assert_eq!(suite.suite.sharded.sharded_ranks, Some(vec![4]));
+    // interval reads the formats and overhead results: they run first.
+    let iv = Cli::parse_from(["ckpt-eval", "interval", "--mtbf", "60"]);
+    assert_eq!(names(&iv), ["formats", "overhead", "interval"]);
+    // A GPU option reaches the script only when given.
+    let gpu = Cli::parse_from(["ckpt-eval", "gpu", "--gpu-layers", "3"]);
+    assert_eq!(names(&gpu), ["gpu"]);
 }
 
 fn state(mix: DtypeMix) -> ckpt_core::State {
@@ -349,68 +406,68 @@ fn python_rows_for_every_method_and_the_training_loop() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_report_holds_every_table_csv_and_plot() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = ctx(dir.path());
-    c.repeats = 1;
-    c.python = None; // the baselines are covered above; keep this one quick
-    let cfg = SuiteConfig {
-        experiments: Experiment::ALL.to_vec(),
-        model: "resnet50".into(),
-        mib: 1,
-        mix: DtypeMix::Fp32,
-        optimizer: true,
-        engine_mib: 1,
-        engine_tensors: 8,
-        zstd_levels: vec![0, 1],
-        steps: 4,
-        every: 2,
-        compute_ms: 10,
-        noise_intensity: 1,
-        interference_mib: 1,
-        mtbf_s: 600.0,
-        restart_s: 5.0,
-        scale_ranks: vec![1, 2],
-        scale_mib: 1,
-        sharded_ranks: vec![2],
-        sharded_mib: 1.0,
-        sharded_repeats: 1,
-        python_layers: 1,
-        python_width: 64,
-        python_seq: 16,
-        python_batch: 1,
-        python_repeats: 1,
-        python_rounds: 1,
-        python_every: 1,
-        s3_url: None,
-    };
-    // The scale experiment needs the mpirun rank program (feature `mpi`).
-    let cfg = if cfg!(feature = "mpi") {
-        cfg
-    } else {
-        SuiteConfig {
-            experiments: Experiment::ALL
-                .iter()
-                .copied()
-                .filter(|e| *e != Experiment::Scale)
-                .collect(),
-            ..cfg
-        }
-    };
-    let r = ckpt_eval::suite::run(&c, &cfg).await.unwrap();
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
-    assert!(r.engine.is_some() && r.formats.is_some() && r.overhead.is_some());
-    assert!(r.determinism.is_some() && r.interference.is_some() && r.interval.is_some());
-    // faults is its own command; sharded and python need Python, left out
-    // above; s3 needs a server, named by no URL here.
-    let missing: Vec<&str> = r.not_included.iter().map(|(w, _)| w.as_str()).collect();
+    let scratch = dir.path().join("scratch");
+    // The Python experiments are covered above; keep this one quick.
+    let cli = Cli::parse_from([
+        "ckpt-eval",
+        "--quiet",
+        "--no-python",
+        "--repeats",
+        "1",
+        "--model",
+        "resnet50",
+        "--mib",
+        "1",
+        "--engine-mib",
+        "1",
+        "--engine-tensors",
+        "8",
+        "--zstd",
+        "0,1",
+        "--steps",
+        "4",
+        "--every",
+        "2",
+        "--compute-ms",
+        "10",
+        "--interference-mib",
+        "1",
+        "--mtbf",
+        "600",
+        "--restart",
+        "5",
+        "--ranks",
+        "1,2",
+        "--scale-mib",
+        "1",
+        "--scratch",
+        scratch.to_str().unwrap(),
+    ]);
+    let c = cli.common.ctx().unwrap();
+    // The scale experiment needs the mpirun rank program (feature `mpi`);
+    // recovery (a campaign) has its own test below.
+    let list: Vec<_> = cli
+        .suite
+        .experiments()
+        .into_iter()
+        .filter(|e| (cfg!(feature = "mpi") || e.name() != "scale") && e.name() != "recovery")
+        .collect();
+    let r = ckpt_eval::suite::run(&c, &list).await;
+    let errors: Vec<_> = r.errors().collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    // sharded and python need Python, left out above; gpu needs its script
+    // (and a device); s3 needs a server, named by no URL here.
+    let not_run: Vec<&str> = r.not_run().map(|(w, _)| w).collect();
     assert_eq!(
-        missing,
-        ["faults", "sharded", "python", "s3"],
+        not_run,
+        ["sharded", "python", "gpu", "s3"],
         "{:?}",
-        r.not_included
+        r.not_run().collect::<Vec<_>>()
     );
-    assert!(r.sharded.is_none() && r.python.is_none() && r.s3.is_none());
     // ckpt's rows have loads into caller buffers too, and the native targets.
-    let f = r.formats.as_ref().expect("formats ran");
+    let f = c
+        .kept::<ckpt_eval::experiments::formats::FormatResults>()
+        .expect("formats ran");
     for row in f.rows.iter().filter(|x| x.by == "ckpt") {
         let into = row.load_into_s.as_ref().expect("load_into timed");
         assert!(
@@ -419,27 +476,29 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         );
     }
     assert_eq!(f.targets.len(), 2, "{:?}", f.targets);
+    let results = |name: &str| {
+        &r.experiments
+            .iter()
+            .find(|e| e.name == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .output
+            .results
+    };
     if cfg!(feature = "mpi") {
-        let scale = r.scale.as_ref().expect("scale ran");
-        assert_eq!(scale.rows.len(), 4, "1 and 2 ranks, with and without dedup");
-        for row in &scale.rows {
-            assert!(
-                row.commit_s.median > 0.0 && row.aggregate_gbps > 0.0 && row.min_rank_gbps > 0.0
-            );
-        }
-        let written = |ranks, dedup| {
-            scale
-                .rows
-                .iter()
-                .find(|x| x.ranks == ranks && x.dedup == dedup)
+        let scale = results("scale");
+        let rows = scale["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 4, "1 and 2 ranks, with and without dedup");
+        let state = scale["state_bytes"].as_u64().unwrap();
+        let written = |ranks: u64, dedup: bool| {
+            rows.iter()
+                .find(|x| x["ranks"] == ranks && x["dedup"] == dedup)
+                .unwrap()["written_bytes"]
+                .as_u64()
                 .unwrap()
-                .written_bytes
         };
         // Two ranks without dedup write two copies; with dedup, one (plus the
         // 16-byte chunk headers).
-        let copies = |bytes: u64, n: u64| {
-            bytes >= n * scale.state_bytes && bytes < n * scale.state_bytes + 4096
-        };
+        let copies = |bytes: u64, n: u64| bytes >= n * state && bytes < n * state + 4096;
         assert!(copies(written(2, false), 2), "{}", written(2, false));
         assert!(copies(written(2, true), 1), "{}", written(2, true));
         assert!(copies(written(1, true), 1), "{}", written(1, true));
@@ -448,6 +507,7 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     ckpt_eval::report::write_all(&r, &out).unwrap();
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    assert!(json["limits"].is_object(), "results.json lacks the floors");
     for k in [
         "engine",
         "formats",
@@ -455,12 +515,21 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         "determinism",
         "interference",
         "interval",
-        "limits",
     ] {
-        assert!(json[k].is_object(), "results.json lacks {k}");
+        let e = json["experiments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == k)
+            .unwrap_or_else(|| panic!("results.json lacks {k}"));
+        assert!(e["results"].is_object(), "results.json lacks {k}'s results");
     }
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-    for t in [
+    // What did not run is said at the top, before any table.
+    let first_table = md.find("\n## ").unwrap();
+    assert!(md[..first_table].contains("not run: sharded"), "{md}");
+    let mut tables = vec![
+        "targets",
         "formats",
         "limits",
         "overhead",
@@ -468,12 +537,22 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         "interference",
         "interval",
         "engine",
-    ] {
+    ];
+    if cfg!(feature = "mpi") {
+        tables.push("scale");
+    }
+    for t in tables {
         let csv = std::fs::read_to_string(out.join(format!("{t}.csv"))).unwrap();
         assert!(csv.lines().count() >= 2, "{t}.csv has no rows");
-        let header = csv.lines().next().unwrap().replace(',', " | ");
+        let header: Vec<String> = csv
+            .lines()
+            .next()
+            .unwrap()
+            .split(',')
+            .map(ckpt_eval::table::md_escape)
+            .collect();
         assert!(
-            md.contains(&format!("| {header} |")),
+            md.contains(&format!("| {} |", header.join(" | "))),
             "report.md lacks the {t} table"
         );
     }
@@ -481,14 +560,42 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    for name in plots.iter().filter(|n| n.ends_with(".svg")) {
+    for name in &plots {
+        assert!(name.ends_with(".svg"), "{name}");
         assert!(md.contains(&format!("plots/{name}")), "{name} not embedded");
-        assert!(plots.contains(&name.replace(".svg", ".png")));
     }
     // report.html: every plot inline, nothing to fetch.
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
-    let svgs = plots.iter().filter(|n| n.ends_with(".svg")).count();
-    assert_eq!(html.matches("<svg").count(), svgs);
+    assert_eq!(html.matches("<svg").count(), plots.len());
     assert!(!html.contains("src=") && html.contains("<table>"));
-    assert!(plots.len() >= 14, "{plots:?}");
+    let expected = if cfg!(feature = "mpi") { 8 } else { 7 };
+    assert!(plots.len() >= expected, "{plots:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_restarts_or_why_not() {
+    use ckpt_eval::experiments::recovery::Recovery;
+    use ckpt_eval::experiments::Experiment;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let e = Recovery {
+        recovery_kills: Some(2),
+    };
+    if let Some(why) = e.unavailable(&c) {
+        // The victim links libtorch: built by the workspace's --all-features runs.
+        assert!(why.contains("fault_victim"), "{why}");
+        return;
+    }
+    let out = e.run(&c).await.unwrap();
+    let t = &out.tables[0];
+    assert_eq!(t.id, "recovery");
+    assert_eq!(t.rows[0][0], "restart: spawn to first new step");
+    assert!(
+        !t.rows[0][1].is_empty() && !t.rows[1][1].is_empty(),
+        "{t:?}"
+    );
+    // Nothing torn loaded, every restart where the oracle says, finals identical.
+    assert_eq!(out.targets.len(), 3);
+    assert!(out.targets.iter().all(|x| x.met), "{:?}", out.targets);
+    assert!(out.results["failures_total"].as_u64().unwrap() >= 2);
 }

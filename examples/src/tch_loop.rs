@@ -1,5 +1,5 @@
 //! The resumable tch training loop behind the `tch_train` example and the fault
-//! campaign's victim (`fault_victim` in ckpt-eval).
+//! campaign's victim (`fault_victim` in ckpt-faults).
 //!
 //! An MLP with dropout learns a fixed random "teacher" function from generated
 //! batches, with [`Adam`] (whose state ckpt can save). Every `every` steps it saves

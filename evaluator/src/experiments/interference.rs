@@ -13,9 +13,11 @@ use ckpt_core::State;
 use serde::Serialize;
 
 use super::overhead::slowdown_pct;
-use super::{file_url, BoxError, Ctx};
+use super::{file_url, Ctx, Error, Experiment, Output};
 use crate::noise::{Noise, NoiseKind};
+use crate::plot::{bar, Chart};
 use crate::stats::{ratio, Summary};
+use crate::table::{mib, secs, Table};
 use crate::workload::Params;
 
 /// Settings of the interference experiment.
@@ -78,7 +80,7 @@ impl InterferenceBench {
         ctx: &Ctx,
         params: &Params,
         tag: &str,
-    ) -> Result<(Vec<f64>, Vec<f64>), BoxError> {
+    ) -> Result<(Vec<f64>, Vec<f64>), Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let dir = ctx.fresh_dir(&format!("interference-{tag}"))?;
         let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
@@ -104,7 +106,7 @@ impl InterferenceBench {
         ctx: &Ctx,
         params: &Params,
         checkpoint: bool,
-    ) -> Result<f64, BoxError> {
+    ) -> Result<f64, Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let dir = ctx.fresh_dir("interference-compute")?;
         let cp = ckpt_formats::builder(file_url(&dir)).build().await?;
@@ -129,7 +131,7 @@ impl InterferenceBench {
     }
 
     /// Run on `state`.
-    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<InterferenceResults, BoxError> {
+    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<InterferenceResults, Error> {
         let params = Params::from_state(state);
         let pb = ctx.bar(
             (NoiseKind::ALL.len() + 1 + 2 * ctx.repeats) as u64,
@@ -190,5 +192,106 @@ impl InterferenceBench {
             compute_loop_s,
             compute_loop_ckpt_s,
         })
+    }
+}
+
+/// Options of the interference experiment.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Interference {
+    /// Interference: threads per noise generator [default: 1].
+    #[arg(long)]
+    pub intensity: Option<usize>,
+    /// Interference: state size in MiB (shaped like the shared state) [default: 64].
+    #[arg(long)]
+    pub interference_mib: Option<usize>,
+}
+
+impl Interference {
+    fn mib(&self) -> usize {
+        self.interference_mib.unwrap_or(64)
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Interference {
+    fn name(&self) -> &'static str {
+        "interference"
+    }
+
+    fn about(&self, _ctx: &Ctx) -> String {
+        format!(
+            "{} MiB saved under memory, disk, CPU and loopback noise at {} thread(s)",
+            self.mib(),
+            self.intensity.unwrap_or(1)
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Measured on a busy 2-core machine: 9 s for 3 repeats of 64 MiB.
+        5.0 + ctx.repeats as f64 * (1.0 + 10.0 * self.mib() as f64 / 1024.0)
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let small = ctx.spec.build(self.mib(), 2)?;
+        let i = InterferenceBench {
+            intensity: self.intensity.unwrap_or(1),
+            steps: 12,
+            every: 4,
+            kernel_iters: 12_000_000,
+        }
+        .run(ctx, &small)
+        .await?;
+        let mut out = Output::of(&i);
+        out.tables.push(table(&i));
+        out.charts.push(("interference".into(), chart(&i)));
+        Ok(out)
+    }
+}
+
+/// The interference table.
+pub fn table(i: &InterferenceResults) -> Table {
+    let mut t = Table::new(
+        "interference",
+        format!(
+            "Interference: eager save until committed, {} MiB, noise at {} thread(s)",
+            mib(i.state_bytes as f64),
+            i.intensity
+        ),
+        &["noise", "stall s", "commit s", "commit/quiet", "noise rate"],
+    );
+    for x in &i.rows {
+        t.rows.push(vec![
+            x.noise.clone(),
+            secs(&x.stall_s),
+            secs(&x.commit_s),
+            format!("{:.2}", x.commit_vs_quiet),
+            format!("{:.3e}", x.noise_rate),
+        ]);
+    }
+    t.rows.push(vec![
+        "compute-bound loop slowed by checkpointing".into(),
+        String::new(),
+        format!(
+            "{:.3} vs {:.3}",
+            i.compute_loop_ckpt_s.median, i.compute_loop_s.median
+        ),
+        format!("{:+.1}%", i.compute_slowdown_pct),
+        String::new(),
+    ]);
+    t
+}
+
+/// Time to commit under each noise.
+pub fn chart(i: &InterferenceResults) -> Chart {
+    Chart::Bars {
+        title: "Save until committed under noise".into(),
+        unit: "seconds".into(),
+        bars: i
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(k, x)| bar(&x.noise, &x.commit_s, usize::from(k > 0)))
+            .collect(),
+        reference: None,
     }
 }

@@ -8,7 +8,10 @@ use serde::Serialize;
 
 use super::formats::FormatResults;
 use super::overhead::OverheadResults;
+use super::{Ctx, Error, Experiment, Output};
 use crate::interval::{goodput, plan, Plan};
+use crate::plot::Chart;
+use crate::table::Table;
 
 /// Settings of the interval experiment.
 #[derive(Debug, Clone)]
@@ -90,6 +93,93 @@ impl IntervalBench {
             mtbf_s: self.mtbf_s,
             rows,
         }
+    }
+}
+
+/// Options of the interval experiment (it reads the formats and overhead results).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Interval {
+    /// Interval: mean time between failures, seconds [default: 3600].
+    #[arg(long)]
+    pub mtbf: Option<f64>,
+    /// Interval: fixed restart cost (before loading), seconds [default: 60].
+    #[arg(long)]
+    pub restart: Option<f64>,
+}
+
+#[async_trait::async_trait]
+impl Experiment for Interval {
+    fn name(&self) -> &'static str {
+        "interval"
+    }
+
+    fn about(&self, _ctx: &Ctx) -> String {
+        format!(
+            "Young/Daly for an MTBF of {:.0} s from this run's costs",
+            self.mtbf.unwrap_or(3600.0)
+        )
+    }
+
+    fn estimate_s(&self, _ctx: &Ctx) -> f64 {
+        0.0
+    }
+
+    fn needs(&self) -> &'static [&'static str] {
+        &["formats", "overhead"]
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let o = ctx
+            .kept::<OverheadResults>()
+            .ok_or("needs the overhead results, which are missing (it failed or did not run)")?;
+        let f = ctx.kept::<FormatResults>();
+        let iv = IntervalBench {
+            mtbf_s: self.mtbf.unwrap_or(3600.0),
+            restart_fixed_s: self.restart.unwrap_or(60.0),
+        }
+        .run(&o, f.as_ref());
+        let mut out = Output::of(&iv);
+        out.tables.push(table(&iv));
+        out.charts.push(("interval_goodput".into(), chart(&iv)));
+        Ok(out)
+    }
+}
+
+/// The interval table.
+pub fn table(iv: &IntervalResults) -> Table {
+    let mut t = Table::new(
+        "interval",
+        format!("Checkpoint interval for MTBF {:.0} s (cost = stall per save; restart = fixed + load time)", iv.mtbf_s),
+        &["setup", "cost s", "restart s", "Young s", "Daly s", "goodput at Daly"],
+    );
+    for x in &iv.rows {
+        t.rows.push(vec![
+            x.plan.setup.clone(),
+            format!("{:.4}", x.plan.cost_s),
+            format!("{:.3}", x.restart_s),
+            format!("{:.1}", x.plan.young_s),
+            format!("{:.1}", x.plan.daly_s),
+            format!("{:.5}", x.plan.goodput),
+        ]);
+    }
+    t
+}
+
+/// Goodput by interval, one line per setup.
+pub fn chart(iv: &IntervalResults) -> Chart {
+    Chart::Lines {
+        title: format!(
+            "Expected goodput by checkpoint interval (MTBF {:.0} s)",
+            iv.mtbf_s
+        ),
+        x_label: "interval between checkpoints (s)".into(),
+        y_label: "goodput".into(),
+        log_x: true,
+        series: iv
+            .rows
+            .iter()
+            .map(|x| (x.plan.setup.clone(), x.curve.clone()))
+            .collect(),
     }
 }
 

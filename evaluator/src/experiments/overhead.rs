@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 use ckpt_core::{SaveHandle, SnapshotMode, State};
 use serde::Serialize;
 
-use super::{file_url, BoxError, Ctx};
+use super::{file_url, Ctx, Error, Experiment, Output};
+use crate::plot::{bar, Chart};
 use crate::python;
 use crate::rss::{rss_bytes, PeakSampler};
 use crate::stats::Summary;
+use crate::table::{mib, secs, Table};
 use crate::workload::Params;
 
 /// How the loop checkpoints.
@@ -109,7 +111,7 @@ impl OverheadBench {
         mode: Mode,
         url: &str,
         seed: u64,
-    ) -> Result<(f64, Vec<f64>), BoxError> {
+    ) -> Result<(f64, Vec<f64>), Error> {
         let chunk = ckpt_core::CheckpointerOptions::default().write.chunk_size;
         let cp = match mode {
             Mode::None => None,
@@ -157,7 +159,7 @@ impl OverheadBench {
     }
 
     /// Run every setup on `state`.
-    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<OverheadResults, BoxError> {
+    pub async fn run(&self, ctx: &Ctx, state: &State) -> Result<OverheadResults, Error> {
         let params = Params::from_state(state);
         let modes = [Mode::None, Mode::Blocking, Mode::EagerAsync, Mode::Lazy];
         let pb = ctx.bar((modes.len() * ctx.repeats + 2) as u64, "overhead");
@@ -251,6 +253,133 @@ impl OverheadBench {
             rows,
             python_error,
         })
+    }
+}
+
+/// Options of the overhead experiment (on the shared state).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Overhead {
+    /// Overhead: training steps per run [default: 8].
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Overhead: checkpoint every this many steps [default: 4].
+    #[arg(long)]
+    pub every: Option<u64>,
+    /// Overhead: emulated compute per step, milliseconds [default: 200].
+    #[arg(long)]
+    pub compute_ms: Option<u64>,
+}
+
+impl Overhead {
+    fn bench(&self) -> OverheadBench {
+        OverheadBench {
+            steps: self.steps.unwrap_or(8),
+            every: self.every.unwrap_or(4).max(1),
+            compute: Duration::from_millis(self.compute_ms.unwrap_or(200)),
+        }
+    }
+
+    /// Run it on the shared state (kept for the interval experiment).
+    pub async fn results(&self, ctx: &Ctx) -> Result<OverheadResults, Error> {
+        if let Some(r) = ctx.kept::<OverheadResults>() {
+            return Ok(r);
+        }
+        let shared = ctx.state().await?;
+        let r = self.bench().run(ctx, &shared.0).await?;
+        ctx.keep(r.clone());
+        Ok(r)
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Overhead {
+    fn name(&self) -> &'static str {
+        "overhead"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        let b = self.bench();
+        format!(
+            "{} steps of {} ms, a checkpoint every {}, {} MiB",
+            b.steps,
+            b.compute.as_millis(),
+            b.every,
+            ctx.spec.mib
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        let b = self.bench();
+        let setups = if ctx.python.is_some() { 6.0 } else { 4.0 };
+        // Per run: the emulated compute, and about 3 s per GiB saved (62 s for
+        // 3 repeats of 256 MiB on a busy 2-core machine).
+        let saves = 3.0 * (b.steps / b.every) as f64 * ctx.spec.mib as f64 / 1024.0;
+        ctx.repeats as f64 * setups * (b.steps as f64 * b.compute.as_secs_f64() + saves)
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let o = self.results(ctx).await?;
+        let mut out = Output::of(&o);
+        out.tables.push(table(&o));
+        out.charts.push(("overhead_stall".into(), chart(&o)));
+        if let Some(e) = &o.python_error {
+            out.notes.push(format!(
+                "Python baselines of the overhead experiment missing: {e}"
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// The overhead table.
+pub fn table(o: &OverheadResults) -> Table {
+    let mut t = Table::new(
+        "overhead",
+        format!(
+            "Overhead: {} steps of {} ms emulated compute, a checkpoint every {} steps, {} MiB",
+            o.steps,
+            (o.compute_s * 1000.0).round(),
+            o.every,
+            mib(o.state_bytes as f64)
+        ),
+        &[
+            "setup",
+            "loop s",
+            "stall/save s",
+            "slowdown %",
+            "peak extra MiB",
+        ],
+    );
+    for x in &o.rows {
+        t.rows.push(vec![
+            x.name.clone(),
+            secs(&x.loop_s),
+            secs(&x.stall_s),
+            format!("{:.1}", x.slowdown_pct),
+            mib(x.peak_extra_bytes as f64),
+        ]);
+    }
+    t
+}
+
+/// Stall per checkpoint, by setup.
+pub fn chart(o: &OverheadResults) -> Chart {
+    Chart::Bars {
+        title: "Training stall per checkpoint".into(),
+        unit: "seconds".into(),
+        bars: o
+            .rows
+            .iter()
+            .skip(1)
+            .map(|x| {
+                bar(
+                    &x.name,
+                    &x.stall_s,
+                    usize::from(!x.name.starts_with("ckpt")),
+                )
+            })
+            .collect(),
+        reference: None,
     }
 }
 

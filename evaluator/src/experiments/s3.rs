@@ -25,10 +25,11 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use serde::Serialize;
 
-use super::engine::Target;
-use super::BoxError;
+use super::Error;
+use super::{Ctx, Experiment, Output, Target};
 use crate::limits::Limits;
 use crate::stats::Summary;
+use crate::table::{mib, secs, Table};
 
 /// Bound of ckpt's time over the baseline's (0.9x its throughput).
 pub const S3_BOUND: f64 = 1.0 / 0.9;
@@ -94,7 +95,7 @@ pub fn unavailable(url: Option<&str>) -> Option<String> {
     None
 }
 
-async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), BoxError> {
+async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), Error> {
     let keys = store.list(None).map_ok(|m| m.location).boxed();
     store.delete_stream(keys).try_collect::<Vec<_>>().await?;
     Ok(())
@@ -102,7 +103,7 @@ async fn delete_all(store: &Arc<dyn ObjectStore>) -> Result<(), BoxError> {
 
 impl S3Bench {
     /// Run on `state`.
-    pub async fn run(&self, state: &State) -> Result<S3Results, BoxError> {
+    pub async fn run(&self, state: &State) -> Result<S3Results, Error> {
         let opts = CheckpointerOptions::default();
         let write = WriteOptions::default();
         let (wc, rc, chunk) = (
@@ -221,4 +222,78 @@ fn row(name: &str, save: &[f64], load: &[f64], raw: u64, objects: u64) -> S3Row 
         load_s,
         objects,
     }
+}
+
+/// Options of the S3 experiment (on the shared state).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct S3 {
+    /// S3: root URL (`s3://bucket/prefix`, credentials from the AWS_* variables);
+    /// without it the S3 experiment does not run.
+    #[arg(long, env = "CKPT_EVAL_S3_URL")]
+    pub s3_url: Option<String>,
+}
+
+#[async_trait::async_trait]
+impl Experiment for S3 {
+    fn name(&self) -> &'static str {
+        "s3"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        format!(
+            "{} MiB to {} and back",
+            ctx.spec.mib,
+            self.s3_url.as_deref().unwrap_or("")
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        20.0 * ctx.repeats as f64 * ctx.spec.mib as f64 / 1024.0
+    }
+
+    fn unavailable(&self, _ctx: &Ctx) -> Option<String> {
+        unavailable(self.s3_url.as_deref())
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let shared = ctx.state().await?;
+        let r = S3Bench {
+            url: self.s3_url.clone().unwrap_or_default(),
+            repeats: ctx.repeats,
+        }
+        .run(&shared.0)
+        .await?;
+        let mut out = Output::of(&r);
+        out.tables.push(table(&r));
+        out.targets = r.targets.clone();
+        Ok(out)
+    }
+}
+
+/// The S3 experiment: ckpt beside the plain transfers, then its targets.
+pub fn table(s: &S3Results) -> Table {
+    let mut t = Table::new(
+        "s3",
+        format!(
+            "S3 ({}): {} MiB in {} tensors; median [min-max] of {} runs; baseline = one object by object_store, {} parts of 16 MiB in flight up, {} ranged GETs in flight down; ckpt = until committed, and load_latest with a fresh checkpointer",
+            s.endpoint,
+            mib(s.state_bytes as f64),
+            s.tensors,
+            s.rows.first().map_or(0, |x| x.save_s.n),
+            s.write_concurrency,
+            s.read_concurrency
+        ),
+        &["method", "save s", "load s", "save GB/s", "load GB/s", "objects/save"],
+    );
+    for x in &s.rows {
+        t.rows.push(vec![
+            x.name.clone(),
+            secs(&x.save_s),
+            secs(&x.load_s),
+            format!("{:.2}", x.save_gbps),
+            format!("{:.2}", x.load_gbps),
+            x.objects.to_string(),
+        ]);
+    }
+    t
 }

@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::experiments::{BoxError, Ctx};
+use crate::experiments::{Ctx, Error, Experiment, Output};
+use crate::plot::Chart;
 use crate::stats::Summary;
+use crate::table::{mib, secs, Table};
 
 /// Settings of the scale experiment.
 #[derive(Debug, Clone)]
@@ -62,7 +64,7 @@ pub struct ScaleResults {
 
 /// The rank program: `$CKPT_SCALE_RANK`, or `scale_rank` built next to the running
 /// program (or one folder up, for test binaries) with the `mpi` feature.
-pub fn rank_binary() -> Result<PathBuf, BoxError> {
+pub fn rank_binary() -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os("CKPT_SCALE_RANK") {
         return Ok(PathBuf::from(p));
     }
@@ -80,7 +82,7 @@ pub fn rank_binary() -> Result<PathBuf, BoxError> {
         })
 }
 
-fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, BoxError> {
+fn mpirun(np: usize, bin: &Path, args: &[String]) -> Result<Vec<serde_json::Value>, Error> {
     let out = ckpt_core::testing::mpirun(np)
         .arg(bin)
         .args(args)
@@ -115,7 +117,7 @@ pub fn summarise(
     ranks: usize,
     dedup: bool,
     reports: &[serde_json::Value],
-) -> Result<ScaleRow, BoxError> {
+) -> Result<ScaleRow, Error> {
     /// One rank's stalls, commit times and bytes written, per save.
     struct Rank {
         stall: Vec<f64>,
@@ -167,7 +169,7 @@ pub fn summarise(
 
 impl ScaleBench {
     /// Run every rank count, with and without dedup.
-    pub fn run(&self, ctx: &Ctx) -> Result<ScaleResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx) -> Result<ScaleResults, Error> {
         let bin = rank_binary()?;
         let mut rows = Vec::new();
         let mut state_bytes = 0;
@@ -205,6 +207,113 @@ impl ScaleBench {
             cores,
             rows,
         })
+    }
+}
+
+/// Options of the scale experiment.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Scale {
+    /// Scale: rank counts to run under mpirun [default: 1,2,4; --full: 1,2,4,8].
+    #[arg(long, value_delimiter = ',')]
+    pub ranks: Option<Vec<usize>>,
+    /// Scale: state size in MiB (every rank holds all of it) [default: 64; --full: 128].
+    #[arg(long)]
+    pub scale_mib: Option<usize>,
+}
+
+impl Scale {
+    fn bench(&self, ctx: &Ctx) -> ScaleBench {
+        let full = ctx.full;
+        ScaleBench {
+            ranks: self.ranks.clone().unwrap_or_else(|| {
+                if full {
+                    vec![1, 2, 4, 8]
+                } else {
+                    vec![1, 2, 4]
+                }
+            }),
+            mib: self.scale_mib.unwrap_or(if full { 128 } else { 64 }),
+            tensors: 32,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Scale {
+    fn name(&self) -> &'static str {
+        "scale"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        let b = self.bench(ctx);
+        format!("{} MiB on {:?} ranks", b.mib, b.ranks)
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Per job: mpirun's start-up, then saves of every rank's MiB on one
+        // disk (8 s for 1, 2 and 4 ranks of 64 MiB on a busy 2-core machine).
+        let b = self.bench(ctx);
+        let mib: usize = b.ranks.iter().sum::<usize>() * b.mib;
+        b.ranks.len() as f64 + 0.01 * mib as f64
+    }
+
+    fn unavailable(&self, _ctx: &Ctx) -> Option<String> {
+        rank_binary().err().map(|e| e.to_string())
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let sc = self.bench(ctx).run(ctx)?;
+        let mut out = Output::of(&sc);
+        out.tables.push(table(&sc));
+        out.charts.push(("scale_throughput".into(), chart(&sc)));
+        Ok(out)
+    }
+}
+
+/// The scale table.
+pub fn table(sc: &ScaleResults) -> Table {
+    let mut t = Table::new(
+        "scale",
+        format!(
+            "Scale: {} MiB of data-parallel state held by every rank, fsynced; slowest rank per save, median [min-max] of {} saves; this machine has {} cores and one disk (ranks beyond that share them)",
+            mib(sc.state_bytes as f64),
+            sc.rows.first().map_or(0, |x| x.commit_s.n),
+            sc.cores
+        ),
+        &["ranks", "dedup", "stall s", "commit s", "written MiB", "aggregate GB/s", "min rank GB/s"],
+    );
+    for x in &sc.rows {
+        t.rows.push(vec![
+            x.ranks.to_string(),
+            if x.dedup { "yes" } else { "no" }.into(),
+            secs(&x.stall_s),
+            secs(&x.commit_s),
+            mib(x.written_bytes as f64),
+            format!("{:.2}", x.aggregate_gbps),
+            format!("{:.3}", x.min_rank_gbps),
+        ]);
+    }
+    t
+}
+
+/// Aggregate throughput by ranks, with and without dedup.
+pub fn chart(sc: &ScaleResults) -> Chart {
+    let series = |dedup: bool| -> Vec<(f64, f64)> {
+        sc.rows
+            .iter()
+            .filter(|x| x.dedup == dedup)
+            .map(|x| (x.ranks as f64, x.aggregate_gbps))
+            .collect()
+    };
+    Chart::Lines {
+        title: "Checkpoint throughput by ranks (state / time to commit)".into(),
+        x_label: "ranks".into(),
+        y_label: "GB/s".into(),
+        log_x: true,
+        series: vec![
+            ("dedup".into(), series(true)),
+            ("no dedup".into(), series(false)),
+        ],
     }
 }
 

@@ -15,58 +15,16 @@
 use std::time::Instant;
 
 use ckpt_core::{Compression, State};
-use serde::Serialize;
 
-use super::engine::Target;
-use super::{dir_bytes, file_url, BoxError, Ctx};
+use super::{dir_bytes, file_url, Ctx, Error, Experiment, Output, Target};
 use crate::limits::{drop_cache_tree, Limits};
 use crate::python;
 use crate::stats::Summary;
 
-/// One way to save, measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct FormatRow {
-    /// Display name, e.g. `ckpt native zstd-3` or `torch.save`.
-    pub name: String,
-    /// `ckpt` or `python`.
-    pub by: String,
-    /// Time until durable, seconds.
-    pub save_s: Summary,
-    /// Time the caller was blocked, seconds.
-    pub stall_s: Summary,
-    /// Load time (page cache dropped where possible), seconds.
-    pub load_s: Summary,
-    /// Load time into the caller's buffers (`load_into`, page cache dropped),
-    /// seconds; ckpt only.
-    pub load_into_s: Option<Summary>,
-    /// Bytes on disk.
-    pub bytes: u64,
-    /// Raw state bytes over save time, GB/s.
-    pub save_gbps: f64,
-    /// Raw state bytes over load time, GB/s.
-    pub load_gbps: f64,
-    /// Save time over the raw write + fsync floor.
-    pub save_vs_floor: f64,
-    /// Load time over the cold read floor.
-    pub load_vs_floor: f64,
-    /// `load_into` time over the cold read floor; ckpt only.
-    pub load_into_vs_floor: Option<f64>,
-}
-
-/// Results of the formats experiment.
-#[derive(Debug, Clone, Serialize)]
-pub struct FormatResults {
-    /// Raw bytes of the state.
-    pub state_bytes: u64,
-    /// Number of tensors.
-    pub tensors: usize,
-    /// One row per way to save.
-    pub rows: Vec<FormatRow>,
-    /// Why the Python baselines are missing, if they are.
-    pub python_error: Option<String>,
-    /// The native format's targets against the floors of the same run.
-    pub targets: Vec<Target>,
-}
+mod render;
+mod results;
+pub use render::{charts, formats_table, limits_table, summary_chart};
+pub use results::{FormatResults, FormatRow};
 
 /// Bound of the native format's time until durable over the write + fsync floor.
 pub const NATIVE_SAVE_BOUND: f64 = 1.2;
@@ -143,7 +101,7 @@ impl FormatsBench {
         ctx: &Ctx,
         state: &State,
         lim: &Limits,
-    ) -> Result<FormatResults, BoxError> {
+    ) -> Result<FormatResults, Error> {
         let raw = state.nbytes();
         let variants = self.variants();
         let pb = ctx.bar((variants.len() * ctx.repeats + 1) as u64, "formats");
@@ -289,4 +247,73 @@ pub fn targets(rows: &[FormatRow], tensors: usize) -> Vec<Target> {
         ));
     }
     out
+}
+
+/// Options of the formats experiment (on the shared state).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Formats {
+    /// Formats: zstd levels of the native format (0 = uncompressed), comma separated [default: 0,1,3].
+    #[arg(long, value_delimiter = ',')]
+    pub zstd: Option<Vec<i32>>,
+}
+
+impl Formats {
+    fn bench(&self) -> FormatsBench {
+        FormatsBench {
+            zstd_levels: self.zstd.clone().unwrap_or_else(|| vec![0, 1, 3]),
+        }
+    }
+
+    /// Run it on the shared state (kept for the interval experiment).
+    pub async fn results(&self, ctx: &Ctx) -> Result<FormatResults, Error> {
+        if let Some(r) = ctx.kept::<FormatResults>() {
+            return Ok(r);
+        }
+        let shared = ctx.state().await?;
+        let r = self.bench().run(ctx, &shared.0, &shared.1).await?;
+        ctx.keep(r.clone());
+        Ok(r)
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Formats {
+    fn name(&self) -> &'static str {
+        "formats"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        format!(
+            "ckpt's formats ({} ways) and the Python baselines on {} MiB shaped like {}",
+            self.bench().variants().len(),
+            ctx.spec.mib,
+            ctx.spec.model
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Per repeat and GiB, on a busy 2-core machine: about 6 s per ckpt
+        // variant, 60 s for the Python baselines (81 s for 3 of 256 MiB); and
+        // the shared state and its floors.
+        let gib = ctx.spec.mib as f64 / 1024.0;
+        let python = if ctx.python.is_some() { 60.0 } else { 0.0 };
+        10.0 + ctx.repeats as f64 * gib * (6.0 * self.bench().variants().len() as f64 + python)
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let f = self.results(ctx).await?;
+        let shared = ctx.state().await?;
+        let l = &shared.1;
+        let mut out = Output::of(&f);
+        out.tables = vec![formats_table(&f), limits_table(l)];
+        out.charts = charts(&f, l);
+        out.targets = f.targets.clone();
+        out.summary = summary_chart(&f);
+        if let Some(e) = &f.python_error {
+            out.notes.push(format!(
+                "Python baselines of the formats experiment missing: {e}"
+            ));
+        }
+        Ok(out)
+    }
 }

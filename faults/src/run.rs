@@ -11,7 +11,7 @@ use super::event::Event;
 use super::inject::{self, Corruption, Tmpfs};
 use super::oracle::{self, Scan};
 use super::plan::{self, Kind, Rng};
-use super::report::{RunRecord, Skipped, StartRecord};
+use super::record::{RunRecord, Skipped, StartRecord};
 use super::victim::{self, Job, StartOut, Stop};
 
 /// What every tch run of a campaign shares.
@@ -37,7 +37,7 @@ pub fn scan(root: &Path) -> Scan {
 
 impl TchCtx {
     /// The final weights of the failure-free run of `seed`.
-    pub fn reference(&mut self, seed: u64) -> Result<Vec<u8>, String> {
+    pub fn reference(&mut self, seed: u64) -> Result<Vec<u8>, crate::error::Error> {
         if let Some(w) = self.references.get(&seed) {
             return Ok(w.clone());
         }
@@ -63,7 +63,8 @@ impl TchCtx {
             return Err(format!(
                 "the failure-free run of seed {seed} did not finish: {}",
                 o.ended()
-            ));
+            )
+            .into());
         }
         let w = std::fs::read(&out).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_dir_all(&dir);
@@ -195,7 +196,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
     let want = match ctx.reference(seed) {
         Ok(w) => w,
         Err(e) => {
-            rec.problems.push(e);
+            rec.problems.push(e.to_string());
             return rec;
         }
     };
@@ -214,7 +215,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
         (true, Ok(())) => match Tmpfs::mount(&dir.join("mnt"), 32) {
             Ok(t) => Some(t),
             Err(e) => {
-                ctx.can_mount = Err(e);
+                ctx.can_mount = Err(e.to_string());
                 None
             }
         },

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use ckpt_core::Result;
-use ckpt_eval::faults::event::Event;
 use ckpt_examples::tch_loop::{Hooks, TrainConfig, Trainer};
 use ckpt_examples::torch_file;
+use ckpt_faults::event::Event;
 
 use super::Victim;
 

@@ -1,4 +1,4 @@
-//! `ckpt-eval faults`: fault campaigns. A seeded plan of failures over real
+//! `ckpt-faults`: fault campaigns, a test harness of ckpt. A seeded plan of failures over real
 //! training jobs: SIGKILLs at random instants and inside each phase of a save,
 //! bit flips, truncations and deletions of stored objects between runs, storage
 //! errors and timeouts, a full disk, a rank killed under mpirun. After each failure
@@ -14,17 +14,21 @@
 //! - [`run`]: a tch run through its failures; [`mpi`]: the MPI kinds;
 //! - [`baseline`]: the same state restarted through libtorch's serializer, for
 //!   the restart figures' comparison;
-//! - [`report`]: per start, per run, the summary and its text.
+//! - [`record`]: what is recorded of each start and run;
+//! - [`report`]: the summary and its text.
 //!
-//! The victim is built with `cargo build -p ckpt-eval --features faults` (tch on
+//! The victim is built with `cargo build -p ckpt-faults --features victim` (tch on
 //! the venv's libtorch and ckpt's failpoints: `source scripts/env.sh` first).
+#![warn(missing_docs)]
 
 pub mod baseline;
+pub mod error;
 pub mod event;
 pub mod inject;
 pub mod mpi;
 pub mod oracle;
 pub mod plan;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod victim;
@@ -37,7 +41,8 @@ use std::time::Instant;
 use clap::Parser;
 
 use plan::{Kind, KindStream, Rng};
-use report::{CampaignReport, RunRecord};
+use record::RunRecord;
+use report::CampaignReport;
 
 /// What a campaign does.
 #[derive(Debug, Clone)]
@@ -94,11 +99,13 @@ impl CampaignConfig {
 
 /// Whether a tmpfs can be mounted under `work`.
 fn probe_mount(work: &Path) -> Result<(), String> {
-    inject::Tmpfs::mount(&work.join("mount-probe"), 1).map(drop)
+    inject::Tmpfs::mount(&work.join("mount-probe"), 1)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Run a campaign.
-pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
+pub fn campaign(cfg: &CampaignConfig) -> Result<CampaignReport, error::Error> {
     let t0 = Instant::now();
     std::fs::create_dir_all(&cfg.work)?;
     let work = std::fs::canonicalize(&cfg.work)?;
@@ -221,7 +228,7 @@ pub fn campaign(cfg: &CampaignConfig) -> std::io::Result<CampaignReport> {
         (Some(t), true) => match t.finish(cfg.torch_restores) {
             Ok(b) => Some(b),
             Err(why) => {
-                not_run.push(("torch baseline".into(), why));
+                not_run.push(("torch baseline".into(), why.to_string()));
                 None
             }
         },
@@ -263,11 +270,11 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
     dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// Command line of `ckpt-eval faults`.
+/// Command line of `ckpt-faults`.
 #[derive(Parser, Debug)]
 #[command(
-    name = "ckpt-eval faults",
-    bin_name = "ckpt-eval faults",
+    name = "ckpt-faults",
+    bin_name = "ckpt-faults",
     about = "Fault campaigns: train, inject failures, restart, and prove nothing was lost"
 )]
 pub struct FaultsCli {
@@ -320,7 +327,7 @@ pub struct FaultsCli {
     pub torch_restores: usize,
 }
 
-/// `ckpt-eval faults ARGS...` (`args` starts with `faults`).
+/// `ckpt-faults ARGS...` (`args` starts with `faults`).
 pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     let cli = FaultsCli::parse_from(args);
     let kinds = match &cli.kinds {
@@ -341,7 +348,7 @@ pub fn main(args: impl IntoIterator<Item = String>) -> ExitCode {
     };
     let Some(victim) = cli.victim.clone().or_else(|| find_binary("fault_victim")) else {
         eprintln!(
-            "fault_victim not found: build it with `source scripts/env.sh && cargo build --release -p ckpt-eval --features faults` (or pass --victim)"
+            "fault_victim not found: build it with `source scripts/env.sh && cargo build --release -p ckpt-faults --features victim` (or pass --victim)"
         );
         return ExitCode::FAILURE;
     };

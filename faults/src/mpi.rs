@@ -17,7 +17,7 @@ use ckpt_core::testing::report::{parse_lines, RankReport};
 
 use super::inject::{pids_with_env, sigkill};
 use super::plan::{Kind, Rng};
-use super::report::{RunRecord, StartRecord};
+use super::record::{RunRecord, StartRecord};
 use super::run::scan;
 
 const TOKEN: &str = "CKPT_FAULT_TOKEN";

@@ -9,7 +9,7 @@ use std::path::Path;
 use ckpt_core::store::FaultCounts;
 use serde::{Deserialize, Serialize};
 
-use super::report::Skipped;
+use super::record::Skipped;
 
 /// An error as the victim reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,7 +117,7 @@ impl Event {
 
 /// The events appended to `path` after its first `offset` bytes (none if it
 /// does not exist); a line that is not an [`Event`] is an error that quotes it.
-pub fn read_from(path: &Path, offset: u64) -> Result<Vec<Event>, String> {
+pub fn read_from(path: &Path, offset: u64) -> Result<Vec<Event>, crate::error::Error> {
     let mut s = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         f.seek(SeekFrom::Start(offset))
@@ -127,8 +127,12 @@ pub fn read_from(path: &Path, offset: u64) -> Result<Vec<Event>, String> {
     s.lines()
         .filter(|l| !l.is_empty())
         .map(|l| {
-            serde_json::from_str(l)
-                .map_err(|e| format!("{}: not a victim event ({e}): {l}", path.display()))
+            serde_json::from_str(l).map_err(|e| {
+                crate::error::Error::from(format!(
+                    "{}: not a victim event ({e}): {l}",
+                    path.display()
+                ))
+            })
         })
         .collect()
 }
@@ -188,7 +192,7 @@ mod tests {
         let offset = std::fs::metadata(&path).unwrap().len();
         writeln!(f, "{{\"event\":\"start\"}}").unwrap();
         let err = read_from(&path, offset).unwrap_err();
-        assert!(err.contains("{\"event\":\"start\"}"), "{err}");
+        assert!(err.to_string().contains("{\"event\":\"start\"}"), "{err}");
         assert!(read_from(&dir.path().join("none"), 0).unwrap().is_empty());
     }
 }

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::event::Event;
 use super::plan::Kind;
-use super::report::{RunRecord, Spread, StartRecord};
+use super::record::{RunRecord, Spread, StartRecord};
 use super::victim::{self, Job, StartOut, Stop};
 
 /// How the page cache stands, for the report.
@@ -227,13 +227,13 @@ impl Runner {
 
     /// Restore until there were at least `min` restores, remove the directory,
     /// and give the figures.
-    pub fn finish(mut self, min: usize) -> Result<TorchBaseline, String> {
+    pub fn finish(mut self, min: usize) -> Result<TorchBaseline, crate::error::Error> {
         while self.error.is_none() && self.load.len() < min {
             self.restore();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         if let Some(e) = self.error {
-            return Err(e);
+            return Err(e.into());
         }
         let (mut b, _) = self.saved.ok_or("the torch baseline never ran")?;
         b.restores = self.load.len();

@@ -1,4 +1,4 @@
-//! The training job that `ckpt-eval faults` kills, corrupts and restarts.
+//! The training job that `ckpt-faults` kills, corrupts and restarts.
 //!
 //! The training loop of the `tch_train` example (`ckpt_examples::tch_loop`: a tch
 //! MLP trained with ckpt's `Adam` on generated data, one intra-op thread, torch
@@ -14,7 +14,7 @@
 //! - a failed save is reported and training goes on (a checkpoint that could not be
 //!   written must not stop the job);
 //! - `--report FILE` appends one JSON line per event, fsynced, each an
-//!   `ckpt_eval::faults::event::Event`: `start` (resumed from, skipped
+//!   `ckpt_faults::event::Event`: `start` (resumed from, skipped
 //!   checkpoints with their errors, load time), `first_step`, `save` (with the
 //!   faults injected so far), `done`, `error`;
 //! - `--torch-baseline save|restore --torch-file FILE` leaves ckpt out and goes
@@ -47,9 +47,9 @@ use ckpt_core::store::{FaultCounts, FaultPlan, FaultStore, RetryOptions, RetrySt
 use ckpt_core::torch::rng;
 use ckpt_core::torch::tch::{self, nn, Device, Kind, Tensor};
 use ckpt_core::{CheckpointId, Checkpointer, CheckpointerBuilder, Error, Loaded, Result};
-use ckpt_eval::faults::event::{Event, Failure};
-use ckpt_eval::faults::report::Skipped;
 use ckpt_examples::tch_loop::{self, mlp, parse_device, Hooks, TrainConfig, INPUTS};
+use ckpt_faults::event::{Event, Failure};
+use ckpt_faults::record::Skipped;
 
 /// Width of the victim's hidden layers.
 const HIDDEN: i64 = 96;

@@ -9,21 +9,25 @@
 //! is the slowest (largest) rank's. Targets of the sharded-state issue compare
 //! ckpt with the others as ratios in the same run; they are reported, not asserted.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::engine::Target;
-use super::{python_missing, ratio, write_bench_script, BoxError, Ctx};
+use super::script::{free_port, python_missing, run_bounded, tail};
+use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
+use crate::python::write_bench_script;
 use crate::stats::Summary;
 
+mod render;
+mod results;
+pub use render::{charts, tables};
+pub use results::{ShardedFloors, ShardedResults, ShardedRow, ShardedRun};
+
 /// The rank script, embedded so the binary works from any directory.
-pub const SCRIPT: &str = include_str!("../../python/sharded_bench.py");
+pub const SCRIPT: &str = include_str!("../../../python/sharded_bench.py");
 
 /// Settings of the sharded experiment.
 #[derive(Debug, Clone)]
@@ -38,155 +42,18 @@ pub struct ShardedBench {
     pub timeout: Duration,
 }
 
-/// The machine's floors for one rank's local bytes, slowest rank.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShardedFloors {
-    /// Write + fsync of the local bytes to one file, s.
-    pub write_fsync_s: f64,
-    /// Read of that file back, s (cold where the cache could be dropped).
-    pub read_cold_s: f64,
-    /// Copy of the local state into preallocated buffers, s.
-    pub memcpy_s: f64,
-    /// How the page cache was dropped: `drop_caches`, `fadvise` or `none`.
-    pub cache_drop: String,
-}
-
-/// One method on one rank count.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShardedRow {
-    /// Number of ranks.
-    pub ranks: usize,
-    /// Method, e.g. `ckpt eager` or `dcp.async_save`.
-    pub name: String,
-    /// Why the method did not run (it failed to import), if it did not.
-    pub skipped: Option<String>,
-    /// Time the save call blocked the caller, s.
-    pub stall_s: Option<Summary>,
-    /// Time until the state may be mutated again (staging done), s.
-    pub snapshot_s: Option<Summary>,
-    /// Time until durable, s.
-    pub durable_s: Option<Summary>,
-    /// Load into a fresh model and optimizer, page cache dropped, s.
-    pub load_s: Option<Summary>,
-    /// Bytes written per rank (median).
-    pub written_bytes: u64,
-    /// Peak extra host memory of a rank and its child processes, bytes.
-    pub peak_extra_bytes: u64,
-    /// Stall over the memcpy floor.
-    pub stall_vs_memcpy: f64,
-    /// Time until durable over the write + fsync floor.
-    pub durable_vs_write: f64,
-    /// Load over the read floor.
-    pub load_vs_read: f64,
-    /// Bytes written per rank over the rank's local state.
-    pub written_vs_local: f64,
-    /// Peak extra host memory over the rank's local state.
-    pub peak_vs_local: f64,
-}
-
-/// One rank count.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShardedRun {
-    /// Number of ranks.
-    pub ranks: usize,
-    /// Hidden size of the MLP (not divisible by the rank count).
-    pub hidden: u64,
-    /// Parameter bytes of the whole model.
-    pub param_bytes: u64,
-    /// Bytes of model and optimizer state on the largest rank.
-    pub local_bytes: u64,
-    /// The floors.
-    pub floors: ShardedFloors,
-    /// One row per method.
-    pub rows: Vec<ShardedRow>,
-}
-
-/// Results of the sharded experiment.
-#[derive(Debug, Clone, Serialize)]
-pub struct ShardedResults {
-    /// PyTorch's version.
-    pub torch: String,
-    /// Timed repeats per method.
-    pub repeats: usize,
-    /// One per rank count.
-    pub runs: Vec<ShardedRun>,
-    /// The issue's targets, as ratios in the same run.
-    pub targets: Vec<Target>,
-}
-
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
-/// `torch.distributed` in it.
+/// `torch.distributed` or ckpt package in it (a table of the peers without
+/// ckpt would compare nothing).
 pub fn unavailable(python: Option<&Path>) -> Option<String> {
     python_missing(
         python,
-        "torch.distributed.fsdp, torch.distributed.checkpoint",
+        "torch.distributed.fsdp, torch.distributed.checkpoint, ckpt",
     )
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
-/// It runs in a process group of its own, so past `limit` torchrun and every
-/// rank it started (or a script and its writer processes) are killed together
-/// (killing torchrun alone orphans them). `what` names it in the error.
-pub(crate) fn run_bounded(
-    mut cmd: Command,
-    limit: Duration,
-    what: &str,
-) -> Result<(bool, String, String), BoxError> {
-    use std::os::unix::process::CommandExt;
-    let mut child = cmd
-        .process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
-    let o = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(p) = out.as_mut() {
-            let _ = p.read_to_string(&mut s);
-        }
-        s
-    });
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(p) = err.as_mut() {
-            let _ = p.read_to_string(&mut s);
-        }
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break Some(s);
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kill(2) of a process group with a signal number has no memory effects.
-            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (stdout, stderr) = (o.join().unwrap_or_default(), e.join().unwrap_or_default());
-    match status {
-        Some(s) => Ok((s.success(), stdout, stderr)),
-        None => Err(format!("{what} ran past {} s", limit.as_secs()).into()),
-    }
-}
-
-/// The last `lines` lines of `s`.
-pub(crate) fn tail(s: &str, lines: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
-}
-
 /// Turn the JSON rank 0 printed into a run.
-pub fn parse_run(v: &Json) -> Result<ShardedRun, BoxError> {
+pub fn parse_run(v: &Json) -> Result<ShardedRun, Error> {
     let ranks = v["ranks"].as_u64().ok_or("no ranks")? as usize;
     let local = v["local_bytes"].as_u64().ok_or("no local_bytes")?;
     let f = &v["floors"];
@@ -295,7 +162,7 @@ pub fn targets(runs: &[ShardedRun]) -> Vec<Target> {
 
 impl ShardedBench {
     /// Run one torchrun job per rank count with `python`.
-    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<ShardedResults, Error> {
         let dir = ctx.fresh_dir("sharded")?;
         let script = write_bench_script(&dir, "sharded_bench.py", SCRIPT)?;
         let pb = ctx.bar(self.ranks.len() as u64, "sharded");
@@ -343,6 +210,81 @@ impl ShardedBench {
             targets: targets(&runs),
             runs,
         })
+    }
+}
+
+/// Options of the sharded experiment.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Sharded {
+    /// Sharded: rank counts to run under torchrun [default: 2; --full: 2,4].
+    #[arg(long, value_delimiter = ',')]
+    pub sharded_ranks: Option<Vec<usize>>,
+    /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that)
+    /// [default: 64; --full: 256, far above the engine's fixed costs per rank].
+    #[arg(long)]
+    pub sharded_mib: Option<f64>,
+    /// Sharded: timed saves and loads per method, after a cold and a warm save
+    /// (sampled for memory, not timed) [default: 2; --full: 3, so that one slow
+    /// load does not decide the median].
+    #[arg(long)]
+    pub sharded_repeats: Option<usize>,
+}
+
+impl Sharded {
+    fn bench(&self, ctx: &Ctx) -> ShardedBench {
+        let full = ctx.full;
+        ShardedBench {
+            ranks: self.sharded_ranks.clone().unwrap_or_else(|| {
+                if full {
+                    vec![2, 4]
+                } else {
+                    vec![2]
+                }
+            }),
+            mib: self.sharded_mib.unwrap_or(if full { 256.0 } else { 64.0 }),
+            repeats: self
+                .sharded_repeats
+                .unwrap_or(if full { 3 } else { 2 })
+                .max(1),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Sharded {
+    fn name(&self) -> &'static str {
+        "sharded"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        let b = self.bench(ctx);
+        format!(
+            "FSDP2 model of {} MiB of parameters plus AdamW on {:?} ranks",
+            b.mib, b.ranks
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Per rank count: start-up, then 6 methods of (2 + repeats) saves and
+        // loads (55 s for 2 ranks of 64 MiB of parameters on a busy 2-core machine).
+        let b = self.bench(ctx);
+        let per_save = 0.026 * b.mib;
+        b.ranks.len() as f64 * (15.0 + 6.0 * (2 + b.repeats) as f64 * per_save)
+    }
+
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        unavailable(ctx.python.as_deref())
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
+        let sh = self.bench(ctx).run(ctx, py)?;
+        let mut out = Output::of(&sh);
+        out.tables = tables(&sh);
+        out.charts = charts(&sh);
+        out.targets = sh.targets.clone();
+        Ok(out)
     }
 }
 

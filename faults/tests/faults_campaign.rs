@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ckpt_eval::faults::plan::Kind;
-use ckpt_eval::faults::{self, mpi, report, CampaignConfig};
+use ckpt_faults::plan::Kind;
+use ckpt_faults::{self as faults, mpi, report, CampaignConfig};
 
 const VICTIM: &str = env!("CARGO_BIN_EXE_fault_victim");
 

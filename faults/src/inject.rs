@@ -167,7 +167,7 @@ pub struct Tmpfs {
 
 impl Tmpfs {
     /// Mount a tmpfs of `mib` MiB at `dir` (needs mount privileges).
-    pub fn mount(dir: &Path, mib: u64) -> Result<Tmpfs, String> {
+    pub fn mount(dir: &Path, mib: u64) -> Result<Tmpfs, crate::error::Error> {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
@@ -178,7 +178,8 @@ impl Tmpfs {
             return Err(format!(
                 "mount -t tmpfs refused: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )
+            .into());
         }
         Ok(Tmpfs {
             dir: dir.to_owned(),

@@ -14,17 +14,21 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::engine::Target;
-use super::sharded::{run_bounded, tail};
-use super::{python_missing, ratio, write_bench_script, BoxError, Ctx};
+use super::script::{python_missing, run_bounded, tail};
+use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
+use crate::python::write_bench_script;
 use crate::stats::Summary;
 
+mod render;
+mod results;
+pub use render::{charts, tables};
+pub use results::{PyFloors, PyLoopRow, PyMethodRow, PyTrainResults};
+
 /// The script, embedded so the binary works from any directory.
-pub const SCRIPT: &str = include_str!("../../python/pytrain_bench.py");
+pub const SCRIPT: &str = include_str!("../../../python/pytrain_bench.py");
 
 /// Settings of the Python experiment.
 #[derive(Debug, Clone)]
@@ -48,121 +52,6 @@ pub struct PyTrainBench {
     pub timeout: Duration,
 }
 
-/// The machine's floors for the state's bytes (the fastest of their repeats).
-#[derive(Debug, Clone, Serialize)]
-pub struct PyFloors {
-    /// Copy of the state into preallocated buffers, s.
-    pub memcpy_s: f64,
-    /// Write + fsync of the bytes to one file, s.
-    pub write_fsync_s: f64,
-    /// Read of that file back, page cache dropped where it could be, s.
-    pub read_cold_s: f64,
-    /// How the page cache was dropped: `drop_caches`, `fadvise` or `none`.
-    pub cache_drop: String,
-}
-
-/// One method's saves (and loads, for one method per file format).
-#[derive(Debug, Clone, Serialize)]
-pub struct PyMethodRow {
-    /// Method, e.g. `ckpt eager` or `dcp.async_save`.
-    pub name: String,
-    /// Why it did not run (it failed to import), if it did not.
-    pub skipped: Option<String>,
-    /// Time the save call blocked the training loop, s.
-    pub stall_s: Option<Summary>,
-    /// Time until the state may be mutated again, s.
-    pub snapshot_s: Option<Summary>,
-    /// Time until durable, s.
-    pub durable_s: Option<Summary>,
-    /// Load into the live model and optimizer, page cache dropped, s (`None`:
-    /// the same files and load as another row).
-    pub load_s: Option<Summary>,
-    /// Bytes written per save (median).
-    pub written_bytes: u64,
-    /// Peak extra host memory while saving (staging kept between saves counts), bytes.
-    pub peak_save_extra_bytes: u64,
-    /// Peak extra host memory while loading, bytes.
-    pub peak_load_extra_bytes: Option<u64>,
-    /// Stall over the memcpy floor.
-    pub stall_vs_memcpy: f64,
-    /// Time until durable over the write + fsync floor.
-    pub durable_vs_write: f64,
-    /// Load over the read floor.
-    pub load_vs_read: f64,
-}
-
-/// One method in the training loop: rounds of `every` steps without
-/// checkpointing, then a save and steps until at least `every` are done and the
-/// save is durable.
-#[derive(Debug, Clone, Serialize)]
-pub struct PyLoopRow {
-    /// Method checkpointing the loop.
-    pub name: String,
-    /// Rounds (checkpoints).
-    pub rounds: usize,
-    /// Time of one step without checkpointing, per round, s.
-    pub step_s: Summary,
-    /// Steps taken from the save until it was durable (at least `every`), per round.
-    pub ckpt_steps: Summary,
-    /// Time a checkpoint cost the loop: the part with the save minus as many
-    /// steps at the same round's pace without, s.
-    pub lost_s: Summary,
-    /// `lost_s` over the time of `every` steps without checkpointing: the
-    /// slowdown of a loop that checkpoints every `every` steps (fraction).
-    pub slowdown: Summary,
-    /// Stall of each save in the loop, s.
-    pub stall_s: Summary,
-    /// Time until durable of each save in the loop, s.
-    pub durable_s: Summary,
-    /// Time until durable in the loop over the same method's when idle.
-    pub durable_vs_idle: Option<f64>,
-}
-
-/// Results of the Python experiment.
-#[derive(Debug, Clone, Serialize)]
-pub struct PyTrainResults {
-    /// PyTorch's version.
-    pub torch: String,
-    /// Which model class.
-    pub model: String,
-    /// Blocks, width, vocabulary, sequence length, batch.
-    pub layers: u64,
-    /// Embedding width.
-    pub width: u64,
-    /// Vocabulary.
-    pub vocab: u64,
-    /// Tokens per sequence.
-    pub seq: u64,
-    /// Sequences per step.
-    pub batch: u64,
-    /// Parameters.
-    pub params: u64,
-    /// Bytes of model and optimizer state (tied weights once).
-    pub state_bytes: u64,
-    /// Tensors of model and optimizer state.
-    pub tensors: u64,
-    /// Timed saves per method.
-    pub repeats: usize,
-    /// Checkpoints per method in the training loop.
-    pub rounds: u64,
-    /// Training steps between checkpoints in the loop.
-    pub every: u64,
-    /// Compute threads of torch, and cores of the machine.
-    pub threads: u64,
-    /// Cores of the machine.
-    pub cores: u64,
-    /// Seconds the script ran.
-    pub total_s: f64,
-    /// The floors.
-    pub floors: PyFloors,
-    /// One row per method.
-    pub methods: Vec<PyMethodRow>,
-    /// One row per method in the training loop.
-    pub loops: Vec<PyLoopRow>,
-    /// The targets, as ratios in the same run.
-    pub targets: Vec<Target>,
-}
-
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
 /// torch or ckpt package in it.
 pub fn unavailable(python: Option<&Path>) -> Option<String> {
@@ -174,7 +63,7 @@ fn num(v: &Json, key: &str) -> u64 {
 }
 
 /// Turn the script's JSON into results (targets included).
-pub fn parse(v: &Json) -> Result<PyTrainResults, BoxError> {
+pub fn parse(v: &Json) -> Result<PyTrainResults, Error> {
     let f = &v["floors"];
     let floors = PyFloors {
         memcpy_s: f["memcpy_s"].as_f64().ok_or("no memcpy floor")?,
@@ -360,7 +249,7 @@ pub fn targets(r: &PyTrainResults) -> Vec<Target> {
 
 impl PyTrainBench {
     /// Run the script once with `python`.
-    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, BoxError> {
+    pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<PyTrainResults, Error> {
         let dir = ctx.fresh_dir("python")?;
         let script = write_bench_script(&dir, "pytrain_bench.py", SCRIPT)?;
         let pb = ctx.bar(1, "python");
@@ -396,6 +285,98 @@ impl PyTrainBench {
             )
             .into()),
         }
+    }
+}
+
+/// Options of the Python experiment.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Python {
+    /// Python: transformer blocks of the GPT-2-shaped model (GPT-2's vocabulary) [default: 2; --full: 6].
+    #[arg(long)]
+    pub python_layers: Option<usize>,
+    /// Python: embedding width of the model (heads of 64) [default: 256; --full: 384].
+    #[arg(long)]
+    pub python_width: Option<usize>,
+    /// Python: tokens per sequence (also the context length) [default: 128].
+    #[arg(long)]
+    pub python_seq: Option<usize>,
+    /// Python: sequences per training step [default: 1].
+    #[arg(long)]
+    pub python_batch: Option<usize>,
+    /// Python: timed saves and loads per method [default: 2].
+    #[arg(long)]
+    pub python_repeats: Option<usize>,
+    /// Python: checkpoints per method in the training loop [default: 2; --full: 3].
+    #[arg(long)]
+    pub python_rounds: Option<usize>,
+    /// Python: training steps between checkpoints in the training loop [default: 4].
+    #[arg(long)]
+    pub python_every: Option<usize>,
+}
+
+impl Python {
+    fn bench(&self, ctx: &Ctx) -> PyTrainBench {
+        let full = ctx.full;
+        PyTrainBench {
+            layers: self
+                .python_layers
+                .unwrap_or(if full { 6 } else { 2 })
+                .max(1),
+            width: self
+                .python_width
+                .unwrap_or(if full { 384 } else { 256 })
+                .max(64),
+            seq: self.python_seq.unwrap_or(128).max(2),
+            batch: self.python_batch.unwrap_or(1).max(1),
+            repeats: self.python_repeats.unwrap_or(2).max(1),
+            rounds: self
+                .python_rounds
+                .unwrap_or(if full { 3 } else { 2 })
+                .max(1),
+            every: self.python_every.unwrap_or(4).max(1),
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Python {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    fn about(&self, ctx: &Ctx) -> String {
+        let b = self.bench(ctx);
+        format!(
+            "GPT-2-shaped model, {} layers of width {}, plus AdamW",
+            b.layers, b.width
+        )
+    }
+
+    fn estimate_s(&self, ctx: &Ctx) -> f64 {
+        // Mostly the vocabulary's embedding (50257 x width) and the blocks:
+        // about 12 bytes of state per parameter, ~1.1 s per 100 MiB per save
+        // and load on a busy 2-core machine, 8 methods; then the training
+        // loops (129 s for 2 layers of width 384).
+        let b = self.bench(ctx);
+        let params = (50257 + b.seq) * b.width + b.layers * 12 * b.width * b.width;
+        let mib = 12.0 * params as f64 / (1u64 << 20) as f64;
+        15.0 + 8.0 * (2 + b.repeats) as f64 * 1.1 * mib / 100.0
+            + 4.0 * b.rounds as f64 * b.every as f64 * 0.6
+    }
+
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        unavailable(ctx.python.as_deref())
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
+        let r = self.bench(ctx).run(ctx, py)?;
+        let mut out = Output::of(&r);
+        out.tables = tables(&r);
+        out.charts = charts(&r);
+        out.targets = r.targets.clone();
+        Ok(out)
     }
 }
 

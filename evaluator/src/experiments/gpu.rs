@@ -1,0 +1,291 @@
+//! GPU: a model training on a CUDA device, checkpointed by ckpt and its peers
+//! (`evaluator/python/gpu_bench.py`, run in place with the venv's Python): the
+//! stall of the first and later saves, the loop's slowdown, time until
+//! durable, warm and cold restores, pinned and host memory peaks, against the
+//! device's floors (device-to-host and back, write + fsync, cold read).
+//!
+//! The script writes one JSON file ([`GpuResults`]); without a CUDA device it
+//! says why it did not run (`skipped`), and the report lists the experiment at
+//! its top as not run, with that reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::script::{python_missing, run_bounded, tail};
+use super::{Ctx, Error, Experiment, Output, Target};
+use crate::table::Table;
+
+/// Options of the GPU experiment; the script chooses what is not given.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Gpu {
+    /// GPU: transformer blocks of the model.
+    #[arg(long)]
+    pub gpu_layers: Option<usize>,
+    /// GPU: embedding width of the model.
+    #[arg(long)]
+    pub gpu_width: Option<usize>,
+    /// GPU: tokens per sequence.
+    #[arg(long)]
+    pub gpu_seq: Option<usize>,
+    /// GPU: sequences per training step.
+    #[arg(long)]
+    pub gpu_batch: Option<usize>,
+    /// GPU: training steps between checkpoints.
+    #[arg(long)]
+    pub gpu_every: Option<usize>,
+    /// GPU: checkpoints per method.
+    #[arg(long)]
+    pub gpu_rounds: Option<usize>,
+}
+
+/// The device's floors for the state's bytes, s.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuFloors {
+    /// Device to host.
+    pub d2h_s: f64,
+    /// Host to device.
+    pub h2d_s: f64,
+    /// Write + fsync of the bytes.
+    pub write_fsync_s: f64,
+    /// Read of them back, page cache dropped.
+    pub cold_read_s: f64,
+}
+
+/// One method's figures (`None`: not measured for it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuMethod {
+    /// e.g. `ckpt lazy`.
+    pub method: String,
+    /// Stall of the first save, s.
+    pub stall_first_s: Option<f64>,
+    /// Stall of later saves, s.
+    pub stall_later_s: Option<f64>,
+    /// Time the next step waited for the snapshot, s.
+    pub step_wait_s: Option<f64>,
+    /// Slowdown of the training loop (fraction).
+    pub slowdown: Option<f64>,
+    /// Time until durable, s.
+    pub durable_s: Option<f64>,
+    /// Restore with the page cache warm, s.
+    pub restore_warm_s: Option<f64>,
+    /// Restore with the page cache dropped, s.
+    pub restore_cold_s: Option<f64>,
+    /// Peak pinned host memory, bytes.
+    pub pinned_peak_bytes: Option<u64>,
+    /// Peak host memory, bytes.
+    pub host_peak_bytes: Option<u64>,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}
+
+/// One target of the GPU issue, as the script judged it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuTarget {
+    /// What is compared, with its bound, e.g. `lazy stall ≤ 10 ms`.
+    pub target: String,
+    /// The measured value.
+    pub value: f64,
+    /// The bound.
+    pub bound: f64,
+    /// Whether it is met.
+    pub met: bool,
+}
+
+/// What `gpu_bench.py` writes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuResults {
+    /// Why it did not run (no CUDA device, ...), if it did not.
+    pub skipped: Option<String>,
+    /// The device's name.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// PyTorch's version.
+    #[serde(default)]
+    pub torch: Option<String>,
+    /// The model, optimizer and batch, in words.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Bytes of model and optimizer state.
+    #[serde(default)]
+    pub state_bytes: Option<u64>,
+    /// One training step without checkpointing, s.
+    #[serde(default)]
+    pub step_s: Option<f64>,
+    /// Steps between checkpoints.
+    #[serde(default)]
+    pub every: Option<u64>,
+    /// The floors.
+    #[serde(default)]
+    pub floors: Option<GpuFloors>,
+    /// One per method.
+    #[serde(default)]
+    pub methods: Vec<GpuMethod>,
+    /// The targets.
+    #[serde(default)]
+    pub targets: Vec<GpuTarget>,
+}
+
+/// Where the script is: `CKPT_EVAL_GPU_SCRIPT`, else `evaluator/python/` of
+/// the source tree this binary was built from.
+pub fn script_path() -> PathBuf {
+    std::env::var_os("CKPT_EVAL_GPU_SCRIPT").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("python/gpu_bench.py"),
+        PathBuf::from,
+    )
+}
+
+impl Gpu {
+    fn args(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (flag, x) in [
+            ("--layers", self.gpu_layers),
+            ("--width", self.gpu_width),
+            ("--seq", self.gpu_seq),
+            ("--batch", self.gpu_batch),
+            ("--every", self.gpu_every),
+            ("--rounds", self.gpu_rounds),
+        ] {
+            if let Some(x) = x {
+                v.push(flag.to_owned());
+                v.push(x.to_string());
+            }
+        }
+        v
+    }
+}
+
+#[async_trait::async_trait]
+impl Experiment for Gpu {
+    fn name(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn about(&self, _ctx: &Ctx) -> String {
+        format!("{} {}", script_path().display(), self.args().join(" "))
+    }
+
+    fn estimate_s(&self, _ctx: &Ctx) -> f64 {
+        // Seconds where there is no CUDA device (the script says so and stops).
+        10.0
+    }
+
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        let script = script_path();
+        if !script.exists() {
+            return Some(format!("its script {} is absent", script.display()));
+        }
+        python_missing(ctx.python.as_deref(), "torch")
+    }
+
+    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
+        let py = ctx.python.as_deref().ok_or("no Python interpreter")?;
+        let script = script_path();
+        let dir = ctx.fresh_dir("gpu")?;
+        let json = dir.join("gpu.json");
+        let mut cmd = Command::new(py);
+        cmd.current_dir(script.parent().unwrap_or(Path::new(".")))
+            .arg(&script)
+            .arg("--dir")
+            .arg(dir.join("work"))
+            .arg("--json")
+            .arg(&json)
+            .args(self.args());
+        let (ok, stdout, stderr) = run_bounded(cmd, Duration::from_secs(900), "gpu_bench.py")?;
+        let written = std::fs::read(&json);
+        let _ = std::fs::remove_dir_all(&dir);
+        let r: GpuResults = match (ok, written) {
+            (true, Ok(bytes)) => serde_json::from_slice(&bytes)?,
+            _ => {
+                return Err(format!(
+                    "gpu_bench.py failed:\n{}",
+                    tail(&format!("{stdout}\n{stderr}"), 12)
+                )
+                .into())
+            }
+        };
+        Ok(render(&r))
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |s| format!("{:.2}", s * 1e3))
+}
+
+fn s(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |s| format!("{s:.3}"))
+}
+
+fn gib(v: Option<u64>) -> String {
+    v.map_or_else(String::new, |b| {
+        format!("{:.2}", b as f64 / (1u64 << 30) as f64)
+    })
+}
+
+/// The report's view of what the script wrote: the methods table with the
+/// floors in its title, the targets; or, when it did not run, why.
+pub fn render(r: &GpuResults) -> Output {
+    let mut out = Output::of(r);
+    if let Some(why) = &r.skipped {
+        out.not_run = Some(why.clone());
+        return out;
+    }
+    let floors = r.floors.as_ref().map_or_else(
+        || "floors not measured".to_owned(),
+        |f| {
+            format!(
+                "floors: device to host {:.3} s, host to device {:.3} s, write + fsync {:.3} s, cold read {:.3} s",
+                f.d2h_s, f.h2d_s, f.write_fsync_s, f.cold_read_s
+            )
+        },
+    );
+    let mut t = Table::new(
+        "gpu",
+        format!(
+            "GPU: {} on {} (torch {}), {:.2} GiB of state, a step of {:.3} s, a checkpoint every {} steps; {floors}",
+            r.model.as_deref().unwrap_or("a model"),
+            r.device.as_deref().unwrap_or("a CUDA device"),
+            r.torch.as_deref().unwrap_or("?"),
+            r.state_bytes.unwrap_or(0) as f64 / (1u64 << 30) as f64,
+            r.step_s.unwrap_or(f64::NAN),
+            r.every.unwrap_or(0),
+        ),
+        &[
+            "method", "stall first ms", "stall later ms", "step wait ms", "slowdown %",
+            "durable s", "restore warm s", "restore cold s", "pinned peak GiB", "host peak GiB",
+        ],
+    );
+    for m in &r.methods {
+        if let Some(e) = &m.error {
+            t.push_note_row(vec![m.method.clone()], format!("failed: {e}"));
+            continue;
+        }
+        t.rows.push(vec![
+            m.method.clone(),
+            ms(m.stall_first_s),
+            ms(m.stall_later_s),
+            ms(m.step_wait_s),
+            m.slowdown
+                .map_or_else(String::new, |x| format!("{:+.1}", x * 100.0)),
+            s(m.durable_s),
+            s(m.restore_warm_s),
+            s(m.restore_cold_s),
+            gib(m.pinned_peak_bytes),
+            gib(m.host_peak_bytes),
+        ]);
+    }
+    out.tables.push(t);
+    out.targets = r
+        .targets
+        .iter()
+        .map(|x| Target {
+            what: x.target.clone(),
+            ratio: x.value,
+            bound: x.bound,
+            met: x.met,
+        })
+        .collect();
+    out
+}
