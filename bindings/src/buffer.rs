@@ -121,6 +121,39 @@ pub struct TensorBuffer {
     ptr: usize,
 }
 
+/// Export `len` writable bytes at `ptr`, owned by `owner`, through `view`
+/// (`PyBuffer_FillInfo`: format "B", one dimension, a reference to the owner).
+///
+/// # Safety
+/// `view` comes from Python's buffer protocol, and `ptr..ptr + len` stays
+/// valid as long as `owner` lives.
+pub unsafe fn export_bytes(
+    owner: &Bound<'_, PyAny>,
+    view: *mut ffi::Py_buffer,
+    ptr: usize,
+    len: usize,
+    flags: c_int,
+) -> PyResult<()> {
+    if view.is_null() {
+        return Err(PyBufferError::new_err("view is null"));
+    }
+    // SAFETY: see the function's contract.
+    let rc = unsafe {
+        ffi::PyBuffer_FillInfo(
+            view,
+            owner.as_ptr(),
+            ptr as *mut std::ffi::c_void,
+            len as ffi::Py_ssize_t,
+            0,
+            flags,
+        )
+    };
+    if rc != 0 {
+        return Err(PyErr::fetch(owner.py()));
+    }
+    Ok(())
+}
+
 /// Alignment guaranteed to consumers (enough for every dtype, and for SIMD loads).
 const ALIGN: usize = 64;
 
@@ -161,28 +194,9 @@ impl TensorBuffer {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("view is null"));
-        }
-        let (ptr, len) = {
-            let this = slf.get();
-            (this.ptr, this.data.len())
-        };
-        // PyBuffer_FillInfo sets format "B", ndim 1, and takes a reference to the owner.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr as *mut std::ffi::c_void,
-                len as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        let (ptr, len) = (slf.get().ptr, slf.get().data.len());
+        // SAFETY: the bytes live as long as `slf`, which the view owns.
+        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -12,10 +12,10 @@
 use std::os::raw::c_int;
 
 use ckpt_core::{Error, Ready, Slab};
-use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::buffer::export_bytes;
 use crate::errors::to_py;
 
 /// Page-mapped host memory with one slot per tensor of a save.
@@ -122,26 +122,10 @@ impl HostSlab {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("view is null"));
-        }
         let (ptr, len) = (slf.get().slab.address(), slf.get().slab.len());
         // Writable: the glue fills the slots (only while no save holds them).
         // SAFETY: the mapping lives as long as the slab, which the view owns.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr as *mut std::ffi::c_void,
-                len as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -45,6 +45,7 @@ Without a CUDA device it writes ``{"skipped": reason}`` and exits 0.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import json
 import math
@@ -217,7 +218,7 @@ def floors(tr: Trainer, work: str) -> Dict[str, float]:
 # ---------------------------------------------------------------- methods
 
 
-class Method:
+class Method(abc.ABC):
     """One way to checkpoint: ``save`` returns a function that blocks until durable."""
 
     name = ""
@@ -230,14 +231,16 @@ class Method:
     def dir(self, step: int) -> str:
         return os.path.join(self.work, f"step{step}")
 
+    @abc.abstractmethod
     def save(self, step: int) -> Callable[[], None]:
-        raise NotImplementedError
+        """Start the save of ``step``."""
 
     def before_step(self) -> None:
         """What the loop must wait for before the next optimizer step."""
 
+    @abc.abstractmethod
     def restore(self, step: int) -> None:
-        raise NotImplementedError
+        """Load ``step`` into the live model and optimizer."""
 
     def prune(self, keep: int) -> None:
         """Delete step directories other than ``keep`` (ckpt keeps its own)."""
@@ -253,7 +256,15 @@ class Method:
 
 
 class NoCheckpoint(Method):
+    """The control: the same loop, never saving (``run_method`` calls neither)."""
+
     name = "none"
+
+    def save(self, step: int) -> Callable[[], None]:
+        return lambda: None
+
+    def restore(self, step: int) -> None:
+        pass
 
 
 class Ckpt(Method):
