@@ -473,6 +473,13 @@ impl Checkpointer {
         from_value(py, &m.meta)
     }
 
+    /// Claim the next writer epoch of the root (rank 0, once); the epoch, or
+    /// `None` on other ranks.
+    fn claim(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let cp = self.core()?.clone();
+        runtime::wait(py, move || async move { cp.claim().await }).and_then(IntoPyResult::py)
+    }
+
     /// Committed checkpoints, oldest first, as `(step, attempt)`.
     fn committed(&self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
         let cp = self.core()?.clone();

@@ -11,6 +11,7 @@ pyo3::import_exception!(ckpt.errors, CheckpointError);
 pyo3::import_exception!(ckpt.errors, NotFoundError);
 pyo3::import_exception!(ckpt.errors, CorruptError);
 pyo3::import_exception!(ckpt.errors, ConflictError);
+pyo3::import_exception!(ckpt.errors, FencedError);
 pyo3::import_exception!(ckpt.errors, InvalidInputError);
 pyo3::import_exception!(ckpt.errors, UnsupportedError);
 pyo3::import_exception!(ckpt.errors, StorageError);
@@ -35,6 +36,7 @@ pub fn to_py_ref(err: &Error) -> PyErr {
             reason,
         } => CorruptError::new_err((msg, object.clone(), tensor.clone(), reason.clone())),
         Error::Conflict(_) => ConflictError::new_err(msg),
+        Error::Fenced { epoch, current } => FencedError::new_err((msg, *epoch, *current)),
         Error::InvalidInput(_) => InvalidInputError::new_err(msg),
         Error::Unsupported(_) => UnsupportedError::new_err(msg),
         // A stored object that is gone: the data is missing, not the store failing.

@@ -11,10 +11,11 @@ use crate::coord::{Coordinator, Solo};
 use crate::error::{Error, Result};
 use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
 use crate::layout::chunks::ChunkIndex;
+use crate::layout::epoch::{self, Claimed};
 use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
 use crate::save::staging::{BusyPolicy, StagingPool};
-use crate::store;
+use crate::store::{self, Capabilities};
 
 /// When the snapshot copy happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,6 +50,23 @@ pub struct CheckpointerOptions {
     /// How long a rank waits for the others at each collective step of a save
     /// before the save fails with [`Error::Timeout`].
     pub collective_timeout: Duration,
+    /// Open the root for reading only: `load_latest` never claims a writer
+    /// epoch (so a process that only reads, an evaluation job next to the
+    /// training, never fences the job that writes), and `save` and `gc` are
+    /// refused with [`Error::InvalidInput`].
+    pub read_only: bool,
+    /// Claim a writer epoch and fence older incarnations
+    /// ([`crate::layout::epoch`]). On by default; off only for a process that
+    /// must write under a root without excluding another writer (it then
+    /// commits with epoch 0, which a claimed root treats as a zombie's).
+    pub fencing: bool,
+    /// The fencing lease: an old writer acts at most half of it after its
+    /// last check that it is current, and a new epoch's first save waits until
+    /// this long after its claim (only when the root had an earlier epoch).
+    pub fence_lease: Duration,
+    /// GC keeps chunks and incomplete saves' data younger than this (they may
+    /// belong to a save in flight in another process).
+    pub gc_grace: Duration,
 }
 
 impl Default for CheckpointerOptions {
@@ -65,6 +83,10 @@ impl Default for CheckpointerOptions {
             snapshot_threads: cores.min(8),
             load_concurrency: 16,
             collective_timeout: Duration::from_secs(600),
+            read_only: false,
+            fencing: true,
+            fence_lease: Duration::from_secs(2),
+            gc_grace: Duration::from_secs(60),
         }
     }
 }
@@ -83,6 +105,8 @@ pub struct Checkpointer {
 pub(crate) struct Shared {
     pub url: String,
     pub store: Arc<dyn ObjectStore>,
+    /// What the store is good at.
+    pub caps: Capabilities,
     pub format: Arc<dyn Format>,
     pub registry: FormatRegistry,
     pub opts: CheckpointerOptions,
@@ -112,6 +136,15 @@ pub(crate) struct Shared {
     pub seq: AtomicU64,
     /// The sequence number whose turn it is to run the collective part of a save.
     pub turn: tokio::sync::watch::Sender<u64>,
+    /// The writer epoch rank 0 claimed (on the first `load_latest`, `claim`
+    /// or commit); other ranks never claim.
+    pub epoch: tokio::sync::Mutex<Option<Claimed>>,
+    /// Set once a commit or GC found this job fenced (its epoch and the
+    /// newest): later saves fail at once, writing nothing.
+    pub fenced: Mutex<Option<(u64, u64)>>,
+    /// Set once the first save of this checkpointer waited out the lease and
+    /// rescanned the stored chunks.
+    pub fenced_in: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -134,6 +167,7 @@ impl Shared {
 pub struct CheckpointerBuilder {
     url: String,
     store: Option<Arc<dyn ObjectStore>>,
+    caps: Option<Capabilities>,
     format: Option<Arc<dyn Format>>,
     registry: FormatRegistry,
     opts: CheckpointerOptions,
@@ -146,6 +180,7 @@ impl Checkpointer {
         CheckpointerBuilder {
             url: url.into(),
             store: None,
+            caps: None,
             format: None,
             registry: FormatRegistry::new(),
             opts: CheckpointerOptions::default(),
@@ -166,6 +201,11 @@ impl Checkpointer {
     /// The URL this checkpointer was opened on.
     pub fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    /// What the store is good at.
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
     }
 
     /// The underlying store.
@@ -195,6 +235,38 @@ impl Checkpointer {
     /// Number of chunks known to be stored.
     pub fn known_chunks(&self) -> usize {
         self.inner.chunks.len()
+    }
+
+    /// Claim the next writer epoch of the root for this job, once (rank 0;
+    /// other ranks return `None`, as does a checkpointer with fencing off).
+    /// `load_latest` and the first commit call it; call it yourself to fence
+    /// an old incarnation before anything else.
+    ///
+    /// Errors: storage errors, [`Error::Conflict`] when other writers keep
+    /// winning the claim.
+    pub async fn claim(&self) -> Result<Option<u64>> {
+        Ok(self.claimed().await?.map(|c| c.epoch))
+    }
+
+    /// Remember that this job is fenced, when `r` says so.
+    pub(crate) fn note_fenced<T>(&self, r: &Result<T>) {
+        if let Err(Error::Fenced { epoch, current }) = r {
+            *self.inner.fenced.lock().unwrap_or_else(|p| p.into_inner()) = Some((*epoch, *current));
+        }
+    }
+
+    pub(crate) async fn claimed(&self) -> Result<Option<Claimed>> {
+        if self.inner.opts.read_only || !self.inner.opts.fencing || self.rank() != 0 {
+            return Ok(None);
+        }
+        let mut slot = self.inner.epoch.lock().await;
+        if slot.is_none() {
+            let strength = self.inner.caps.claim_strength();
+            *slot = Some(
+                epoch::claim_next(self.inner.store.as_ref(), &self.inner.nonce, strength).await?,
+            );
+        }
+        Ok(slot.clone())
     }
 
     /// Wait until every save started so far is committed or failed.
@@ -241,6 +313,14 @@ impl CheckpointerBuilder {
         self
     }
 
+    /// What the store is good at. Default: what [`Capabilities::of_url`] says
+    /// of the URL when the builder opens it, [`Capabilities::conservative`]
+    /// for a store given with [`Self::store`].
+    pub fn capabilities(mut self, caps: Capabilities) -> Self {
+        self.caps = Some(caps);
+        self
+    }
+
     /// Replace all options.
     pub fn options(mut self, opts: CheckpointerOptions) -> Self {
         self.opts = opts;
@@ -268,6 +348,12 @@ impl CheckpointerBuilder {
     /// Set the staging budget in bytes.
     pub fn staging_budget(mut self, bytes: u64) -> Self {
         self.opts.staging_budget = Some(bytes);
+        self
+    }
+
+    /// Open the root for reading only ([`CheckpointerOptions::read_only`]).
+    pub fn read_only(mut self) -> Self {
+        self.opts.read_only = true;
         self
     }
 
@@ -305,10 +391,11 @@ impl CheckpointerBuilder {
                 )));
             }
         }
-        let store = match self.store {
-            Some(s) => s,
-            None => store::open_url(&self.url)?,
+        let (store, default_caps) = match self.store {
+            Some(s) => (s, Capabilities::conservative()),
+            None => (store::open_url(&self.url)?, Capabilities::of_url(&self.url)),
         };
+        let caps = self.caps.unwrap_or(default_caps);
         if self.coord.world_size() > 1 && self.opts.busy == BusyPolicy::Skip {
             return Err(Error::InvalidInput(
                 "BusyPolicy::Skip is not available in a job of several ranks: a skip on one rank \
@@ -331,6 +418,7 @@ impl CheckpointerBuilder {
             inner: Arc::new(Shared {
                 url: self.url,
                 store,
+                caps,
                 format,
                 registry: self.registry,
                 opts: self.opts,
@@ -346,6 +434,9 @@ impl CheckpointerBuilder {
                 nonce,
                 seq: AtomicU64::new(0),
                 turn: tokio::sync::watch::channel(0).0,
+                epoch: tokio::sync::Mutex::new(None),
+                fenced: Mutex::new(None),
+                fenced_in: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }

@@ -181,8 +181,8 @@ async fn small_tensors_are_packed_and_each_shared_chunk_is_read_once() {
     let gets = counting.counts().gets - before.gets;
     assert_eq!(
         gets,
-        1 + 2 + 4,
-        "the manifest, each pack once, each piece once"
+        1 + 1 + 2 + 4,
+        "the newest epoch claim, the manifest, each pack once, each piece once"
     );
     // One small tensor alone reads one pack.
     let before = counting.counts();

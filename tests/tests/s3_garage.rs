@@ -52,7 +52,10 @@ async fn large_checkpoint_in_parts_round_trips() -> Result<()> {
     assert_eq!(report.raw_bytes, 2 * (28 << 20));
 
     // A second process (fresh store, fresh chunk index) loads it back exactly.
-    let cp2 = ckpt_formats::builder(url.as_str()).build().await?;
+    let cp2 = ckpt_formats::builder(url.as_str())
+        .read_only()
+        .build()
+        .await?;
     let loaded = cp2.load_latest().await?.expect("committed on S3");
     assert_eq!(loaded.state, state);
     // An unchanged tensor is not uploaded again.
@@ -85,6 +88,7 @@ async fn single_file_format_loads_merge_their_ranged_reads() -> Result<()> {
     let counting = CountingStore::new(store::open_url(&url)?);
     let cp2 = ckpt_formats::builder(url.as_str())
         .store(Arc::new(counting.clone()))
+        .capabilities(store::Capabilities::of_url(&url))
         .build()
         .await?;
     let id = cp2.committed().await?.pop().expect("committed on S3");

@@ -26,6 +26,7 @@ async fn checkpointer(store: Arc<dyn ObjectStore>, retention: Retention) -> Resu
     let mut opts = ckpt_core::CheckpointerOptions::default();
     opts.write.chunk_size = 64 << 10;
     opts.retention = retention;
+    opts.gc_grace = Duration::ZERO;
     ckpt_formats::builder("tiered-test")
         .store(store)
         .options(opts)
@@ -204,6 +205,7 @@ async fn retention_per_tier_with_deletes_deferred_until_flushed() -> Result<()> 
     );
     let opts = TieredOptions {
         durable_retention: Retention::keep_last(3),
+        durable_grace: Duration::ZERO,
         ..Default::default()
     };
     let tiered = TieredCheckpointStore::new(fast.clone(), Arc::new(slow), opts);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 import weakref
@@ -369,7 +370,7 @@ class Checkpointer:
         self._native.flush(None)  # no save of ours is using the coordinator now
         skipped: List[Tuple[int, str, CheckpointError]] = []
         wrote = False
-        for step, attempt in reversed(self._native.committed()):
+        for step, attempt in reversed(self._candidates()):
             error, started = self._attempt(step, attempt, state, targets)
             wrote = wrote or started
             if error is None:
@@ -456,6 +457,18 @@ class Checkpointer:
         if len(set(keys)) != len(keys):
             raise InvalidInputError("an entry was given both in state and as a keyword")
         return targets
+
+    def _candidates(self) -> List[Tuple[int, str]]:
+        """The committed checkpoints, oldest first, as rank 0 sees them once it
+        has claimed its writer epoch (fencing an older incarnation still running:
+        what that one commits from now on is passed over). Every rank tries the
+        same ones in the same order."""
+        self._native.claim()
+        ids = self._native.committed()
+        if self._coordinator is not None:
+            agreed = self._coordinator.broadcast(json.dumps(ids).encode(), 0)
+            ids = [(int(s), str(a)) for s, a in json.loads(agreed)]
+        return ids
 
     def _attempt(
         self, step: int, attempt: str, state: Optional[MutableMapping], targets: List[Tuple[str, Any]]

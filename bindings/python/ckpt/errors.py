@@ -15,6 +15,7 @@ __all__ = [
     "NotFoundError",
     "CorruptError",
     "ConflictError",
+    "FencedError",
     "InvalidInputError",
     "UnsupportedError",
     "StorageError",
@@ -57,6 +58,19 @@ class CorruptError(CheckpointError):
 
 class ConflictError(CheckpointError):
     """A save would overwrite something already committed (e.g. the same step twice)."""
+
+
+class FencedError(CheckpointError):
+    """This process's writer epoch is over: a newer incarnation of the job
+    claimed the checkpoint root (it restarted while this one was still
+    running). The save published nothing that loads would pick and deleted
+    nothing; this process should stop. ``epoch`` is the epoch it held,
+    ``current`` the newest one claimed."""
+
+    def __init__(self, message: str = "", epoch: int = 0, current: int = 0) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.current = current
 
 
 class InvalidInputError(CheckpointError, ValueError):

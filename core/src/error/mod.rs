@@ -32,6 +32,17 @@ pub enum Error {
     #[error("conflict: {0}")]
     Conflict(String),
 
+    /// This writer's epoch is over: a newer incarnation of the job claimed the
+    /// root. The save published nothing that loads would pick, and nothing was
+    /// deleted; this process should stop writing.
+    #[error("fenced: this writer holds epoch {epoch}, but epoch {current} has claimed the root since; nothing was published or deleted")]
+    Fenced {
+        /// The epoch this writer holds.
+        epoch: u64,
+        /// The newest epoch claimed.
+        current: u64,
+    },
+
     /// The caller passed something ckpt cannot use (bad shape, bad URL, bad option).
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -22,6 +22,10 @@ pub(crate) enum WireError {
     Conflict {
         message: String,
     },
+    Fenced {
+        epoch: u64,
+        current: u64,
+    },
     InvalidInput {
         message: String,
     },
@@ -80,6 +84,10 @@ impl From<&Error> for WireError {
                 reason: reason.clone(),
             },
             Error::Conflict(m) => WireError::Conflict { message: m.clone() },
+            Error::Fenced { epoch, current } => WireError::Fenced {
+                epoch: *epoch,
+                current: *current,
+            },
             Error::InvalidInput(m) => WireError::InvalidInput { message: m.clone() },
             Error::Unsupported(m) => WireError::Unsupported { message: m.clone() },
             Error::Storage(s) => WireError::Storage {
@@ -130,6 +138,7 @@ impl WireError {
                 reason: c(reason),
             },
             WireError::Conflict { message } => Error::Conflict(c(message)),
+            WireError::Fenced { epoch, current } => Error::Fenced { epoch, current },
             WireError::InvalidInput { message } => Error::InvalidInput(c(message)),
             WireError::Unsupported { message } => Error::Unsupported(c(message)),
             WireError::Storage {
@@ -223,6 +232,10 @@ mod tests {
                 reason: "busy".into(),
             },
             Error::Internal("?".into()),
+            Error::Fenced {
+                epoch: 3,
+                current: 4,
+            },
         ];
         for e in &cases {
             let back = across(e);

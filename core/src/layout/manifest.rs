@@ -121,6 +121,10 @@ pub struct Manifest {
     pub world_size: u32,
     /// Wall-clock time of the commit, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// The writer epoch that committed it (0: written before writer epochs
+    /// existed, or by a writer that never claimed one). See [`crate::layout::epoch`].
+    #[serde(default)]
+    pub epoch: u64,
     /// The tensors.
     pub tensors: Vec<TensorRecord>,
     /// Non-tensor state.
@@ -344,6 +348,7 @@ mod tests {
             attempt: "abc".into(),
             world_size: 1,
             created_unix_ms: 1,
+            epoch: 0,
             tensors: vec![TensorRecord {
                 name: "w".into(),
                 dtype: DType::F32,

@@ -6,6 +6,7 @@
 //! chunks/<blake3 hex>                        content-addressed chunks, shared by all checkpoints
 //! data/<step:020>-<attempt>/...              per-checkpoint objects (non-chunked formats, rank files)
 //! manifests/<step:020>-<attempt>.manifest    the commit record: a checkpoint exists iff this does
+//! epochs/<epoch:020>.claim                   writer epochs: which incarnation may commit and collect
 //! ```
 //!
 //! Public for the formats and for tools that read a root directly (the CLI, the
@@ -14,6 +15,7 @@
 
 pub(crate) mod catalog;
 pub(crate) mod chunks;
+pub mod epoch;
 pub(crate) mod manifest;
 pub(crate) mod paths;
 pub(crate) mod retention;
@@ -27,4 +29,4 @@ pub use paths::{
     checkpoint_name, chunk_key, data_prefix, manifest_key, parse_checkpoint_name, CHUNKS, DATA,
     MANIFESTS,
 };
-pub use retention::{GcReport, Retention};
+pub use retention::{GcReport, Retention, Sweep};

@@ -3,19 +3,23 @@
 //! GC deletes in the reverse order of a commit: a retired checkpoint's manifest
 //! goes first (so it stops existing at once), then its data, then chunks that no
 //! kept manifest references. If any kept manifest cannot be read, no chunk is
-//! deleted in that round: GC never guesses.
+//! deleted in that round: GC never guesses. Objects younger than a grace
+//! period are kept (a save in another process may be writing them), and a
+//! writer whose epoch is over deletes nothing ([`Sweep::fence`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use crate::error::Result;
 use crate::failpoint;
 use crate::layout::catalog;
 use crate::layout::chunks::ChunkIndex;
-use crate::layout::paths::{self, CHUNKS};
+use crate::layout::epoch::{self, EpochView, Fence};
+use crate::layout::paths::{self, CHUNKS, DATA};
 use crate::model::CheckpointId;
 
 /// Which committed checkpoints to keep.
@@ -76,23 +80,55 @@ pub struct GcReport {
     pub deleted_chunks: Vec<String>,
 }
 
+/// How a GC round treats what may still be in use.
+#[derive(Debug, Clone, Default)]
+pub struct Sweep {
+    /// Objects (chunks, data of incomplete saves) younger than this are kept:
+    /// they may belong to a save in flight in another process.
+    pub grace: Duration,
+    /// The writer's fence: the round fails with [`crate::Error::Fenced`], having
+    /// deleted nothing after the fence closed, once a newer epoch claims the root.
+    /// `None`: an unfenced collector (a root no writer claimed).
+    pub fence: Option<Fence>,
+}
+
 /// Apply a retention policy and sweep garbage.
 ///
 /// `protected` names checkpoints that must not be touched (saves in flight in this
 /// process). The caller must make sure no save in flight relies on chunks that are
 /// only referenced by retired checkpoints (the engine runs GC only while no save is
 /// writing).
+///
+/// Retention counts the checkpoints that are valid under the root's newest
+/// epoch claim; checkpoints a fenced writer committed after it was fenced
+/// ([zombies](crate::layout::epoch::Verdict::Zombie)) are retired whatever
+/// the policy, and never count as referencing a chunk.
 pub async fn collect(
     store: &dyn ObjectStore,
     retention: &Retention,
     chunks: &ChunkIndex,
     protected: &HashSet<CheckpointId>,
+    sweep: &mut Sweep,
 ) -> Result<GcReport> {
     let mut report = GcReport::default();
-    let ids = catalog::committed(store).await?;
-    let (kept, retired) = retention.partition(&ids);
+    let view = EpochView::read(store).await?;
+    let (valid, zombies) = epoch::partition_committed(store, &view).await?;
+    let (kept, mut retired) = retention.partition(&valid);
+    retired.extend(zombies.into_iter().filter(|id| !protected.contains(id)));
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as i64;
+    let grace_ms = sweep.grace.as_millis() as i64;
+    let young = |m: &ObjectMeta| now_ms - m.last_modified.timestamp_millis() < grace_ms;
     failpoint::hit("gc.before_delete").await?;
+    if let Some(f) = sweep.fence.as_mut() {
+        f.check(store).await?;
+    }
     for id in retired {
+        if let Some(f) = sweep.fence.as_mut() {
+            f.recheck(store).await?;
+        }
         match store.delete(&paths::manifest_key(&id)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -104,8 +140,21 @@ pub async fn collect(
     // Incomplete saves older than the newest commit can never be committed by this
     // job any more (a save of a step at or below the latest is refused).
     let newest = kept.last().map(|id| id.step);
-    for (id, _) in catalog::incomplete(store).await? {
-        if newest.is_some_and(|n| id.step <= n) && !protected.contains(&id) {
+    let done: HashSet<CheckpointId> = catalog::committed(store).await?.into_iter().collect();
+    let data: Vec<ObjectMeta> = store.list(Some(&Path::from(DATA))).try_collect().await?;
+    let mut incomplete: BTreeMap<CheckpointId, bool> = BTreeMap::new();
+    for m in &data {
+        if let Some(id) = paths::parse_data_key(&m.location) {
+            if !done.contains(&id) {
+                *incomplete.entry(id).or_insert(false) |= young(m);
+            }
+        }
+    }
+    for (id, has_young) in incomplete {
+        if newest.is_some_and(|n| id.step <= n) && !protected.contains(&id) && !has_young {
+            if let Some(f) = sweep.fence.as_mut() {
+                f.recheck(store).await?;
+            }
             catalog::delete_data(store, &id).await?;
             report.incomplete_removed.push(id);
         }
@@ -127,7 +176,10 @@ pub async fn collect(
         let Some(hash) = m.location.filename() else {
             continue;
         };
-        if !live.contains(hash) {
+        if !live.contains(hash) && !young(&m) {
+            if let Some(f) = sweep.fence.as_mut() {
+                f.recheck(store).await?;
+            }
             chunks.remove(hash);
             match store.delete(&m.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {

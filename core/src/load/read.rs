@@ -10,6 +10,7 @@ use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
 use crate::format::ReadContext;
 use crate::layout::catalog;
+use crate::layout::epoch::{self, EpochView, Verdict};
 use crate::layout::manifest::{Manifest, TensorRecord};
 use crate::model::state::State;
 use crate::model::tensor::Tensor;
@@ -71,17 +72,17 @@ impl Checkpointer {
             fetches: Arc::new(tokio::sync::Semaphore::new(
                 self.inner.opts.load_concurrency.max(1),
             )),
-            coalesce_bytes: if self.inner.url.starts_with("s3://") {
-                crate::load::ranges::MAX_SPAN
-            } else {
-                0
-            },
+            coalesce_bytes: self.inner.caps.coalesce_bytes,
         }
     }
 
-    /// Ids of the committed checkpoints, oldest first.
+    /// Ids of the committed checkpoints that count, oldest first: those a
+    /// fenced writer committed after a newer epoch claimed the root (zombies,
+    /// see [`crate::layout::epoch`]) are left out.
     pub async fn committed(&self) -> Result<Vec<CheckpointId>> {
-        catalog::committed(self.inner.store.as_ref()).await
+        let store = self.inner.store.as_ref();
+        let view = EpochView::read(store).await?;
+        Ok(epoch::partition_committed(store, &view).await?.0)
     }
 
     /// The manifest of a checkpoint.
@@ -93,6 +94,15 @@ impl Checkpointer {
     pub async fn load(&self, id: &CheckpointId) -> Result<Loaded> {
         let start = Instant::now();
         let manifest = self.manifest(id).await?;
+        self.load_with(id, manifest, start).await
+    }
+
+    async fn load_with(
+        &self,
+        id: &CheckpointId,
+        manifest: Manifest,
+        start: Instant,
+    ) -> Result<Loaded> {
         let tensors = self.read_whole(&manifest).await?;
         Ok(Loaded {
             id: id.clone(),
@@ -108,11 +118,17 @@ impl Checkpointer {
 
     /// Load the committed checkpoint of a step.
     pub async fn load_step(&self, step: u64) -> Result<Loaded> {
-        let ids = catalog::committed_at(self.inner.store.as_ref(), step).await?;
-        let id = ids.first().ok_or_else(|| Error::NotFound {
+        let store = self.inner.store.as_ref();
+        let view = EpochView::read(store).await?;
+        for id in catalog::committed_at(store, step).await? {
+            let manifest = self.manifest(&id).await?;
+            if view.judge(&id, manifest.epoch) == Verdict::Valid {
+                return self.load(&id).await;
+            }
+        }
+        Err(Error::NotFound {
             what: format!("checkpoint of step {step}"),
-        })?;
-        self.load(id).await
+        })
     }
 
     /// Load the newest checkpoint that is committed and intact.
@@ -121,10 +137,27 @@ impl Checkpointer {
     /// manifest) are skipped and listed in [`Loaded::skipped`]. Returns `None` when
     /// no checkpoint can be loaded. Storage failures are returned as errors, not
     /// skipped: a flaky store must not make an old checkpoint look like the newest.
+    ///
+    /// A writer claims its epoch first ([`Self::claim`]), so that an older
+    /// incarnation still running can no longer add a checkpoint this load or
+    /// a later one would pick; checkpoints such a zombie committed after a
+    /// claim are passed over.
     pub async fn load_latest(&self) -> Result<Option<Loaded>> {
+        self.claimed().await?;
+        let store = self.inner.store.as_ref();
+        let view = EpochView::read(store).await?;
         let mut skipped = Vec::new();
-        for id in self.committed().await?.into_iter().rev() {
-            match self.load(&id).await {
+        for id in catalog::committed(store).await?.into_iter().rev() {
+            let start = Instant::now();
+            let loaded = match self.manifest(&id).await {
+                Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => {
+                    tracing::info!("passing over {id}: committed by a fenced writer");
+                    continue;
+                }
+                Ok(m) => self.load_with(&id, m, start).await,
+                Err(e) => Err(e),
+            };
+            match loaded {
                 Ok(mut loaded) => {
                     loaded.skipped = skipped;
                     return Ok(Some(loaded));

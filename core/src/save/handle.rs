@@ -12,6 +12,7 @@ use crate::checkpointer::{Checkpointer, Shared, SnapshotMode};
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::layout::catalog;
+use crate::layout::epoch::{EpochView, Verdict};
 use crate::model::CheckpointId;
 use crate::save::persist::PersistJob;
 
@@ -108,6 +109,14 @@ impl Checkpointer {
             return Err(
                 reason.into_error(&format!("the save of step {s} failed in the background: "))
             );
+        }
+        if inner.opts.read_only {
+            return Err(Error::InvalidInput(format!(
+                "cannot save step {step}: this checkpointer was opened read-only"
+            )));
+        }
+        if let Some((epoch, current)) = *inner.fenced.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(Error::Fenced { epoch, current });
         }
         validate(&capture)?;
         // A step is taken if a readable manifest commits it (see `Checkpointer::
@@ -248,6 +257,7 @@ impl Checkpointer {
     /// step beside it).
     pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
         let inner = &self.inner;
+        let mut view = None;
         for id in ids {
             if inner
                 .damaged
@@ -258,7 +268,19 @@ impl Checkpointer {
                 continue;
             }
             match catalog::read_manifest(inner.store.as_ref(), &id).await {
-                Ok(_) => return Ok(Some(id)),
+                Ok(m) => {
+                    // A zombie's checkpoint (committed by a fenced writer) does not count.
+                    if view.is_none() {
+                        view = Some(EpochView::read(inner.store.as_ref()).await?);
+                    }
+                    if view
+                        .as_ref()
+                        .is_some_and(|v| v.judge(&id, m.epoch) == Verdict::Zombie)
+                    {
+                        continue;
+                    }
+                    return Ok(Some(id));
+                }
                 // Gone (retired by another process) or damaged: it commits nothing.
                 Err(e) if e.is_damage() => inner.update_known(|k| {
                     k.remove(&id);

@@ -37,9 +37,10 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::format::{WriteContext, WriteOutput, WriteStats};
 use crate::layout::catalog;
+use crate::layout::epoch::Fence;
 use crate::layout::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
 use crate::layout::paths;
-use crate::layout::retention::{self, GcReport};
+use crate::layout::retention::{self, GcReport, Sweep};
 use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
@@ -64,6 +65,11 @@ struct PlanMsg {
     step: u64,
     attempt: String,
     holdings: std::result::Result<Vec<Holding>, WireError>,
+    /// Rank 0, on the first save after it claimed an epoch of a root that had
+    /// an earlier one: how long every rank waits before it writes (the rest of
+    /// the fencing lease), after which every rank lists the stored chunks again.
+    #[serde(default)]
+    fence_in_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -149,6 +155,12 @@ impl Checkpointer {
         let rank = coord.rank();
         let timeout = inner.opts.collective_timeout;
         let id = job.id;
+        // Rank 0 claims its epoch at the first commit unless a load claimed it;
+        // a failed claim fails the save on every rank, as its snapshot would.
+        let (local, fence_in_ms) = match self.fence_in().await {
+            Ok(wait) => (local, wait),
+            Err(e) => (local.and(Err(e)), None),
+        };
 
         // 1. Plan: who writes what.
         let msg = PlanMsg {
@@ -167,8 +179,10 @@ impl Checkpointer {
                         .collect()
                 })
                 .map_err(WireError::from),
+            fence_in_ms,
         };
         let plans = gather_json(coord, &msg, timeout, "plan").await?;
+        let fence_in = plans.first().and_then(|m| m.fence_in_ms);
         let mut holdings = Vec::with_capacity(plans.len());
         let mut failed = None;
         for (r, m) in plans.into_iter().enumerate() {
@@ -191,6 +205,13 @@ impl Checkpointer {
         let tensors = local?;
         if let Some((r, e)) = failed {
             return Err(e.into_error(&format!("rank {r} could not snapshot: ")));
+        }
+        if let Some(ms) = fence_in {
+            // An older writer deletes nothing later than half a lease after it
+            // last saw itself current, which was before the claim: after the
+            // lease, what is listed stays.
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            inner.chunks.refresh(inner.store.as_ref()).await?;
         }
         let plan = plan::make(&holdings)?;
         let mine: Vec<Tensor> = tensors
@@ -257,7 +278,9 @@ impl Checkpointer {
             } else {
                 format!("rank {r}: ")
             };
-            return Err(e.into_error(&context));
+            let e = Err(e.into_error(&context));
+            self.note_fenced(&e);
+            return e;
         }
         written?;
 
@@ -387,6 +410,10 @@ impl Checkpointer {
             Ok(extra) => objects.extend(extra),
             Err(e) => return fail(0, WireError::from(&e)),
         }
+        let mut fence = match self.claimed().await {
+            Ok(c) => c.map(|c| Fence::new(c.epoch, self.inner.opts.fence_lease)),
+            Err(e) => return fail(0, WireError::from(&e)),
+        };
         let manifest = Manifest {
             version: MANIFEST_VERSION,
             library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
@@ -398,20 +425,29 @@ impl Checkpointer {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64,
+            epoch: fence.as_ref().map_or(0, |f| f.epoch),
             tensors,
             meta,
             objects,
         };
+        let store = self.inner.store.as_ref();
         let published = async {
+            if let Some(f) = fence.as_mut() {
+                f.check(store).await?;
+            }
             failpoint::hit("save.before_manifest").await?;
-            catalog::publish_manifest(self.inner.store.as_ref(), &manifest).await?;
-            failpoint::hit("save.after_manifest").await
+            catalog::publish_manifest(store, &manifest).await?;
+            failpoint::hit("save.after_manifest").await?;
+            if let Some(f) = fence.as_mut() {
+                f.confirm(store, id).await?;
+            }
+            Ok::<_, Error>(())
         }
         .await;
         if let Err(e) = published {
             return fail(0, WireError::from(&e));
         }
-        let gc = self.maybe_gc(id).await;
+        let gc = self.maybe_gc(id, fence).await;
         CommitOutcome {
             result: Ok(()),
             committed_by_other: None,
@@ -432,8 +468,33 @@ impl Checkpointer {
         }
     }
 
+    /// Rank 0: claim the epoch if not yet claimed; on the first save after
+    /// a claim on a root with an earlier epoch, how long to wait before
+    /// writing (the rest of the lease). Other ranks: `None`.
+    async fn fence_in(&self) -> Result<Option<u64>> {
+        let Some(c) = self.claimed().await? else {
+            return Ok(None);
+        };
+        if self.inner.fenced_in.swap(true, Ordering::AcqRel) || !c.had_predecessor {
+            return Ok(None);
+        }
+        let rest = self.inner.opts.fence_lease.saturating_sub(c.at.elapsed());
+        Ok(Some(rest.as_millis() as u64))
+    }
+
+    fn sweep(&self, fence: Option<Fence>) -> Sweep {
+        Sweep {
+            grace: self.inner.opts.gc_grace,
+            fence,
+        }
+    }
+
     /// Run retention and GC now unless a save is writing (then the next commit does it).
-    async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
+    async fn maybe_gc(
+        &self,
+        just_committed: &CheckpointId,
+        fence: Option<Fence>,
+    ) -> Option<GcReport> {
         self.inner.opts.retention.keep_last?;
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
         let mut protected = self
@@ -448,6 +509,7 @@ impl Checkpointer {
             &self.inner.opts.retention,
             &self.inner.chunks,
             &protected,
+            &mut self.sweep(fence),
         )
         .await
         {
@@ -461,7 +523,20 @@ impl Checkpointer {
 
     /// Apply retention and delete garbage now, waiting for saves in flight to finish
     /// writing. In a job of several ranks, call it on rank 0 only.
+    ///
+    /// A writer (fencing on) claims its epoch first if it has not, and fails
+    /// with [`Error::Fenced`], deleting nothing more, once a newer epoch has
+    /// claimed the root.
     pub async fn gc(&self) -> Result<GcReport> {
+        if self.inner.opts.read_only {
+            return Err(Error::InvalidInput(
+                "cannot collect garbage: this checkpointer was opened read-only".into(),
+            ));
+        }
+        let fence = self
+            .claimed()
+            .await?
+            .map(|c| Fence::new(c.epoch, self.inner.opts.fence_lease));
         let _gate = self.inner.write_gate.clone().write_owned().await;
         let protected = self
             .inner
@@ -474,6 +549,7 @@ impl Checkpointer {
             &self.inner.opts.retention,
             &self.inner.chunks,
             &protected,
+            &mut self.sweep(fence),
         )
         .await?;
         self.inner.update_known(|k| {

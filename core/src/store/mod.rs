@@ -7,6 +7,10 @@
 //! | `s3://bucket/prefix` | S3 (feature `s3`), configured from the usual `AWS_*` variables ([`s3`]) |
 //! | `tiered+<fast URL>?durable=<durable URL>` | a fast tier flushed to a durable one ([`TieredCheckpointStore`], an engine component) |
 //!
+//! What each kind of store is good at (atomic creates, coalesced ranged reads,
+//! direct I/O) is said by its [`Capabilities`] ([`Capabilities::of_url`]), not
+//! decided from URL prefixes where the engine uses it.
+//!
 //! Every store is rooted at the URL's path, so keys inside it are always
 //! `chunks/...`, `data/...`, `manifests/...`.
 //!
@@ -16,6 +20,7 @@
 //! [`counting::CountingStore`] (operations and bytes), and `object_store`'s own
 //! `LimitStore` (bounded concurrency) and `PrefixStore`.
 
+pub mod caps;
 pub mod counting;
 pub mod direct;
 pub mod fault;
@@ -32,6 +37,7 @@ use object_store::ObjectStore;
 use crate::error::{Error, Result};
 use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
+pub use caps::Capabilities;
 pub use counting::{CountingStore, OpCounts};
 pub use direct::{LocalDir, LocalDirOptions};
 pub use fault::{FaultCounts, FaultPlan, FaultStore};

@@ -108,6 +108,18 @@ impl S3Options {
     }
 }
 
+/// Environment variable: `1` (or `true`, `on`) declares that the S3 server
+/// honours conditional puts (`If-None-Match: *`), as AWS S3 has since 2024.
+/// Writer epochs are then claimed atomically there; otherwise (the default,
+/// right for Garage, which ignores them) a claim is read back: best effort.
+pub const CONDITIONAL_PUT_ENV: &str = "CKPT_S3_CONDITIONAL_PUT";
+
+/// Whether [`CONDITIONAL_PUT_ENV`] declares conditional puts.
+pub fn conditional_put_from_env() -> bool {
+    std::env::var(CONDITIONAL_PUT_ENV)
+        .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"))
+}
+
 /// Open `s3://bucket/prefix` with default options and credentials from the environment.
 pub fn open_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
     open(&S3Options::from_url(url)?)

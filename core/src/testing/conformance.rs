@@ -209,9 +209,15 @@ async fn checkpointer(
     store: &Arc<dyn ObjectStore>,
     format: &Arc<dyn Format>,
 ) -> Result<Checkpointer> {
+    // Separate checkpointers here stand for separate processes writing at
+    // once, and what is checked is the store's commit protocol: unfenced
+    // writers, so that no claim settles who may commit before the store does.
+    let mut opts = crate::CheckpointerOptions::default();
+    opts.fencing = false;
     Checkpointer::builder("conformance")
         .store(store.clone())
         .format(format.clone())
+        .options(opts)
         .build()
         .await
 }

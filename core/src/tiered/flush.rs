@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
@@ -13,9 +14,10 @@ use super::{Pending, Tiers};
 use crate::error::{Error, Result};
 use crate::layout::catalog;
 use crate::layout::chunks::ChunkIndex;
+use crate::layout::epoch::Fence;
 use crate::layout::manifest::Manifest;
 use crate::layout::paths;
-use crate::layout::retention;
+use crate::layout::retention::{self, Sweep};
 use crate::model::CheckpointId;
 
 /// Queue a checkpoint and make sure the flusher runs.
@@ -107,7 +109,12 @@ async fn run(tiers: Arc<Tiers>) {
             // One entry per checkpoint: its latest failure, none once it is flushed.
             st.failed.retain(|(f, _)| *f != id);
             match r {
-                Ok(()) => st.flushed.push(id.clone()),
+                Ok(()) => {
+                    st.flushed.push(id.clone());
+                    tiers
+                        .writer_epoch
+                        .fetch_max(pending.manifest.epoch, std::sync::atomic::Ordering::AcqRel);
+                }
                 Err(e) => {
                     tracing::warn!("flush of {id} to the durable tier failed: {e}");
                     st.failed.push((id.clone(), e));
@@ -120,6 +127,9 @@ async fn run(tiers: Arc<Tiers>) {
         }
     }
 }
+
+/// The fencing lease of durable retention (as the engine's default).
+const DURABLE_LEASE: Duration = Duration::from_secs(2);
 
 async fn flush_with_retries(tiers: &Tiers, pending: &Pending) -> Result<()> {
     let mut attempt = 0;
@@ -310,11 +320,19 @@ async fn durable_retention(tiers: &Tiers) {
             return;
         }
     };
+    let epoch = tiers
+        .writer_epoch
+        .load(std::sync::atomic::Ordering::Acquire);
+    let mut sweep = Sweep {
+        grace: tiers.opts.durable_grace,
+        fence: (epoch > 0).then(|| Fence::new(epoch, DURABLE_LEASE)),
+    };
     if let Err(e) = retention::collect(
         tiers.durable.as_ref(),
         &tiers.opts.durable_retention,
         index,
         &HashSet::new(),
+        &mut sweep,
     )
     .await
     {

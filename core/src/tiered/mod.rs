@@ -30,6 +30,15 @@
 //!   The durable tier has its own retention, [`TieredOptions::durable_retention`],
 //!   applied after flushes (usually: keep more there).
 //!
+//! - **Writer epochs** ([`crate::layout::epoch`]): claims are written through
+//!   to the durable tier, which decides between claimants, and every flushed
+//!   manifest keeps its epoch. Durable retention runs fenced by the newest
+//!   epoch flushed, so a fenced writer's flusher deletes nothing there. A
+//!   checkpoint that an old writer committed on its own fast tier but had
+//!   not flushed when a new writer claimed does not count on the durable tier.
+//!   While the durable tier is down, a claim is made on the fast tier alone
+//!   (it then fences only writers that share the fast tier).
+//!
 //! URL form: `tiered+<fast URL>?durable=<durable URL>[&durable_keep_last=N]`, e.g.
 //! `tiered+file:///scratch/run7?durable=s3://bucket/run7&durable_keep_last=20`.
 //! [`crate::store::open_url`] opens it, [`crate::store::open_tiered`] too but
@@ -80,6 +89,9 @@ pub struct TieredOptions {
     pub backoff: Duration,
     /// Objects larger than this are copied to the durable tier in parts.
     pub multipart_threshold: u64,
+    /// Durable retention keeps chunks younger than this (another writer's
+    /// flush may be copying them).
+    pub durable_grace: Duration,
 }
 
 impl Default for TieredOptions {
@@ -90,6 +102,7 @@ impl Default for TieredOptions {
             attempts: 3,
             backoff: Duration::from_millis(100),
             multipart_threshold: 64 << 20,
+            durable_grace: Duration::from_secs(60),
         }
     }
 }
@@ -168,6 +181,9 @@ pub(crate) struct Tiers {
     /// Puts hold it shared; running deferred deletes holds it exclusively.
     gate: Arc<RwLock<()>>,
     durable_chunks: tokio::sync::OnceCell<ChunkIndex>,
+    /// The newest writer epoch among the manifests flushed: durable retention
+    /// runs fenced by it (a fenced writer's flusher deletes nothing there).
+    writer_epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Tiers {
@@ -197,6 +213,7 @@ impl TieredCheckpointStore {
             idle: Notify::new(),
             gate: Arc::new(RwLock::new(())),
             durable_chunks: tokio::sync::OnceCell::new(),
+            writer_epoch: std::sync::atomic::AtomicU64::new(0),
         };
         TieredCheckpointStore {
             tiers: Arc::new(tiers),
@@ -317,6 +334,12 @@ fn is_chunk_listing(prefix: Option<&Path>) -> bool {
         .is_some_and(|p| p.as_ref() == CHUNKS)
 }
 
+fn under_epochs(key: &Path) -> bool {
+    key.parts()
+        .next()
+        .is_some_and(|p| p.as_ref() == crate::layout::epoch::EPOCHS)
+}
+
 fn under_chunks(key: &Path) -> bool {
     key.parts().next().is_some_and(|p| p.as_ref() == CHUNKS)
 }
@@ -337,6 +360,32 @@ impl ObjectStore for TieredCheckpointStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> OsResult<PutResult> {
+        if under_epochs(location) {
+            // Epoch claims are written through: the durable tier decides who
+            // wins (a replacement node's fast tier is empty), the fast tier
+            // keeps a copy for reads. With the durable tier down, training
+            // goes on: the claim is made on the fast tier alone, and fences
+            // only writers that share it.
+            return match self
+                .tiers
+                .durable
+                .put_opts(location, payload.clone(), opts.clone())
+                .await
+            {
+                Ok(r) => {
+                    let _ = self.tiers.fast.put(location, payload).await;
+                    Ok(r)
+                }
+                Err(e @ object_store::Error::AlreadyExists { .. }) => Err(e),
+                Err(e) => {
+                    tracing::warn!(
+                        "epoch claim `{location}` could not reach the durable tier ({e}); \
+                         claimed on the fast tier only"
+                    );
+                    self.tiers.fast.put_opts(location, payload, opts).await
+                }
+            };
+        }
         let manifest_id = paths::parse_manifest_key(location);
         let bytes: Option<Bytes> = manifest_id
             .as_ref()
