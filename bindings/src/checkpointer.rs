@@ -115,7 +115,7 @@ impl Checkpointer {
     #[new]
     #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
                         staging_budget=None, busy="wait", format="native", coordinator=None,
-                        collective_timeout=600.0))]
+                        collective_timeout=600.0, read_only=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -130,6 +130,7 @@ impl Checkpointer {
         format: &str,
         coordinator: Option<Bound<'_, PyAny>>,
         collective_timeout: f64,
+        read_only: bool,
     ) -> PyResult<Self> {
         if keep_last == Some(0) {
             return Err(invalid("keep_last must be at least 1"));
@@ -153,11 +154,14 @@ impl Checkpointer {
         };
         let options = CheckpointerOptions {
             collective_timeout,
+            read_only,
             ..CheckpointerOptions::default()
         };
         let counting = Arc::new(CountingStore::new(ckpt_core::store::open_url(&url).py()?));
+        let caps = ckpt_core::store::Capabilities::of_url(&url);
         let mut builder = ckpt_formats::builder(url)
             .store(counting.clone())
+            .capabilities(caps)
             .options(options)
             .format(ckpt_formats::by_name(format).py()?)
             .retention(Retention {
@@ -505,9 +509,11 @@ impl Checkpointer {
                 Status::Committed => ("committed", None),
                 Status::Incomplete => ("incomplete", None),
                 Status::Corrupt(why) => ("corrupt", Some(why.clone())),
+                Status::Fenced => ("fenced", None),
                 _ => ("unknown", None),
             };
             d.set_item("status", status)?;
+            d.set_item("epoch", r.epoch)?;
             d.set_item("reason", reason)?;
             d.set_item("bytes", r.bytes)?;
             d.set_item("tensors", r.tensors)?;

@@ -4,7 +4,7 @@
 //! ```text
 //! ckpt list URL [--verify] [--json]   every checkpoint: step, size, tensors, format, status
 //! ckpt verify URL [--step N]          read and check every tensor of one checkpoint
-//! ckpt gc URL --keep-last N           apply retention and delete garbage
+//! ckpt gc URL --keep-last N [--grace-secs S]  apply retention and delete garbage
 //! ckpt convert SRC DST --format F     copy a checkpoint (or a .pt/.safetensors file) into format F
 //! ckpt export URL OUT --entry model [--format safetensors|pt] [--dtype bf16] [--hf]
 //! ```
@@ -62,6 +62,11 @@ enum Cmd {
         /// Also keep every checkpoint whose step is a multiple of K.
         #[arg(long)]
         keep_every: Option<u64>,
+        /// Keep unreferenced chunks and incomplete saves younger than this many
+        /// seconds: a job still running may be writing them. The command never
+        /// claims a writer epoch, so it does not fence a running job.
+        #[arg(long, default_value_t = 600)]
+        grace_secs: u64,
     },
     /// Copy a checkpoint (or a plain .pt/.safetensors file) into another format.
     Convert {
@@ -127,7 +132,7 @@ pub fn human(bytes: u64) -> String {
 async fn run(cli: Cli) -> ckpt_core::Result<bool> {
     match cli.cmd {
         Cmd::List { url, verify, json } => {
-            let cp = ckpt_formats::builder(&url).build().await?;
+            let cp = ckpt_formats::builder(&url).read_only().build().await?;
             let rows = cp.list(verify).await?;
             let ok = !rows.iter().any(|r| matches!(r.status, Status::Corrupt(_)));
             if json {
@@ -138,7 +143,7 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
             Ok(ok)
         }
         Cmd::Verify { url, step } => {
-            let cp = ckpt_formats::builder(&url).build().await?;
+            let cp = ckpt_formats::builder(&url).read_only().build().await?;
             let ids = cp.committed().await?;
             let id = match step {
                 Some(s) => ids.into_iter().rev().find(|i| i.step == s),
@@ -161,14 +166,20 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
             url,
             keep_last,
             keep_every,
+            grace_secs,
         } => {
-            let cp = ckpt_formats::builder(&url)
-                .retention(Retention {
+            let opts = ckpt_core::CheckpointerOptions {
+                retention: Retention {
                     keep_last: Some(keep_last),
                     keep_every,
-                })
-                .build()
-                .await?;
+                },
+                // An operator's collection beside a running job: unfenced, with
+                // a grace period, and it judges zombies by the root's claims.
+                fencing: false,
+                gc_grace: std::time::Duration::from_secs(grace_secs),
+                ..Default::default()
+            };
+            let cp = ckpt_formats::builder(&url).options(opts).build().await?;
             let r = cp.gc().await?;
             println!(
                 "retired {} checkpoints, removed {} incomplete saves, deleted {} chunks{}",

@@ -9,19 +9,23 @@ fn status(r: &CheckpointInfo, verified: bool) -> String {
         Status::Committed => "committed".to_owned(),
         Status::Incomplete => "incomplete".to_owned(),
         Status::Corrupt(why) => format!("CORRUPT: {why}"),
+        Status::Fenced => "fenced (a zombie writer's; never loaded)".to_owned(),
         other => format!("{other:?}"),
     }
 }
 
 /// The rows as an aligned table, with a closing line that says what was checked.
 pub fn table(rows: &[CheckpointInfo], verified: bool) -> String {
-    let header = ["STEP", "ATTEMPT", "SIZE", "TENSORS", "FORMAT", "STATUS"];
-    let cells: Vec<[String; 6]> = rows
+    let header = [
+        "STEP", "ATTEMPT", "EPOCH", "SIZE", "TENSORS", "FORMAT", "STATUS",
+    ];
+    let cells: Vec<[String; 7]> = rows
         .iter()
         .map(|r| {
             [
                 r.id.step.to_string(),
                 r.id.attempt.clone(),
+                r.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string()),
                 crate::human(r.bytes),
                 if r.tensors == 0 {
                     "-".to_owned()
@@ -40,7 +44,7 @@ pub fn table(rows: &[CheckpointInfo], verified: bool) -> String {
         }
     }
     // Numbers right-aligned, text left-aligned; the last column is not padded.
-    let right = [true, false, true, true, false, false];
+    let right = [true, false, true, true, true, false, false];
     let line = |row: &[String]| {
         let mut s = String::new();
         for (i, c) in row.iter().enumerate() {
@@ -89,11 +93,13 @@ pub fn json(rows: &[CheckpointInfo], verified: bool) -> String {
                 Status::Committed => ("committed", None),
                 Status::Incomplete => ("incomplete", None),
                 Status::Corrupt(why) => ("corrupt", Some(why.clone())),
+                Status::Fenced => ("fenced", None),
                 _ => ("unknown", None),
             };
             serde_json::json!({
                 "step": r.id.step,
                 "attempt": r.id.attempt,
+                "epoch": r.epoch,
                 "bytes": r.bytes,
                 "tensors": r.tensors,
                 "format": r.format,

@@ -70,6 +70,61 @@ fn list_prints_a_table_and_json() {
     assert_eq!(rows[1]["format"], "native");
     assert_eq!(rows[1]["status"], "committed");
     assert_eq!(rows[1]["verified"], false, "not read without --verify");
+    assert_eq!(rows[1]["epoch"], 1, "the writer's epoch");
+}
+
+/// A writer that never claimed an epoch (fencing off, as a build before epochs)
+/// commits after a job claimed the root: `ckpt list` shows it as fenced, and
+/// `ckpt gc`, which claims nothing, retires it and leaves the job unfenced.
+#[test]
+fn list_shows_epochs_and_fenced_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    let root = root.to_str().unwrap();
+    save(root, &[10]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let opts = ckpt_core::CheckpointerOptions {
+            fencing: false,
+            ..Default::default()
+        };
+        let old = ckpt_formats::builder(root)
+            .options(opts)
+            .build()
+            .await
+            .unwrap();
+        let state = State::new().with_tensor(Tensor::from_f32("w", vec![1], &[5.0]).unwrap());
+        old.save(30, &state).await.unwrap().wait().await.unwrap();
+    });
+    let out = ckpt(&["list", root, "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[1]["step"], 30);
+    assert_eq!(rows[1]["status"], "fenced");
+    assert_eq!(rows[1]["epoch"], 0);
+    let table = text(&ckpt(&["list", root]).stdout);
+    assert!(table.lines().next().unwrap().contains("EPOCH"), "{table}");
+    assert!(table.contains("fenced"), "{table}");
+
+    let out = ckpt(&["gc", root, "--keep-last", "5", "--grace-secs", "0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("retired 1 checkpoints"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ckpt(&["list", root, "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    assert_eq!(rows[0]["step"], 10);
+    // The gc claimed nothing: the only claim is the saving job's.
+    assert!(dir
+        .path()
+        .join("run/epochs/00000000000000000001.claim")
+        .exists());
+    assert!(!dir
+        .path()
+        .join("run/epochs/00000000000000000002.claim")
+        .exists());
 }
 
 #[test]

@@ -74,7 +74,7 @@ pub async fn load_source(src: &str, step: Option<u64>) -> Result<(u64, State)> {
         }
         return Ok((step.unwrap_or(0), read_plain_file(src)?));
     }
-    let cp = crate::builder(src).build().await?;
+    let cp = crate::builder(src).read_only().build().await?;
     let loaded = match step {
         Some(s) => cp.load_step(s).await?,
         None => cp.load_latest().await?.ok_or_else(|| Error::NotFound {

@@ -83,6 +83,7 @@ class Checkpointer:
         format: str = "native",
         coordinator: Optional[Coordinator] = None,
         collective_timeout: float = 600.0,
+        read_only: bool = False,
     ) -> None: ...
     @property
     def url(self) -> str: ...

@@ -155,6 +155,15 @@ class Checkpointer:
             of a coordinated save (and when the checkpointer is created);
             past it the save fails with :class:`~ckpt.CheckpointTimeoutError`
             (a rank died) and this checkpointer cannot save again.
+        read_only: only read the root. A writer (the default) claims the
+            root's next writer epoch at its first ``load_latest`` or save,
+            which fences an older incarnation of the job that is still
+            running: its later saves and ``gc`` raise
+            :class:`~ckpt.FencedError` and what it commits is never loaded.
+            A process that only reads beside a running job (evaluation,
+            export) must pass ``read_only=True`` so that it does not fence
+            the job; its ``save`` and ``gc`` raise
+            :class:`~ckpt.InvalidInputError`.
 
     **Several ranks** (``torchrun``, ``mpirun``): create the checkpointer on
     every rank with the same URL (creating it is a collective), call ``save``
@@ -186,6 +195,7 @@ class Checkpointer:
         coordinate: Any = "auto",
         process_group: Any = None,
         collective_timeout: float = 600.0,
+        read_only: bool = False,
     ) -> None:
         if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
@@ -204,6 +214,7 @@ class Checkpointer:
             format=format,
             coordinator=coordinator,
             collective_timeout=float(collective_timeout),
+            read_only=bool(read_only),
         )
         self._coordinator = coordinator
         self._rng = rng

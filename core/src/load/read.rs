@@ -41,6 +41,9 @@ pub enum Status {
     Incomplete,
     /// The manifest or data is damaged.
     Corrupt(String),
+    /// Committed by a writer whose epoch was over (a zombie incarnation of
+    /// the job): stored, but never loaded, and retired by the next GC.
+    Fenced,
 }
 
 /// One row of a listing.
@@ -56,6 +59,8 @@ pub struct CheckpointInfo {
     pub tensors: usize,
     /// Format name, when known.
     pub format: Option<String>,
+    /// The writer epoch that committed it, when known (0: before epochs).
+    pub epoch: Option<u64>,
 }
 
 /// Tensors a load works on at once; their object reads are bounded separately,
@@ -273,8 +278,10 @@ impl Checkpointer {
     /// `verify = true` to read and check all data too.
     pub async fn list(&self, verify: bool) -> Result<Vec<CheckpointInfo>> {
         let mut out = Vec::new();
-        for id in self.committed().await? {
+        let view = EpochView::read(self.inner.store.as_ref()).await?;
+        for id in catalog::committed(self.inner.store.as_ref()).await? {
             let (status, m) = match self.manifest(&id).await {
+                Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => (Status::Fenced, Some(m)),
                 Ok(m) => (Status::Committed, Some(m)),
                 Err(e) => (Status::Corrupt(e.to_string()), None),
             };
@@ -288,6 +295,7 @@ impl Checkpointer {
             out.push(CheckpointInfo {
                 bytes: m.as_ref().map_or(0, Manifest::raw_bytes),
                 tensors: m.as_ref().map_or(0, |m| m.tensors.len()),
+                epoch: m.as_ref().map(|m| m.epoch),
                 format: m.map(|m| m.format),
                 id,
                 status,
@@ -300,6 +308,7 @@ impl Checkpointer {
                 bytes,
                 tensors: 0,
                 format: None,
+                epoch: None,
             });
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));

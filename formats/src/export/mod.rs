@@ -238,7 +238,7 @@ pub async fn export(url: &str, out: &Path, opts: &ExportOptions) -> Result<Expor
             )));
         }
     }
-    let cp = crate::builder(url).build().await?;
+    let cp = crate::builder(url).read_only().build().await?;
     let id = pick(&cp, url, opts.step).await?;
     let manifest = cp.manifest(&id).await?;
     let items = select(&manifest, &opts.entry, opts.dtype)?;
