@@ -32,6 +32,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod victim;
+pub mod zombie;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -285,7 +286,7 @@ pub struct FaultsCli {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Kinds, comma separated (kill, crash, parked, corrupt, store-faults, disk-full,
-    /// mpi-rank, mpi-train).
+    /// zombie, mpi-rank, mpi-train).
     #[arg(long, value_delimiter = ',')]
     pub kinds: Option<Vec<String>>,
     /// Training steps of the tch job.

@@ -6,6 +6,10 @@
 //! parse (header hash and records), and every chunk it names must be a file whose
 //! decoded bytes hash to its name. `load_latest` must then resume from the newest
 //! intact checkpoint and skip exactly the damaged ones newer than it.
+//!
+//! Writer epochs are judged here too, from the claim files themselves: a
+//! manifest whose epoch is older than the newest claim and that the claim does
+//! not list was committed by a zombie incarnation, and is not a checkpoint.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -31,6 +35,8 @@ pub struct Committed {
 pub struct Scan {
     /// The checkpoints.
     pub committed: Vec<Committed>,
+    /// Manifests a fenced writer (a zombie) committed: stored, never to be loaded.
+    pub zombies: Vec<CheckpointId>,
 }
 
 impl Scan {
@@ -64,14 +70,23 @@ impl Scan {
 /// Scan the checkpoint root at `root` (a local directory).
 pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
     let cp = ckpt_formats::builder(format!("file://{}", root.display()))
+        .read_only()
         .build()
         .await?;
     let mut out = Scan::default();
-    for id in cp.committed().await? {
+    let (current, listed) = newest_claim(root);
+    for id in ckpt_core::layout::committed(cp.store().as_ref()).await? {
         let manifest_key = ckpt_core::layout::manifest_key(&id).to_string();
         let mut objects = BTreeSet::from([manifest_key.clone()]);
         let damage = match cp.manifest(&id).await {
             Err(e) => Some(format!("manifest: {e}")),
+            Ok(m)
+                if m.epoch < current
+                    && !listed.contains(&ckpt_core::layout::checkpoint_name(&id)) =>
+            {
+                out.zombies.push(id);
+                continue;
+            }
             Ok(m) => {
                 let mut damage = None;
                 for obj in &m.objects {
@@ -119,6 +134,36 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
         });
     }
     Ok(out)
+}
+
+/// The newest epoch claimed under a root (0: none) and the checkpoint names
+/// its claim lists, read from the claim files.
+fn newest_claim(root: &Path) -> (u64, BTreeSet<String>) {
+    let newest = std::fs::read_dir(root.join("epochs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n: u64 = name.strip_suffix(".claim")?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .max();
+    let Some((n, path)) = newest else {
+        return (0, BTreeSet::new());
+    };
+    let listed = std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| {
+            v.get("valid")?.as_array().map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+        })
+        .unwrap_or_default();
+    (n, listed)
 }
 
 /// Why a stored chunk is not the chunk `hash`, or `None` when it is.

@@ -83,6 +83,11 @@ pub enum Kind {
     /// The disk fills up (a small tmpfs with ballast, or FaultStore failing every
     /// write where mounting is refused); space is freed before the restart.
     DiskFull,
+    /// The job is frozen (SIGSTOP) at a random instant, a new incarnation
+    /// starts on the same root, and the old one is resumed (SIGCONT) while the
+    /// new one trains: a zombie that goes on saving and collecting. It must be
+    /// fenced: nothing it commits is loaded, nothing the new one keeps is lost.
+    Zombie,
     /// One rank of `mpi_ckpt` under mpirun is SIGKILLed mid-save; the newest
     /// checkpoint then loads, verified bitwise, into another number of ranks.
     MpiRank,
@@ -93,13 +98,14 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in report order.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Kill,
         Kind::Crash,
         Kind::Parked,
         Kind::Corrupt,
         Kind::StoreFaults,
         Kind::DiskFull,
+        Kind::Zombie,
         Kind::MpiRank,
         Kind::MpiTrain,
     ];
@@ -113,6 +119,7 @@ impl Kind {
             Kind::Corrupt => "corrupt",
             Kind::StoreFaults => "store-faults",
             Kind::DiskFull => "disk-full",
+            Kind::Zombie => "zombie",
             Kind::MpiRank => "mpi-rank",
             Kind::MpiTrain => "mpi-train",
         }
@@ -132,6 +139,7 @@ impl Kind {
             Kind::Corrupt => 24,
             Kind::StoreFaults => 10,
             Kind::DiskFull => 6,
+            Kind::Zombie => 12,
             Kind::MpiRank => 3,
             Kind::MpiTrain => 3,
         }
@@ -243,7 +251,7 @@ mod tests {
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
         // The first draws cover every kind once.
-        let first: Vec<Kind> = draw(3).into_iter().take(8).map(|(k, _)| k).collect();
+        let first: Vec<Kind> = draw(3).into_iter().take(9).map(|(k, _)| k).collect();
         assert_eq!(first, Kind::ALL.to_vec());
     }
 

@@ -58,6 +58,9 @@ pub struct StartRecord {
     pub store_faults: Option<FaultCounts>,
     /// The loaded checkpoint was torn or damaged.
     pub loaded_damaged: bool,
+    /// A zombie episode: manifests the old incarnation committed after it was
+    /// fenced, found on the root (stored, never to be loaded).
+    pub zombie_manifests: Option<usize>,
 }
 
 /// One run: a job from a fresh root to its final state, through its failures.

@@ -58,6 +58,10 @@ pub struct Summary {
     pub finals_compared: usize,
     /// Identical ones.
     pub finals_identical: usize,
+    /// Zombie episodes: run, fenced (the old incarnation's saves were
+    /// refused), zombie manifests found stored, zombie checkpoints loaded
+    /// (must be 0), kept checkpoints damaged after a zombie ran (must be 0).
+    pub zombies: BTreeMap<String, u64>,
     /// How the full disk was made.
     pub full_disk: String,
     /// Kinds that could not run, and why.
@@ -104,6 +108,8 @@ pub fn save_failure_class(e: &str) -> &'static str {
         "storage lost acknowledgement"
     } else if e.contains("injected error") {
         "storage error"
+    } else if e.contains("fenced") {
+        "fenced (a zombie's save)"
     } else {
         "other"
     }
@@ -152,6 +158,15 @@ pub fn summarize(runs: &[RunRecord], seconds: f64, full_disk: &str) -> Summary {
                 bump(&mut s.torn_by_phase, phase.clone(), 1);
             }
             s.torn_or_damaged_loaded += usize::from(st.loaded_damaged);
+            if let Some(z) = st.zombie_manifests {
+                bump(&mut s.zombies, "episodes", 1);
+                bump(
+                    &mut s.zombies,
+                    "old incarnation fenced",
+                    u64::from(st.triggered),
+                );
+                bump(&mut s.zombies, "zombie manifests stored", z as u64);
+            }
             for k in &st.skipped {
                 bump(&mut s.skipped_by_kind, k.kind.clone(), 1);
             }
@@ -179,6 +194,13 @@ pub fn summarize(runs: &[RunRecord], seconds: f64, full_disk: &str) -> Summary {
         .iter()
         .filter(|p| p.contains("resumed from") || p.contains("skipped"))
         .count();
+    if s.zombies.contains_key("episodes") {
+        let count = |needle: &str| s.problems.iter().filter(|p| p.contains(needle)).count() as u64;
+        let loaded = count("loaded the zombie's checkpoint");
+        let damaged = count("damaged after the zombie ran");
+        bump(&mut s.zombies, "zombie checkpoints loaded", loaded);
+        bump(&mut s.zombies, "kept checkpoints damaged", damaged);
+    }
     for k in ["detected", "not needed", "removed", "undetected"] {
         s.corruptions.entry(k.to_owned()).or_default();
     }
@@ -291,6 +313,15 @@ pub fn to_text(r: &CampaignReport) -> String {
     }
     for (k, n) in &s.corruptions {
         row(&mut t, &format!("corruptions {k}"), n.to_string());
+    }
+    if !s.zombies.is_empty() {
+        let _ = writeln!(
+            t,
+            "\nzombies (an old incarnation resumed beside the new one)"
+        );
+        for (k, n) in &s.zombies {
+            row(&mut t, k, n.to_string());
+        }
     }
     if !s.store_faults.is_empty() || !s.failed_saves.is_empty() {
         let _ = writeln!(t, "\nstorage");

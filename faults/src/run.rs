@@ -13,6 +13,7 @@ use super::oracle::{self, Scan};
 use super::plan::{self, Kind, Rng};
 use super::record::{RunRecord, Skipped, StartRecord};
 use super::victim::{self, Job, StartOut, Stop};
+use super::zombie;
 
 /// What every tch run of a campaign shares.
 pub struct TchCtx {
@@ -233,7 +234,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
     plan.push(None);
     let mut finished = false;
     for planned in plan {
-        let before = scan(&root);
+        let mut before = scan(&root);
         let resume = before.newest_intact().map_or(0, |c| c.id.step);
         let mut kind = planned;
         if kind.is_some() && resume >= job.steps {
@@ -324,9 +325,26 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
                     }
                 }
             }
+            // Its own supervision below.
+            Some(Kind::Zombie) => (Stop::Never, String::new()),
             Some(Kind::Corrupt | Kind::MpiRank | Kind::MpiTrain) => unreachable!(),
         };
-        let o = match victim::start(&job, &root, &out, &report, &env, &args, stop) {
+        let mut zombie_fenced = false;
+        let mut zombie_manifests = None;
+        let mut detail = detail;
+        let started = if kind == Some(Kind::Zombie) {
+            zombie::episode(&job, &root, &dir, &out, &report, rng, resume).map(|ep| {
+                rec.problems.extend(ep.problems);
+                before = ep.before_new;
+                detail = ep.detail;
+                zombie_fenced = ep.triggered;
+                zombie_manifests = Some(ep.zombie_manifests);
+                ep.new
+            })
+        } else {
+            victim::start(&job, &root, &out, &report, &env, &args, stop)
+        };
+        let o = match started {
             Ok(o) => o,
             Err(e) => {
                 rec.problems.push(format!("running the job: {e}"));
@@ -345,6 +363,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
             ended: o.ended(),
             failed_saves: o.failed_saves.clone(),
             store_faults: o.faults().copied(),
+            zombie_manifests,
             ..Default::default()
         };
         if o.hung {
@@ -407,6 +426,7 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
             Some(Kind::Crash) => o.signal == Some(6),
             Some(Kind::StoreFaults) => o.faults().is_some_and(|f| f.total() > 0),
             Some(Kind::DiskFull) => !o.failed_saves.is_empty(),
+            Some(Kind::Zombie) => zombie_fenced,
             Some(_) => false,
         };
         st.triggered = triggered;

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,14 @@ pub enum Stop {
     OnSilence {
         /// Silence, milliseconds.
         ms: u64,
+    },
+    /// Like `AtStep`, but SIGSTOP instead of SIGKILL: the job is frozen (a
+    /// hung incarnation), and [`Running::supervise`] returns.
+    Freeze {
+        /// The step.
+        step: u64,
+        /// Extra delay, microseconds.
+        delay_us: u64,
     },
     /// `extra` steps after a save failed, or at step `fallback`.
     AfterSaveFailure {
@@ -132,117 +140,209 @@ pub fn start(
     args: &[String],
     stop: Stop,
 ) -> std::io::Result<StartOut> {
-    let offset = std::fs::metadata(report).map(|m| m.len()).unwrap_or(0);
-    let mut cmd = Command::new(&job.bin);
-    cmd.arg("--root")
-        .arg(root)
-        .arg("--out")
-        .arg(out)
-        .arg("--report")
-        .arg(report)
-        .args(["--steps", &job.steps.to_string()])
-        .args(["--every", &job.every.to_string()])
-        .args(["--keep", &job.keep.to_string()])
-        .args(["--seed", &job.seed.to_string()])
-        .args(["--device", &job.device])
-        .args(args)
-        .env_remove("CKPT_FAILPOINTS")
-        .env("RUST_LOG", "off")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
+    let mut r = Running::spawn(job, root, out, report, env, args)?;
+    r.supervise(stop);
+    r.finish()
+}
+
+/// A start of the job in progress.
+pub struct Running {
+    child: Child,
+    rx: mpsc::Receiver<(Instant, String)>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    spawned: Instant,
+    /// Since when the watchdog counts (reset when a frozen job is resumed).
+    watched: Instant,
+    offset: u64,
+    report: PathBuf,
+    o: StartOut,
+    last: Instant,
+    trained: bool,
+    open_save: Option<u64>,
+}
+
+impl Running {
+    /// Spawn the job on `root`.
+    pub fn spawn(
+        job: &Job,
+        root: &Path,
+        out: &Path,
+        report: &Path,
+        env: &[(String, String)],
+        args: &[String],
+    ) -> std::io::Result<Running> {
+        let offset = std::fs::metadata(report).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = Command::new(&job.bin);
+        cmd.arg("--root")
+            .arg(root)
+            .arg("--out")
+            .arg(out)
+            .arg("--report")
+            .arg(report)
+            .args(["--steps", &job.steps.to_string()])
+            .args(["--every", &job.every.to_string()])
+            .args(["--keep", &job.keep.to_string()])
+            .args(["--seed", &job.seed.to_string()])
+            .args(["--device", &job.device])
+            .args(args)
+            .env_remove("CKPT_FAILPOINTS")
+            .env("RUST_LOG", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let spawned = Instant::now();
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel::<(Instant, String)>();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Running {
+            child,
+            rx,
+            reader: Some(reader),
+            spawned,
+            watched: spawned,
+            offset,
+            report: report.to_owned(),
+            o: StartOut::default(),
+            last: Instant::now(),
+            trained: false,
+            open_save: None,
+        })
     }
-    let spawned = Instant::now();
-    let mut child = cmd.spawn()?;
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel::<(Instant, String)>();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send((Instant::now(), line)).is_err() {
-                break;
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Highest step reached so far.
+    pub fn reached(&self) -> u64 {
+        self.o.reached
+    }
+
+    /// Send a signal (`SIGSTOP`, `SIGCONT`) to the job.
+    pub fn signal(&mut self, sig: i32) -> bool {
+        if sig == libc::SIGCONT {
+            self.watched = Instant::now();
+            self.last = Instant::now();
+        }
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) == 0 }
+    }
+
+    /// Supervise until the job's output ends, or (with [`Stop::Freeze`]) until
+    /// it is frozen: then it returns with the process stopped, to be resumed
+    /// with `signal(SIGCONT)` and supervised again.
+    pub fn supervise(&mut self, stop: Stop) {
+        let o = &mut self.o;
+        let mut kill_at_step: Option<u64> = match stop {
+            Stop::AtStep { step, .. } | Stop::Freeze { step, .. } => Some(step),
+            Stop::AfterSaveFailure { fallback, .. } => Some(fallback),
+            _ => None,
+        };
+        let watchdog = Duration::from_secs(120);
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(10)) {
+                Ok((at, line)) => {
+                    self.last = at;
+                    if let Some(s) = step_of(&line) {
+                        if o.first_step_ms.is_none() {
+                            o.first_step_ms =
+                                Some(at.duration_since(self.spawned).as_secs_f64() * 1e3);
+                        }
+                        self.trained = true;
+                        o.reached = o.reached.max(s);
+                    } else if let Some(s) = line
+                        .strip_prefix("checkpoint ")
+                        .and_then(|r| r.strip_suffix(" started"))
+                        .and_then(|s| s.parse().ok())
+                    {
+                        self.open_save = Some(s);
+                    } else if let Some(rest) = line.strip_prefix("checkpoint ") {
+                        if let Some((s, why)) = rest.split_once(" failed: ") {
+                            let s: u64 = s.parse().unwrap_or(0);
+                            o.failed_saves.push((s, why.to_owned()));
+                            if self.open_save == Some(s) {
+                                self.open_save = None;
+                            }
+                            if let Stop::AfterSaveFailure { extra, .. } = stop {
+                                let t = o.reached + extra;
+                                kill_at_step = Some(kill_at_step.map_or(t, |k| k.min(t)));
+                            }
+                        } else if let Some(s) = rest.strip_suffix(" committed") {
+                            if self.open_save == s.parse().ok() {
+                                self.open_save = None;
+                            }
+                        }
+                    } else if line.starts_with("done ") {
+                        o.done = true;
+                    }
+                    let hit = kill_at_step.is_some_and(|k| step_of(&line).is_some_and(|s| s >= k));
+                    o.lines.push(line);
+                    if hit && !o.killed {
+                        match stop {
+                            Stop::AtStep { delay_us, .. } => {
+                                std::thread::sleep(Duration::from_micros(delay_us));
+                            }
+                            Stop::Freeze { delay_us, .. } => {
+                                std::thread::sleep(Duration::from_micros(delay_us));
+                                // SAFETY: kill(2) on our own child's pid.
+                                let stopped = unsafe {
+                                    libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) == 0
+                                };
+                                if stopped {
+                                    return;
+                                }
+                            }
+                            _ => {}
+                        }
+                        o.killed = self.child.kill().is_ok();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Stop::OnSilence { ms } = stop {
+                        if self.trained
+                            && !o.killed
+                            && self.last.elapsed() >= Duration::from_millis(ms)
+                        {
+                            o.killed = self.child.kill().is_ok();
+                        }
+                    }
+                    if self.watched.elapsed() > watchdog && !o.killed {
+                        o.hung = true;
+                        o.killed = self.child.kill().is_ok();
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         }
-    });
-    let mut o = StartOut::default();
-    let mut last = Instant::now();
-    let mut trained = false;
-    let mut kill_at_step: Option<u64> = match stop {
-        Stop::AtStep { step, .. } => Some(step),
-        Stop::AfterSaveFailure { fallback, .. } => Some(fallback),
-        _ => None,
-    };
-    let mut open_save: Option<u64> = None;
-    let watchdog = Duration::from_secs(120);
-    loop {
-        match rx.recv_timeout(Duration::from_millis(10)) {
-            Ok((at, line)) => {
-                last = at;
-                if let Some(s) = step_of(&line) {
-                    if o.first_step_ms.is_none() {
-                        o.first_step_ms = Some(at.duration_since(spawned).as_secs_f64() * 1e3);
-                    }
-                    trained = true;
-                    o.reached = o.reached.max(s);
-                } else if let Some(s) = line
-                    .strip_prefix("checkpoint ")
-                    .and_then(|r| r.strip_suffix(" started"))
-                    .and_then(|s| s.parse().ok())
-                {
-                    open_save = Some(s);
-                } else if let Some(rest) = line.strip_prefix("checkpoint ") {
-                    if let Some((s, why)) = rest.split_once(" failed: ") {
-                        let s: u64 = s.parse().unwrap_or(0);
-                        o.failed_saves.push((s, why.to_owned()));
-                        if open_save == Some(s) {
-                            open_save = None;
-                        }
-                        if let Stop::AfterSaveFailure { extra, .. } = stop {
-                            let t = o.reached + extra;
-                            kill_at_step = Some(kill_at_step.map_or(t, |k| k.min(t)));
-                        }
-                    } else if let Some(s) = rest.strip_suffix(" committed") {
-                        if open_save == s.parse().ok() {
-                            open_save = None;
-                        }
-                    }
-                } else if line.starts_with("done ") {
-                    o.done = true;
-                }
-                let hit = kill_at_step.is_some_and(|k| step_of(&line).is_some_and(|s| s >= k));
-                o.lines.push(line);
-                if hit && !o.killed {
-                    if let Stop::AtStep { delay_us, .. } = stop {
-                        std::thread::sleep(Duration::from_micros(delay_us));
-                    }
-                    o.killed = child.kill().is_ok();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if let Stop::OnSilence { ms } = stop {
-                    if trained && !o.killed && last.elapsed() >= Duration::from_millis(ms) {
-                        o.killed = child.kill().is_ok();
-                    }
-                }
-                if spawned.elapsed() > watchdog && !o.killed {
-                    o.hung = true;
-                    o.killed = child.kill().is_ok();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+    }
+
+    /// Wait for the process to end; how it ended and what it reported.
+    pub fn finish(mut self) -> std::io::Result<StartOut> {
+        let status = self.child.wait()?;
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
         }
+        let mut o = self.o;
+        o.signal = status.signal();
+        o.code = status.code();
+        if o.done && o.killed {
+            // The signal came after the job finished: it did not interrupt anything.
+            o.killed = false;
+        }
+        o.in_flight = if o.done { None } else { self.open_save };
+        o.report = event::read_from(&self.report, self.offset).map_err(std::io::Error::other)?;
+        Ok(o)
     }
-    let status = child.wait()?;
-    let _ = reader.join();
-    o.signal = status.signal();
-    o.code = status.code();
-    if o.done && o.killed {
-        // The signal came after the job finished: it did not interrupt anything.
-        o.killed = false;
-    }
-    o.in_flight = if o.done { None } else { open_save };
-    o.report = event::read_from(report, offset).map_err(std::io::Error::other)?;
-    Ok(o)
 }
