@@ -15,6 +15,7 @@ use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
 use crate::save::staging::{BusyPolicy, StagingPool};
 use crate::store;
+use crate::sync::MutexExt;
 
 /// When the snapshot copy happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -118,12 +119,7 @@ impl Shared {
     /// Change the known-committed set, once the first save has listed it
     /// (before that there is nothing to keep up to date).
     pub fn update_known(&self, f: impl FnOnce(&mut HashSet<CheckpointId>)) {
-        if let Some(known) = self
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
+        if let Some(known) = self.known.lock_unpoisoned().as_mut() {
             f(known);
         }
     }
@@ -185,11 +181,7 @@ impl Checkpointer {
 
     /// The staging pool, once the first save sized it.
     pub fn staging(&self) -> Option<StagingPool> {
-        self.inner
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.pool.lock_unpoisoned().clone()
     }
 
     /// Number of chunks known to be stored.
@@ -203,13 +195,7 @@ impl Checkpointer {
             let notified = self.inner.inflight_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self
-                .inner
-                .inflight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-            {
+            if self.inner.inflight.lock_unpoisoned().is_empty() {
                 return;
             }
             notified.await;

@@ -42,6 +42,7 @@ pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod save;
 pub mod store;
+pub mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tiered;

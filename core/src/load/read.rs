@@ -14,6 +14,7 @@ use crate::layout::manifest::{Manifest, TensorRecord};
 use crate::model::state::State;
 use crate::model::tensor::Tensor;
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// A loaded checkpoint.
 #[derive(Debug)]
@@ -130,11 +131,7 @@ impl Checkpointer {
                     return Ok(Some(loaded));
                 }
                 Err(e) if e.is_damage() => {
-                    self.inner
-                        .damaged
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(id.clone());
+                    self.inner.damaged.lock_unpoisoned().insert(id.clone());
                     tracing::warn!("skipping damaged checkpoint {id}: {e}");
                     skipped.push((id, e));
                 }
@@ -151,11 +148,7 @@ impl Checkpointer {
     /// does when it skips one), so that its step may be saved again. For callers
     /// that walk the checkpoints themselves (partial, per-rank loads).
     pub fn note_damaged(&self, id: &CheckpointId) {
-        self.inner
-            .damaged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        self.inner.damaged.lock_unpoisoned().insert(id.clone());
     }
 
     /// Load only the named tensors of a checkpoint (reads only their objects).

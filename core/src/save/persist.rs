@@ -46,6 +46,7 @@ use crate::model::CheckpointId;
 use crate::save::plan::{self, Holding};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::SnapState;
+use crate::sync::MutexExt;
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -436,12 +437,7 @@ impl Checkpointer {
     async fn maybe_gc(&self, just_committed: &CheckpointId) -> Option<GcReport> {
         self.inner.opts.retention.keep_last?;
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut protected = self.inner.inflight.lock_unpoisoned().clone();
         protected.insert(just_committed.clone());
         match retention::collect(
             self.inner.store.as_ref(),
@@ -463,12 +459,7 @@ impl Checkpointer {
     /// writing. In a job of several ranks, call it on rank 0 only.
     pub async fn gc(&self) -> Result<GcReport> {
         let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let protected = self.inner.inflight.lock_unpoisoned().clone();
         let report = retention::collect(
             self.inner.store.as_ref(),
             &self.inner.opts.retention,

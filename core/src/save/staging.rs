@@ -20,6 +20,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::save::pages::PageBuf;
+use crate::sync::MutexExt;
 
 const PAGE: u64 = 4096;
 
@@ -106,7 +107,7 @@ impl StagingPool {
 
     /// Bytes held by idle buffers.
     pub fn idle_bytes(&self) -> u64 {
-        let idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = self.inner.idle.lock_unpoisoned();
         idle.iter()
             .map(|(len, v)| *len as u64 * v.len() as u64)
             .sum()
@@ -166,7 +167,7 @@ impl StagingPool {
     }
 
     fn take_idle(&self, len: usize) -> Option<StagingBuf> {
-        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.inner.idle.lock_unpoisoned();
         let (data, permit) = idle.get_mut(&(len + lead(len)))?.pop()?;
         Some(StagingBuf {
             data: Some(data),
@@ -187,7 +188,7 @@ impl StagingPool {
             }
             // Idle buffers hold budget: free them (their permits go back) and retry.
             let freed = {
-                let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let mut idle = self.inner.idle.lock_unpoisoned();
                 let had = !idle.is_empty();
                 idle.clear();
                 had
@@ -241,8 +242,7 @@ impl Drop for StagingBuf {
             return;
         };
         pool.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .entry(data.len())
             .or_default()
             .push((data, permit));

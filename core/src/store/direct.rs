@@ -55,6 +55,8 @@ use object_store::{
     PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 
+use crate::sync::MutexExt;
+
 /// Environment variable: `0` (or `false`, `off`) turns direct writes off for
 /// stores opened by URL.
 pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
@@ -161,12 +163,12 @@ struct Pool {
 
 impl Pool {
     fn take(&self) -> Aligned {
-        let got = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let got = self.free.lock_unpoisoned().pop();
         got.unwrap_or_else(Aligned::new)
     }
 
     fn give(&self, b: Aligned) {
-        let mut v = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.free.lock_unpoisoned();
         if v.len() < POOL_MAX {
             v.push(b);
         }

@@ -30,6 +30,7 @@ use object_store::memory::InMemory;
 use object_store::ObjectStore;
 
 use crate::error::{Error, Result};
+use crate::sync::MutexExt;
 use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
 pub use counting::{CountingStore, OpCounts};
@@ -87,10 +88,7 @@ pub fn open_dir(path: &std::path::Path) -> Result<Arc<dyn ObjectStore>> {
 /// The process-wide in-memory store of a name.
 pub fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<InMemory>>>> = OnceLock::new();
-    let mut map = STORES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut map = STORES.get_or_init(Default::default).lock_unpoisoned();
     map.entry(name.to_owned())
         .or_insert_with(|| Arc::new(InMemory::new()))
         .clone()

@@ -29,6 +29,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use ckpt_core::format::storage_err;
 use ckpt_core::layout::chunk_key;
+use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Layout, ReadContext, Result, TensorRecord, MAX_CHUNK_BYTES};
 use object_store::{GetResultPayload, ObjectStoreExt};
 use tokio::runtime::{Handle, RuntimeFlavor};
@@ -200,23 +201,22 @@ fn run_window(
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                if failed.lock_unpoisoned().is_some() {
                     break;
                 }
-                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                let next = queue.lock_unpoisoned().next();
                 let Some(job) = next else { break };
                 let tensor = job.tensor;
                 if let Err(e) = run_job(ctx, handle, job) {
                     failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
+                        .lock_unpoisoned()
                         .get_or_insert(e.with_tensor(tensor));
                     break;
                 }
             });
         }
     });
-    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    match ckpt_core::sync::unpoisoned(failed.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
     }

@@ -38,6 +38,7 @@ type Pending = Shared<BoxFuture<'static, std::result::Result<u64, Arc<Error>>>>;
 
 // CPU work (hashing, zstd, verification) runs within the process's CPU budget.
 use ckpt_core::budget::run_cpu as blocking;
+use ckpt_core::sync::MutexExt;
 
 /// Hash, dedupe, compress and upload one chunk, given as its raw parts in
 /// order; returns its reference.
@@ -64,7 +65,7 @@ async fn write_chunk(
     }
     // The same content twice in one save: the first writer uploads, the rest wait for it.
     let (fut, first) = {
-        let mut map = inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = inflight.lock_unpoisoned();
         match map.get(&hash) {
             Some(f) => (f.clone(), false),
             None => {
