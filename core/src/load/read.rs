@@ -58,10 +58,6 @@ pub struct CheckpointInfo {
     pub format: Option<String>,
 }
 
-/// Tensors a load works on at once; their object reads are bounded separately,
-/// by [`ReadContext::fetches`] (`load_concurrency`).
-pub(crate) const TENSORS_IN_FLIGHT: usize = 256;
-
 impl Checkpointer {
     pub(crate) fn read_ctx(&self) -> ReadContext {
         ReadContext {
@@ -69,11 +65,12 @@ impl Checkpointer {
             chunks: self.inner.chunks.clone(),
             cache: Default::default(),
             concurrency: self.inner.opts.load_concurrency.max(1),
+            tensors_in_flight: ReadContext::TENSORS_IN_FLIGHT,
             fetches: Arc::new(tokio::sync::Semaphore::new(
                 self.inner.opts.load_concurrency.max(1),
             )),
             coalesce_bytes: if self.inner.url.starts_with("s3://") {
-                crate::load::ranges::MAX_SPAN
+                crate::format::ranges::MAX_SPAN
             } else {
                 0
             },

@@ -22,7 +22,6 @@
 //! the same or a later step is committed (saves in flight are protected), its
 //! chunks once no kept manifest references them.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::de::DeserializeOwned;
@@ -285,7 +284,7 @@ impl Checkpointer {
         for h in &outcome.deleted_chunks {
             inner.chunks.remove(h);
         }
-        let ns = |c: &std::sync::atomic::AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        let written = stats.totals();
         Ok(SaveReport {
             id,
             stall: job.stall,
@@ -293,14 +292,14 @@ impl Checkpointer {
             persist: persist_start.elapsed(),
             commit,
             total: job.start.elapsed(),
-            hash_cpu: ns(&stats.hash_ns),
-            encode_cpu: ns(&stats.encode_ns),
-            write_io: ns(&stats.write_ns),
+            hash_cpu: written.hash,
+            encode_cpu: written.encode,
+            write_io: written.write,
             raw_bytes,
             copied_bytes: job.copied_bytes,
-            stored_bytes: stats.stored_bytes.load(Ordering::Relaxed),
-            reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
-            objects: stats.objects.load(Ordering::Relaxed) + u64::from(rank == 0),
+            stored_bytes: written.stored_bytes,
+            reused_bytes: written.reused_bytes,
+            objects: written.objects + u64::from(rank == 0),
             gc: outcome.gc.map(|g| GcReport {
                 retired: g
                     .retired

@@ -27,7 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use ckpt_core::format::storage_err;
+use ckpt_core::format::io::storage_err;
 use ckpt_core::layout::chunk_key;
 use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Layout, ReadContext, Result, TensorRecord, MAX_CHUNK_BYTES};
@@ -397,9 +397,7 @@ fn read_at(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
-    use ckpt_core::layout::{ChunkCache, ChunkIndex};
     use ckpt_core::{CheckpointerOptions, Compression, DType, Manifest, State, Tensor};
 
     use super::*;
@@ -452,14 +450,7 @@ mod tests {
     }
 
     fn ctx(url: &str) -> ReadContext {
-        ReadContext {
-            store: ckpt_core::store::open_url(url).unwrap(),
-            chunks: Arc::new(ChunkIndex::new()),
-            cache: Arc::new(ChunkCache::new()),
-            concurrency: 4,
-            fetches: Arc::new(tokio::sync::Semaphore::new(4)),
-            coalesce_bytes: 0,
-        }
+        ReadContext::new(ckpt_core::store::open_url(url).unwrap(), 4)
     }
 
     /// Read every tensor of `m` with windows of `window` bytes and compare.

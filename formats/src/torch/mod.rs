@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ckpt_core::format::{put_object, WriteStats};
+use ckpt_core::format::io::put_object;
 use ckpt_core::{Format, Key, Result, State, Tensor, Value, WriteContext, WriteOutput};
 use futures::{StreamExt, TryStreamExt};
 
@@ -190,11 +190,9 @@ impl Format for Torch {
             .buffered(ctx.options.concurrency.max(1))
             .try_collect()
             .await?;
-        WriteStats::add(&ctx.stats.hash_ns, start.elapsed().as_nanos() as u64);
-        WriteStats::add(
-            &ctx.stats.raw_bytes,
-            tensors.iter().map(|t| t.data.len() as u64).sum(),
-        );
+        ctx.stats.add_hash_time(start.elapsed());
+        ctx.stats
+            .add_raw(tensors.iter().map(|t| t.data.len() as u64).sum());
         let (hashes, crcs): (Vec<String>, Vec<u32>) = sums.into_iter().unzip();
 
         let t = Instant::now();
@@ -215,7 +213,7 @@ impl Format for Torch {
         };
         let a = archive(&root, tensors, &crcs)
             .map_err(|e| ckpt_core::Error::InvalidInput(format!(".pt: {e}")))?;
-        WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
+        ctx.stats.add_encode_time(t.elapsed());
 
         let key = ctx
             .data_prefix
