@@ -13,7 +13,7 @@ use crate::format::{Compression, Format, FormatRegistry, WriteOptions};
 use crate::layout::chunks::ChunkIndex;
 use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
-use crate::save::staging::{BusyPolicy, StagingPool};
+use crate::staging::{BusyPolicy, StagingPool};
 use crate::store;
 use crate::sync::MutexExt;
 

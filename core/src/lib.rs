@@ -41,6 +41,7 @@ pub mod layout;
 pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod save;
+pub mod staging;
 pub mod store;
 pub mod sync;
 #[cfg(feature = "testing")]
@@ -59,9 +60,9 @@ pub use layout::{ChunkRef, GcReport, Layout, Manifest, Retention, TensorRecord};
 pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
 pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
 pub use save::{
-    BusyPolicy, Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor,
-    StagingPool, TensorData, STAGING_LEAD,
+    Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor, TensorData,
 };
+pub use staging::BusyPolicy;
 pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};
 
 /// Largest chunk (raw bytes) a chunked format writes or a decoder accepts.

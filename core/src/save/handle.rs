@@ -18,7 +18,7 @@ use crate::save::persist::PersistJob;
 use crate::model::tensor::{check_layout, Tensor};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::{self, Capture, SnapState};
-use crate::save::staging::StagingPool;
+use crate::staging::StagingPool;
 use crate::sync::MutexExt;
 
 /// A save in progress. Dropping it does not cancel the save.

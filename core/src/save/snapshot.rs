@@ -15,7 +15,7 @@ use crate::model::dtype::DType;
 use crate::model::state::State;
 use crate::model::tensor::{ShardSpec, Tensor};
 use crate::model::value::Value;
-use crate::save::staging::StagingBuf;
+use crate::staging::StagingBuf;
 use crate::sync::RwLockExt;
 
 /// Memory that a snapshot copies from.

@@ -11,7 +11,7 @@
 //! writing 344 MiB in 8 MiB files from 0.12-0.55 s to about 0.05 s. A large
 //! part whose memory is as aligned as its place in the file skips the copy:
 //! its whole blocks go to the disk from where they are. The engine's staging
-//! buffers are laid out so for native chunks (`save::staging`), which took
+//! buffers are laid out so for native chunks (`staging`), which took
 //! the CPU time of a 343 MiB save from Python down by another 23%.
 //!
 //! The protocol is `LocalFileSystem`'s with fsync on: write a staging file
@@ -527,7 +527,7 @@ mod tests {
     /// ones and misaligned slices: the bytes stored are exactly the payload's.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn aligned_and_unaligned_parts_mix() {
-        use crate::save::pages::PageBuf;
+        use crate::staging::pages::PageBuf;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("c")).unwrap();
         let s = store(dir.path(), LocalDirOptions::default());
@@ -569,8 +569,8 @@ mod tests {
     /// from the staging memory, and only the head and tail are copied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chunks_over_staging_memory_are_written_without_a_copy() {
-        use crate::save::pages::PageBuf;
-        use crate::STAGING_LEAD;
+        use crate::staging::pages::PageBuf;
+        use crate::staging::STAGING_LEAD;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("c")).unwrap();
         let takes_direct = file_system_takes_direct(dir.path());
