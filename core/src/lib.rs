@@ -15,7 +15,8 @@
 //! - [`layout`]: the keys under a root and the reads tools need; [`coord`]: the
 //!   ranks of a job.
 //! - Test support is behind features: `failpoints` ([`failpoint`]) and `testing`
-//!   (the storage conformance suite, `mpirun`, seeded test data).
+//!   (the storage conformance suite, `mpirun`, seeded test data, the
+//!   fault-injecting `store::FaultStore`).
 //!
 //! ```
 //! # async fn demo(format: std::sync::Arc<dyn ckpt_core::Format>) -> ckpt_core::Result<()> {

@@ -12,12 +12,14 @@
 //!
 //! Behaviour is added by wrapping, in the `object_store` style, never by flags:
 //! [`retry::RetryStore`] (retries with backoff and per-attempt timeouts),
-//! [`fault::FaultStore`] (failures by a seeded plan, for tests and the evaluator),
+//! `fault::FaultStore` (failures by a seeded plan, for tests and fault campaigns;
+//! feature `testing`),
 //! [`counting::CountingStore`] (operations and bytes), and `object_store`'s own
 //! `LimitStore` (bounded concurrency) and `PrefixStore`.
 
 pub mod counting;
 pub mod direct;
+#[cfg(any(test, feature = "testing"))]
 pub mod fault;
 pub mod retry;
 pub mod s3;
@@ -35,6 +37,7 @@ use crate::tiered::{TieredCheckpointStore, TieredUrl, SCHEME_PREFIX};
 
 pub use counting::{CountingStore, OpCounts};
 pub use direct::{LocalDir, LocalDirOptions};
+#[cfg(any(test, feature = "testing"))]
 pub use fault::{FaultCounts, FaultPlan, FaultStore};
 pub use retry::{RetryOptions, RetryStore};
 pub use s3::S3Options;
