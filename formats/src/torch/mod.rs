@@ -24,7 +24,6 @@
 //! ckpt's own state under the key `__ckpt__` (see [`crate::pylayout`]); the exact
 //! Python types stay in the manifest, which is what ckpt loads from.
 
-pub mod crc32;
 pub mod dtypes;
 pub mod pickle;
 pub mod tree;
@@ -88,7 +87,7 @@ pub fn archive(root: &Value, tensors: &[Tensor], crcs: &[u32]) -> Result<Archive
         .collect();
     let small = |name: &str, data: Vec<u8>| zip::Entry {
         name: format!("{ARCHIVE}/{name}"),
-        crc: crc32::crc32(&data),
+        crc: crc32fast::hash(&data),
         data: Bytes::from(data),
     };
     let mut entries = vec![
@@ -124,7 +123,7 @@ pub fn write_pt(state: &State) -> Result<Vec<u8>, CodecError> {
     let crcs: Vec<u32> = state
         .tensors
         .iter()
-        .map(|t| crc32::crc32(&t.data))
+        .map(|t| crc32fast::hash(&t.data))
         .collect();
     let a = archive(&root_for(state), &state.tensors, &crcs)?;
     let mut out = Vec::with_capacity(a.plan.len as usize);
@@ -156,7 +155,7 @@ pub fn read_pt(bytes: &Bytes) -> Result<State, CodecError> {
             .get(format!("{prefix}{name}").as_str())
             .ok_or_else(|| CodecError::Malformed(format!("record `{name}` is missing")))?;
         let data = bytes.slice(e.offset..e.offset + e.len);
-        if crc32::crc32(&data) != e.crc {
+        if crc32fast::hash(&data) != e.crc {
             return Err(CodecError::Malformed(format!(
                 "record `{name}`: CRC-32 mismatch"
             )));
@@ -185,7 +184,9 @@ impl Format for Torch {
         let datas: Vec<Bytes> = tensors.iter().map(|t| t.data.clone()).collect();
         let sums: Vec<(String, u32)> = futures::stream::iter(datas)
             .map(|d| {
-                ranged::blocking(move || (blake3::hash(&d).to_hex().to_string(), crc32::crc32(&d)))
+                ranged::blocking(move || {
+                    (blake3::hash(&d).to_hex().to_string(), crc32fast::hash(&d))
+                })
             })
             .buffered(ctx.options.concurrency.max(1))
             .try_collect()
