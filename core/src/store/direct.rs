@@ -57,8 +57,11 @@ use object_store::{
 
 use crate::sync::MutexExt;
 
-/// Environment variable: `0` (or `false`, `off`) turns direct writes off for
-/// stores opened by URL.
+/// Environment variable that overrides [`LocalDirOptions::direct_min_bytes`]
+/// of the stores [`open_dir_with`](super::open_dir_with) opens (and so of
+/// `file://` URLs): `0` (or `false`, `off`, `no`) writes everything through the
+/// page cache, `1` (or `true`, `on`, `yes`) writes large puts directly. For
+/// an operator who cannot change the program; a program sets the option.
 pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
 
 /// Alignment of `O_DIRECT` buffers, file offsets and lengths (covers disks
@@ -89,15 +92,24 @@ impl Default for LocalDirOptions {
 }
 
 impl LocalDirOptions {
-    /// The defaults, with direct writes off where [`DIRECT_IO_ENV`] says so.
-    pub fn from_env() -> Self {
-        let off = std::env::var(DIRECT_IO_ENV)
-            .is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off" | "no"));
+    /// These options with [`DIRECT_IO_ENV`] applied over them where it is set.
+    pub fn with_env_override(self) -> Self {
+        self.overridden_by(std::env::var(DIRECT_IO_ENV).ok().as_deref())
+    }
+
+    /// These options under an override's value (`None`: not set); a value
+    /// that says neither on nor off changes nothing.
+    fn overridden_by(self, value: Option<&str>) -> Self {
+        let on = match value.map(str::trim) {
+            Some("0" | "false" | "off" | "no") => false,
+            Some("1" | "true" | "on" | "yes") => true,
+            _ => return self,
+        };
         LocalDirOptions {
-            direct_min_bytes: if off {
-                None
+            direct_min_bytes: if on {
+                self.direct_min_bytes.or(Self::default().direct_min_bytes)
             } else {
-                Self::default().direct_min_bytes
+                None
             },
         }
     }
@@ -470,6 +482,57 @@ mod tests {
             .is_ok();
         let _ = std::fs::remove_file(probe);
         ok
+    }
+
+    #[test]
+    fn the_environment_overrides_the_options_only_where_it_says_on_or_off() {
+        let dflt = LocalDirOptions::default();
+        let off = LocalDirOptions {
+            direct_min_bytes: None,
+        };
+        let small = LocalDirOptions {
+            direct_min_bytes: Some(4096),
+        };
+        assert_eq!(dflt.clone().overridden_by(None), dflt);
+        assert_eq!(off.clone().overridden_by(None), off, "unset: the option");
+        assert_eq!(dflt.clone().overridden_by(Some(" off ")), off);
+        assert_eq!(small.clone().overridden_by(Some("0")), off);
+        assert_eq!(
+            off.clone().overridden_by(Some("1")),
+            dflt,
+            "on: the default threshold"
+        );
+        assert_eq!(
+            small.clone().overridden_by(Some("yes")),
+            small,
+            "on keeps a threshold"
+        );
+        assert_eq!(
+            off.clone().overridden_by(Some("maybe")),
+            off,
+            "neither: no change"
+        );
+    }
+
+    #[test]
+    fn urls_open_local_directories_with_the_options_given() {
+        if std::env::var_os(DIRECT_IO_ENV).is_some() {
+            return; // the override would decide
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = crate::store::StoreOptions::default();
+        opts.local_dir.direct_min_bytes = None;
+        let url = format!("file://{}/a", dir.path().display());
+        let off = crate::store::open_url_with(&url, &opts).unwrap();
+        assert!(
+            format!("{off:?}").contains("direct_min_bytes: None"),
+            "{off:?}"
+        );
+        let on = crate::store::open_url(&url).unwrap();
+        assert!(
+            format!("{on:?}").contains("direct_min_bytes: Some("),
+            "{on:?}"
+        );
     }
 
     /// Sizes around the buffer and block edges, given as several parts.
