@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ckpt_core::coord::{BlockingCollectives, CollectiveThread, Coordinator};
+use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Result};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -50,7 +51,7 @@ impl Drop for PyCoordinator {
     fn drop(&mut self) {
         // With the GIL (a Python `del`), released now; without it, at the next
         // moment any thread holds the GIL.
-        let t = self.target.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let t = self.target.lock_unpoisoned().take();
         drop(t);
     }
 }
@@ -164,8 +165,7 @@ fn call<T>(
 ) -> Result<T> {
     Python::try_attach(|py| {
         let obj = target
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .as_ref()
             .map(|t| t.clone_ref(py))
             .ok_or_else(|| Error::Internal(format!("{label}.{what}: the coordinator is closed")))?;

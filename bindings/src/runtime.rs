@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ckpt_core::sync::MutexExt;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 
@@ -24,7 +25,7 @@ static RUNTIME: Mutex<Option<(u32, Arc<Runtime>)>> = Mutex::new(None);
 
 /// The runtime of this process, created on first use.
 pub fn runtime(_py: Python<'_>) -> PyResult<Arc<Runtime>> {
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = RUNTIME.lock_unpoisoned();
     let pid = std::process::id();
     if let Some((owner, rt)) = slot.as_ref() {
         if *owner == pid {
@@ -80,7 +81,7 @@ fn background_threads() -> usize {
 
 /// Forget the runtime inherited from the parent (called in a fork child).
 pub fn forget_after_fork() {
-    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = RUNTIME.lock_unpoisoned();
     if let Some((owner, rt)) = slot.take() {
         if owner == std::process::id() {
             *slot = Some((owner, rt));

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
+use crate::sync::MutexExt;
 
 /// Environment variable read (once) for the default number of CPU threads.
 pub const CPU_THREADS_ENV: &str = "CKPT_CPU_THREADS";
@@ -51,21 +52,21 @@ fn default_threads() -> usize {
 
 /// How many CPU-heavy jobs of checkpointing may run at once in this process.
 pub fn cpu_threads() -> usize {
-    slot().lock().unwrap_or_else(|p| p.into_inner()).0
+    slot().lock_unpoisoned().0
 }
 
 /// Set the number of CPU-heavy jobs that may run at once (at least 1). Jobs
 /// already running finish; new ones wait under the new budget.
 pub fn set_cpu_threads(n: usize) {
     let n = n.max(1);
-    *slot().lock().unwrap_or_else(|p| p.into_inner()) = (n, Arc::new(Semaphore::new(n)));
+    *slot().lock_unpoisoned() = (n, Arc::new(Semaphore::new(n)));
 }
 
 /// A turn within the process's budget, for CPU-heavy work on a thread the
 /// caller already has (a scoped thread working on borrowed memory); the turn
 /// ends when the permit is dropped. [`run_cpu`] is the usual way in.
 pub async fn cpu_permit() -> Result<OwnedSemaphorePermit> {
-    let sem = slot().lock().unwrap_or_else(|p| p.into_inner()).1.clone();
+    let sem = slot().lock_unpoisoned().1.clone();
     sem.acquire_owned()
         .await
         .map_err(|_| Error::Internal("the CPU budget was closed".into()))

@@ -14,8 +14,9 @@ use crate::layout::chunks::ChunkIndex;
 use crate::layout::epoch::{self, Claimed};
 use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
-use crate::save::staging::{BusyPolicy, StagingPool};
+use crate::staging::{BusyPolicy, StagingPool};
 use crate::store::{self, Capabilities};
+use crate::sync::MutexExt;
 
 /// When the snapshot copy happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -151,12 +152,7 @@ impl Shared {
     /// Change the known-committed set, once the first save has listed it
     /// (before that there is nothing to keep up to date).
     pub fn update_known(&self, f: impl FnOnce(&mut HashSet<CheckpointId>)) {
-        if let Some(known) = self
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
+        if let Some(known) = self.known.lock_unpoisoned().as_mut() {
             f(known);
         }
     }
@@ -225,11 +221,7 @@ impl Checkpointer {
 
     /// The staging pool, once the first save sized it.
     pub fn staging(&self) -> Option<StagingPool> {
-        self.inner
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.pool.lock_unpoisoned().clone()
     }
 
     /// Number of chunks known to be stored.
@@ -251,7 +243,7 @@ impl Checkpointer {
     /// Remember that this job is fenced, when `r` says so.
     pub(crate) fn note_fenced<T>(&self, r: &Result<T>) {
         if let Err(Error::Fenced { epoch, current }) = r {
-            *self.inner.fenced.lock().unwrap_or_else(|p| p.into_inner()) = Some((*epoch, *current));
+            *self.inner.fenced.lock_unpoisoned() = Some((*epoch, *current));
         }
     }
 
@@ -275,13 +267,7 @@ impl Checkpointer {
             let notified = self.inner.inflight_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self
-                .inner
-                .inflight
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-            {
+            if self.inner.inflight.lock_unpoisoned().is_empty() {
                 return;
             }
             notified.await;

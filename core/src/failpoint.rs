@@ -37,6 +37,7 @@ pub const NAMES: &[&str] = &[
 mod imp {
     use super::*;
     use crate::error::Error;
+    use crate::sync::MutexExt;
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
 
@@ -79,18 +80,17 @@ mod imp {
 
     pub fn set(name: &str, action: &str) {
         table()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .insert(name.to_owned(), parse(action));
     }
 
     pub fn clear_all() {
-        table().lock().unwrap_or_else(|p| p.into_inner()).clear();
+        table().lock_unpoisoned().clear();
     }
 
     pub async fn hit(name: &str) -> Result<()> {
         let action = {
-            let mut t = table().lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = table().lock_unpoisoned();
             let Some(armed) = t.get_mut(name) else {
                 return Ok(());
             };

@@ -15,7 +15,8 @@
 //! - [`layout`]: the keys under a root and the reads tools need; [`coord`]: the
 //!   ranks of a job.
 //! - Test support is behind features: `failpoints` ([`failpoint`]) and `testing`
-//!   (the storage conformance suite, `mpirun`, seeded test data).
+//!   (the storage conformance suite, `mpirun`, seeded test data, the
+//!   fault-injecting `store::FaultStore`).
 //!
 //! ```
 //! # async fn demo(format: std::sync::Arc<dyn ckpt_core::Format>) -> ckpt_core::Result<()> {
@@ -41,7 +42,9 @@ pub mod layout;
 pub(crate) mod load;
 pub(crate) mod model;
 pub(crate) mod save;
+pub mod staging;
 pub mod store;
+pub mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tiered;
@@ -58,9 +61,9 @@ pub use layout::{ChunkRef, GcReport, Layout, Manifest, Retention, TensorRecord};
 pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
 pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
 pub use save::{
-    BusyPolicy, Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor,
-    StagingPool, TensorData, STAGING_LEAD,
+    Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor, TensorData,
 };
+pub use staging::BusyPolicy;
 pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};
 
 /// Largest chunk (raw bytes) a chunked format writes or a decoder accepts.

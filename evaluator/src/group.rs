@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use ckpt_core::sync::MutexExt;
 use ckpt_core::{Coordinator, Error, Result};
 
 #[derive(Debug, Default)]
@@ -48,7 +49,7 @@ impl LocalGroup {
         let round = self.next_round.fetch_add(1, Ordering::SeqCst);
         let deadline = Instant::now() + timeout;
         {
-            let mut rounds = self.shared.rounds.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rounds = self.shared.rounds.lock_unpoisoned();
             rounds.entry(round).or_insert_with(|| vec![None; self.size])[self.rank] = Some(data);
         }
         self.shared.notify.notify_waiters();
@@ -57,7 +58,7 @@ impl LocalGroup {
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let rounds = self.shared.rounds.lock().unwrap_or_else(|p| p.into_inner());
+                let rounds = self.shared.rounds.lock_unpoisoned();
                 let slots = &rounds[&round];
                 if slots.iter().all(Option::is_some) {
                     return Ok(slots.iter().flatten().cloned().collect());

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ckpt_core::sync::RwLockExt;
 use ckpt_core::{Capture, DType, SharedVec, State, Tensor};
 
 pub use ckpt_core::testing::seeded_bytes as fill;
@@ -69,7 +70,7 @@ impl Params {
     /// from any earlier save (an optimizer step touches every parameter).
     pub fn touch_all(&self, step: u64, chunk: usize) {
         for b in &self.bufs {
-            let mut v = b.0.write().unwrap_or_else(|p| p.into_inner());
+            let mut v = b.0.write_unpoisoned();
             let len = v.len();
             for off in (0..len).step_by(chunk.max(1)) {
                 let end = (off + 8).min(len);
@@ -81,7 +82,7 @@ impl Params {
     /// Rewrite whole tensors (the listed indices) with fresh bytes.
     pub fn rewrite(&self, which: &[usize], seed: u64) {
         for &i in which {
-            let mut v = self.bufs[i].0.write().unwrap_or_else(|p| p.into_inner());
+            let mut v = self.bufs[i].0.write_unpoisoned();
             let n = v.len();
             v.copy_from_slice(&fill(seed + i as u64, n));
         }

@@ -121,10 +121,12 @@ async fn retention_and_gc_keep_every_needed_chunk() {
 #[tokio::test]
 async fn gc_removes_incomplete_saves() {
     let url = memory_root("gc-incomplete");
-    let mut opts = CheckpointerOptions::default();
-    opts.retention = Retention::keep_last(3);
     // The leftovers below are made now: collect them without a grace period.
-    opts.gc_grace = std::time::Duration::ZERO;
+    let opts = CheckpointerOptions {
+        retention: Retention::keep_last(3),
+        gc_grace: std::time::Duration::ZERO,
+        ..Default::default()
+    };
     let cp = ckpt_formats::builder(&url)
         .options(opts)
         .build()

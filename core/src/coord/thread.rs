@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::coord::with_deadline;
 use crate::error::{Error, Result};
+use crate::sync::MutexExt;
 
 /// A communicator whose collectives block, used from the thread that created it.
 pub trait BlockingCollectives {
@@ -121,9 +122,9 @@ impl CollectiveThread {
     /// communicator there. Waits for it unless the thread is broken (a
     /// collective that never returns would keep it forever).
     pub fn close(&self) {
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(self.tx.lock_unpoisoned().take());
         if !self.broken.load(Ordering::SeqCst) {
-            if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(t) = self.thread.lock_unpoisoned().take() {
                 let _ = t.join();
             }
         }
@@ -137,7 +138,7 @@ impl CollectiveThread {
                 self.label
             )));
         }
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.tx.lock_unpoisoned();
         tx.as_ref()
             .ok_or_else(|| Error::InvalidInput(format!("{} is closed", self.label)))?
             .send(req)

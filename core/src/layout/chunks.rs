@@ -20,6 +20,7 @@ use object_store::ObjectStore;
 use crate::error::{Error, Result};
 use crate::layout::manifest::is_hash;
 use crate::layout::paths::CHUNKS;
+use crate::sync::MutexExt;
 
 /// Known chunk hashes (hex), with their stored sizes.
 #[derive(Debug, Default)]
@@ -60,7 +61,7 @@ impl ChunkIndex {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.present.lock().unwrap_or_else(|p| p.into_inner())
+        self.present.lock_unpoisoned()
     }
 
     /// The stored size of this chunk, if it is known to be stored.
@@ -118,7 +119,7 @@ impl ChunkCache {
         F: Future<Output = Result<Bytes>> + Send + 'static,
     {
         let fetch = {
-            let mut map = self.fetches.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = self.fetches.lock_unpoisoned();
             map.entry(hash.to_owned())
                 .or_insert_with(|| async move { load.await.map_err(Arc::new) }.boxed().shared())
                 .clone()

@@ -5,12 +5,10 @@
 //!   `verify` ([`Loaded`], [`CheckpointInfo`], [`Status`]).
 //! - [`shards`]: sharded tensors, whole or resharded (`load_shards`,
 //!   `load_boxes_into`, [`BoxTarget`]).
-//! - [`ranges`]: tensors of single-file formats read with coalesced ranged reads.
 //! - [`reshard`]: the geometry: the overlap of two boxes of one global tensor (pure).
 //!
 //! Dependencies run one way: `shards` → `read`, `shards` → `reshard`.
 
-pub(crate) mod ranges;
 pub(crate) mod read;
 pub(crate) mod reshard;
 pub(crate) mod shards;

@@ -15,6 +15,7 @@ use crate::layout::manifest::{Manifest, TensorRecord};
 use crate::model::state::State;
 use crate::model::tensor::Tensor;
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// A loaded checkpoint.
 #[derive(Debug)]
@@ -63,10 +64,6 @@ pub struct CheckpointInfo {
     pub epoch: Option<u64>,
 }
 
-/// Tensors a load works on at once; their object reads are bounded separately,
-/// by [`ReadContext::fetches`] (`load_concurrency`).
-pub(crate) const TENSORS_IN_FLIGHT: usize = 256;
-
 impl Checkpointer {
     pub(crate) fn read_ctx(&self) -> ReadContext {
         ReadContext {
@@ -74,6 +71,7 @@ impl Checkpointer {
             chunks: self.inner.chunks.clone(),
             cache: Default::default(),
             concurrency: self.inner.opts.load_concurrency.max(1),
+            tensors_in_flight: ReadContext::TENSORS_IN_FLIGHT,
             fetches: Arc::new(tokio::sync::Semaphore::new(
                 self.inner.opts.load_concurrency.max(1),
             )),
@@ -168,11 +166,7 @@ impl Checkpointer {
                     return Ok(Some(loaded));
                 }
                 Err(e) if e.is_damage() => {
-                    self.inner
-                        .damaged
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(id.clone());
+                    self.inner.damaged.lock_unpoisoned().insert(id.clone());
                     tracing::warn!("skipping damaged checkpoint {id}: {e}");
                     skipped.push((id, e));
                 }
@@ -189,11 +183,7 @@ impl Checkpointer {
     /// does when it skips one), so that its step may be saved again. For callers
     /// that walk the checkpoints themselves (partial, per-rank loads).
     pub fn note_damaged(&self, id: &CheckpointId) {
-        self.inner
-            .damaged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        self.inner.damaged.lock_unpoisoned().insert(id.clone());
     }
 
     /// Load only the named tensors of a checkpoint (reads only their objects).

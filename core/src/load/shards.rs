@@ -355,7 +355,7 @@ impl Checkpointer {
             }
         });
         let assembled = futures::stream::iter(assembled)
-            .buffer_unordered(crate::load::read::TENSORS_IN_FLIGHT)
+            .buffer_unordered(ctx.tensors_in_flight.max(1))
             .try_collect::<Vec<()>>();
         futures::try_join!(format.read_many_into(&ctx, in_place), assembled)?;
         Ok(manifest)

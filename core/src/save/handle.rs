@@ -19,7 +19,8 @@ use crate::save::persist::PersistJob;
 use crate::model::tensor::{check_layout, Tensor};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::{self, Capture, SnapState};
-use crate::save::staging::StagingPool;
+use crate::staging::StagingPool;
+use crate::sync::MutexExt;
 
 /// A save in progress. Dropping it does not cancel the save.
 #[derive(Debug)]
@@ -78,8 +79,7 @@ impl SaveHandle {
             // Seen here: the next save need not report it again.
             self.inner
                 .unobserved
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_unpoisoned()
                 .retain(|(s, _)| *s != step);
         }
         out
@@ -100,12 +100,7 @@ impl Checkpointer {
         let start = Instant::now();
         let capture = state.into();
         let inner = &self.inner;
-        if let Some((s, reason)) = inner
-            .unobserved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-        {
+        if let Some((s, reason)) = inner.unobserved.lock_unpoisoned().pop() {
             return Err(
                 reason.into_error(&format!("the save of step {s} failed in the background: "))
             );
@@ -115,7 +110,7 @@ impl Checkpointer {
                 "cannot save step {step}: this checkpointer was opened read-only"
             )));
         }
-        if let Some((epoch, current)) = *inner.fenced.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some((epoch, current)) = *inner.fenced.lock_unpoisoned() {
             return Err(Error::Fenced { epoch, current });
         }
         validate(&capture)?;
@@ -143,11 +138,7 @@ impl Checkpointer {
             step,
             attempt: attempt_id(&inner.nonce, step, seq),
         };
-        inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
+        inner.inflight.lock_unpoisoned().insert(id.clone());
         let (snap_tx, snap_rx) = watch::channel(SnapState::Pending);
         let threads = inner.opts.snapshot_threads;
         let Capture {
@@ -210,8 +201,7 @@ impl Checkpointer {
                     if !observed {
                         this.inner
                             .unobserved
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
+                            .lock_unpoisoned()
                             .push((id.step, crate::error::wire::WireError::from(e)));
                     }
                 }
@@ -235,17 +225,13 @@ impl Checkpointer {
     /// first call lists the store.
     async fn known_at(&self, step: u64) -> Result<Vec<CheckpointId>> {
         let inner = &self.inner;
-        let listed = inner
-            .known
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
+        let listed = inner.known.lock_unpoisoned().is_some();
         if !listed {
             let ids = catalog::committed(inner.store.as_ref()).await?;
-            let mut known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+            let mut known = inner.known.lock_unpoisoned();
             known.get_or_insert_with(|| ids.into_iter().collect());
         }
-        let known = inner.known.lock().unwrap_or_else(|p| p.into_inner());
+        let known = inner.known.lock_unpoisoned();
         let at_step = known.iter().flatten().filter(|id| id.step == step);
         Ok(at_step.cloned().collect())
     }
@@ -259,12 +245,7 @@ impl Checkpointer {
         let inner = &self.inner;
         let mut view = None;
         for id in ids {
-            if inner
-                .damaged
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&id)
-            {
+            if inner.damaged.lock_unpoisoned().contains(&id) {
                 continue;
             }
             match catalog::read_manifest(inner.store.as_ref(), &id).await {
@@ -292,11 +273,7 @@ impl Checkpointer {
     }
 
     fn finish_inflight(&self, id: &CheckpointId) {
-        self.inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.inner.inflight.lock_unpoisoned().remove(id);
         self.inner.inflight_done.notify_waiters();
     }
 
@@ -306,7 +283,7 @@ impl Checkpointer {
     /// replaced pool are freed when the saves using them finish.
     fn pool_for(&self, copied_bytes: u64) -> StagingPool {
         let want = copied_bytes.saturating_mul(2).max(64 << 20);
-        let mut pool = self.inner.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.inner.pool.lock_unpoisoned();
         match pool.as_ref() {
             Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= copied_bytes => {
                 p.clone()

@@ -5,27 +5,23 @@
 //! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging.
 //! - [`slab`]: [`Slab`], host memory filled from outside (a GPU's
 //!   device-to-host copies) and saved without a copy.
-//! - [`staging`]: the [`StagingPool`] of reusable snapshot buffers, each a
-//!   page-mapped [`pages`] buffer (exact pages, no allocator overhead).
 //! - [`persist`]: the background half: the plan, this rank's writes through the
 //!   format, and the coordinated commit (manifest last), then retention and GC.
 //! - [`plan`]: which rank writes which tensor (pure).
 //! - [`report`]: the [`SaveReport`] a committed save returns.
 //!
 //! Dependencies run one way: `handle` → `persist` → `plan`, and both use
-//! `snapshot`, `staging` (on `pages`) and `report`.
+//! `snapshot` and `report`; `snapshot` and `slab` fill buffers of
+//! [`crate::staging`].
 
 pub(crate) mod handle;
-pub(crate) mod pages;
 pub(crate) mod persist;
 pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod slab;
 pub(crate) mod snapshot;
-pub(crate) mod staging;
 
 pub use handle::SaveHandle;
 pub use report::SaveReport;
 pub use slab::Slab;
 pub use snapshot::{Capture, CopySource, Ready, SharedVec, SourceTensor, TensorData};
-pub use staging::{BusyPolicy, StagingPool, STAGING_LEAD};

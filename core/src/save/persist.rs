@@ -22,7 +22,6 @@
 //! the same or a later step is committed (saves in flight are protected), its
 //! chunks once no kept manifest references them.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::de::DeserializeOwned;
@@ -47,6 +46,7 @@ use crate::model::CheckpointId;
 use crate::save::plan::{self, Holding};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::SnapState;
+use crate::sync::MutexExt;
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -307,7 +307,7 @@ impl Checkpointer {
         for h in &outcome.deleted_chunks {
             inner.chunks.remove(h);
         }
-        let ns = |c: &std::sync::atomic::AtomicU64| Duration::from_nanos(c.load(Ordering::Relaxed));
+        let written = stats.totals();
         Ok(SaveReport {
             id,
             stall: job.stall,
@@ -315,14 +315,14 @@ impl Checkpointer {
             persist: persist_start.elapsed(),
             commit,
             total: job.start.elapsed(),
-            hash_cpu: ns(&stats.hash_ns),
-            encode_cpu: ns(&stats.encode_ns),
-            write_io: ns(&stats.write_ns),
+            hash_cpu: written.hash,
+            encode_cpu: written.encode,
+            write_io: written.write,
             raw_bytes,
             copied_bytes: job.copied_bytes,
-            stored_bytes: stats.stored_bytes.load(Ordering::Relaxed),
-            reused_bytes: stats.reused_bytes.load(Ordering::Relaxed),
-            objects: stats.objects.load(Ordering::Relaxed) + u64::from(rank == 0),
+            stored_bytes: written.stored_bytes,
+            reused_bytes: written.reused_bytes,
+            objects: written.objects + u64::from(rank == 0),
             gc: outcome.gc.map(|g| GcReport {
                 retired: g
                     .retired
@@ -475,7 +475,12 @@ impl Checkpointer {
         let Some(c) = self.claimed().await? else {
             return Ok(None);
         };
-        if self.inner.fenced_in.swap(true, Ordering::AcqRel) || !c.had_predecessor {
+        if self
+            .inner
+            .fenced_in
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+            || !c.had_predecessor
+        {
             return Ok(None);
         }
         let rest = self.inner.opts.fence_lease.saturating_sub(c.at.elapsed());
@@ -497,12 +502,7 @@ impl Checkpointer {
     ) -> Option<GcReport> {
         self.inner.opts.retention.keep_last?;
         let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut protected = self.inner.inflight.lock_unpoisoned().clone();
         protected.insert(just_committed.clone());
         match retention::collect(
             self.inner.store.as_ref(),
@@ -538,12 +538,7 @@ impl Checkpointer {
             .await?
             .map(|c| Fence::new(c.epoch, self.inner.opts.fence_lease));
         let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self
-            .inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let protected = self.inner.inflight.lock_unpoisoned().clone();
         let report = retention::collect(
             self.inner.store.as_ref(),
             &self.inner.opts.retention,

@@ -7,7 +7,7 @@
 //! so copying it again would cost a second trip through the CPU's memory. A
 //! slab is that landing place: one anonymous page mapping (which a CUDA
 //! runtime can page-lock in place, so the copies run at the bus's speed) with
-//! a slot per tensor. Slots of [`LEAD_MIN`](super::staging::LEAD_MIN) bytes or
+//! a slot per tensor. Slots of [`LEAD_MIN`](crate::staging::LEAD_MIN) bytes or
 //! more start [`STAGING_LEAD`] bytes into a page, like staging buffers, so the
 //! native format's chunks are written from them with `O_DIRECT`; smaller ones
 //! are packed at 64-byte alignment.
@@ -22,8 +22,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::save::pages::PageBuf;
-use crate::save::staging::{LEAD_MIN, STAGING_LEAD};
+use crate::staging::pages::PageBuf;
+use crate::staging::{LEAD_MIN, STAGING_LEAD};
 
 const PAGE: usize = 4096;
 /// Alignment of slots below `LEAD_MIN` bytes (enough for every dtype and SIMD).

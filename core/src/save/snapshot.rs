@@ -15,7 +15,8 @@ use crate::model::dtype::DType;
 use crate::model::state::State;
 use crate::model::tensor::{ShardSpec, Tensor};
 use crate::model::value::Value;
-use crate::save::staging::StagingBuf;
+use crate::staging::StagingBuf;
+use crate::sync::RwLockExt;
 
 /// Memory that a snapshot copies from.
 ///
@@ -192,11 +193,11 @@ impl SharedVec {
 
 impl CopySource for SharedVec {
     fn len(&self) -> usize {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).len()
+        self.0.read_unpoisoned().len()
     }
 
     fn copy_into(&self, dst: &mut [u8]) -> Result<()> {
-        let src = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let src = self.0.read_unpoisoned();
         if src.len() != dst.len() {
             return Err(Error::InvalidInput(
                 "source changed size during the snapshot".into(),

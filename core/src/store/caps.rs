@@ -7,7 +7,7 @@ use crate::tiered::{TieredUrl, SCHEME_PREFIX};
 /// Ranged reads of a single-file format closer than this are merged into one
 /// request on a remote store (one request costs a round trip; the gap bytes
 /// are cheap beside it).
-pub const REMOTE_COALESCE_BYTES: u64 = crate::load::ranges::MAX_SPAN;
+pub const REMOTE_COALESCE_BYTES: u64 = crate::format::ranges::MAX_SPAN;
 
 /// The capabilities of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +92,8 @@ impl Capabilities {
         }
         match url.split_once("://") {
             None | Some(("file", _)) => Capabilities::local_dir(
-                super::LocalDirOptions::from_env()
+                super::LocalDirOptions::default()
+                    .with_env_override()
                     .direct_min_bytes
                     .is_some(),
             ),

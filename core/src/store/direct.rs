@@ -11,7 +11,7 @@
 //! writing 344 MiB in 8 MiB files from 0.12-0.55 s to about 0.05 s. A large
 //! part whose memory is as aligned as its place in the file skips the copy:
 //! its whole blocks go to the disk from where they are. The engine's staging
-//! buffers are laid out so for native chunks (`save::staging`), which took
+//! buffers are laid out so for native chunks (`staging`), which took
 //! the CPU time of a 343 MiB save from Python down by another 23%.
 //!
 //! The protocol is `LocalFileSystem`'s with fsync on: write a staging file
@@ -55,8 +55,13 @@ use object_store::{
     PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
 };
 
-/// Environment variable: `0` (or `false`, `off`) turns direct writes off for
-/// stores opened by URL.
+use crate::sync::MutexExt;
+
+/// Environment variable that overrides [`LocalDirOptions::direct_min_bytes`]
+/// of the stores [`open_dir_with`](super::open_dir_with) opens (and so of
+/// `file://` URLs): `0` (or `false`, `off`, `no`) writes everything through the
+/// page cache, `1` (or `true`, `on`, `yes`) writes large puts directly. For
+/// an operator who cannot change the program; a program sets the option.
 pub const DIRECT_IO_ENV: &str = "CKPT_DIRECT_IO";
 
 /// Alignment of `O_DIRECT` buffers, file offsets and lengths (covers disks
@@ -87,15 +92,24 @@ impl Default for LocalDirOptions {
 }
 
 impl LocalDirOptions {
-    /// The defaults, with direct writes off where [`DIRECT_IO_ENV`] says so.
-    pub fn from_env() -> Self {
-        let off = std::env::var(DIRECT_IO_ENV)
-            .is_ok_and(|v| matches!(v.trim(), "0" | "false" | "off" | "no"));
+    /// These options with [`DIRECT_IO_ENV`] applied over them where it is set.
+    pub fn with_env_override(self) -> Self {
+        self.overridden_by(std::env::var(DIRECT_IO_ENV).ok().as_deref())
+    }
+
+    /// These options under an override's value (`None`: not set); a value
+    /// that says neither on nor off changes nothing.
+    fn overridden_by(self, value: Option<&str>) -> Self {
+        let on = match value.map(str::trim) {
+            Some("0" | "false" | "off" | "no") => false,
+            Some("1" | "true" | "on" | "yes") => true,
+            _ => return self,
+        };
         LocalDirOptions {
-            direct_min_bytes: if off {
-                None
+            direct_min_bytes: if on {
+                self.direct_min_bytes.or(Self::default().direct_min_bytes)
             } else {
-                Self::default().direct_min_bytes
+                None
             },
         }
     }
@@ -161,12 +175,12 @@ struct Pool {
 
 impl Pool {
     fn take(&self) -> Aligned {
-        let got = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let got = self.free.lock_unpoisoned().pop();
         got.unwrap_or_else(Aligned::new)
     }
 
     fn give(&self, b: Aligned) {
-        let mut v = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.free.lock_unpoisoned();
         if v.len() < POOL_MAX {
             v.push(b);
         }
@@ -470,6 +484,57 @@ mod tests {
         ok
     }
 
+    #[test]
+    fn the_environment_overrides_the_options_only_where_it_says_on_or_off() {
+        let dflt = LocalDirOptions::default();
+        let off = LocalDirOptions {
+            direct_min_bytes: None,
+        };
+        let small = LocalDirOptions {
+            direct_min_bytes: Some(4096),
+        };
+        assert_eq!(dflt.clone().overridden_by(None), dflt);
+        assert_eq!(off.clone().overridden_by(None), off, "unset: the option");
+        assert_eq!(dflt.clone().overridden_by(Some(" off ")), off);
+        assert_eq!(small.clone().overridden_by(Some("0")), off);
+        assert_eq!(
+            off.clone().overridden_by(Some("1")),
+            dflt,
+            "on: the default threshold"
+        );
+        assert_eq!(
+            small.clone().overridden_by(Some("yes")),
+            small,
+            "on keeps a threshold"
+        );
+        assert_eq!(
+            off.clone().overridden_by(Some("maybe")),
+            off,
+            "neither: no change"
+        );
+    }
+
+    #[test]
+    fn urls_open_local_directories_with_the_options_given() {
+        if std::env::var_os(DIRECT_IO_ENV).is_some() {
+            return; // the override would decide
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = crate::store::StoreOptions::default();
+        opts.local_dir.direct_min_bytes = None;
+        let url = format!("file://{}/a", dir.path().display());
+        let off = crate::store::open_url_with(&url, &opts).unwrap();
+        assert!(
+            format!("{off:?}").contains("direct_min_bytes: None"),
+            "{off:?}"
+        );
+        let on = crate::store::open_url(&url).unwrap();
+        assert!(
+            format!("{on:?}").contains("direct_min_bytes: Some("),
+            "{on:?}"
+        );
+    }
+
     /// Sizes around the buffer and block edges, given as several parts.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn direct_puts_store_exactly_the_bytes_and_leave_no_staging_files() {
@@ -525,7 +590,7 @@ mod tests {
     /// ones and misaligned slices: the bytes stored are exactly the payload's.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn aligned_and_unaligned_parts_mix() {
-        use crate::save::pages::PageBuf;
+        use crate::staging::pages::PageBuf;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("c")).unwrap();
         let s = store(dir.path(), LocalDirOptions::default());
@@ -567,8 +632,8 @@ mod tests {
     /// from the staging memory, and only the head and tail are copied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chunks_over_staging_memory_are_written_without_a_copy() {
-        use crate::save::pages::PageBuf;
-        use crate::STAGING_LEAD;
+        use crate::staging::pages::PageBuf;
+        use crate::staging::STAGING_LEAD;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("c")).unwrap();
         let takes_direct = file_system_takes_direct(dir.path());

@@ -212,8 +212,10 @@ async fn checkpointer(
     // Separate checkpointers here stand for separate processes writing at
     // once, and what is checked is the store's commit protocol: unfenced
     // writers, so that no claim settles who may commit before the store does.
-    let mut opts = crate::CheckpointerOptions::default();
-    opts.fencing = false;
+    let opts = crate::CheckpointerOptions {
+        fencing: false,
+        ..Default::default()
+    };
     Checkpointer::builder("conformance")
         .store(store.clone())
         .format(format.clone())

@@ -71,6 +71,7 @@ use crate::layout::manifest::Manifest;
 use crate::layout::paths::{self, CHUNKS};
 use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// URLs of tiered stores start with this.
 pub const SCHEME_PREFIX: &str = "tiered+";
@@ -188,7 +189,7 @@ pub(crate) struct Tiers {
 
 impl Tiers {
     fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_unpoisoned()
     }
 }
 

@@ -13,6 +13,7 @@ use super::tch_err;
 use crate::error::{Error, Result};
 use crate::model::value::{Key, Value};
 use crate::save::snapshot::{Capture, CopySource, SourceTensor, TensorData};
+use crate::sync::MutexExt;
 
 /// A [`CopySource`] over a contiguous CPU `tch::Tensor` (a shallow clone: the same
 /// memory as the caller's tensor). The snapshot copies it into a staging buffer.
@@ -74,7 +75,7 @@ impl CopySource for CpuTensorSource {
         if self.numel == 0 {
             return Ok(());
         }
-        let t = self.tensor.lock().unwrap_or_else(|p| p.into_inner());
+        let t = self.tensor.lock_unpoisoned();
         t.f_copy_data_u8(dst, self.numel)
             .map_err(|e| tch_err("copy a tensor into staging", e))
     }

@@ -9,6 +9,7 @@ use tch::{Device, Tensor};
 use super::tch_err;
 use crate::error::{Error, Result};
 use crate::save::snapshot::CopySource;
+use crate::sync::MutexExt;
 
 /// Devices whose queued copies have been waited for, shared by the sources of one
 /// capture so that each device is synchronised once per snapshot.
@@ -19,7 +20,7 @@ pub(crate) struct CudaFence {
 
 impl CudaFence {
     pub(crate) fn wait(&self, device: usize) -> Result<()> {
-        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        let mut synced = self.synced.lock_unpoisoned();
         if synced.contains(&device) {
             return Ok(());
         }
@@ -57,7 +58,7 @@ impl PinnedTensorSource {
     /// True when the host buffer is page-locked (the non-blocking copy really ran
     /// asynchronously; otherwise libtorch copied synchronously).
     pub fn is_pinned(&self) -> bool {
-        let host = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        let host = self.host.lock_unpoisoned();
         host.f_is_pinned(Device::Cuda(self.device)).unwrap_or(false)
     }
 }
@@ -79,7 +80,7 @@ impl CopySource for PinnedTensorSource {
         if self.numel == 0 {
             return Ok(());
         }
-        let host = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        let host = self.host.lock_unpoisoned();
         host.f_copy_data_u8(dst, self.numel)
             .map_err(|e| tch_err("copy a pinned buffer into staging", e))
     }
@@ -144,7 +145,7 @@ impl PinnedTensorSource {
     /// The pinned buffer as immutable bytes. The caller must have synchronised.
     pub(crate) fn settled(&self) -> Result<PinnedBytes> {
         self.fence.wait(self.device)?;
-        let host = self.host.lock().unwrap_or_else(|p| p.into_inner());
+        let host = self.host.lock_unpoisoned();
         let host = host.shallow_clone();
         if !host.is_contiguous() || host.device() != Device::Cpu {
             return Err(Error::Internal(

@@ -7,6 +7,7 @@ use super::*;
 use crate::model::state::State;
 use crate::model::tensor::Tensor as CkptTensor;
 use crate::save::snapshot::{Capture, TensorData};
+use crate::sync::MutexExt;
 use crate::{DType, Error, Value};
 
 /// torch's generator is global and tests run in parallel: tests that seed or draw
@@ -14,7 +15,7 @@ use crate::{DType, Error, Value};
 static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
-    RNG.lock().unwrap_or_else(|p| p.into_inner())
+    RNG.lock_unpoisoned()
 }
 
 /// Freeze a capture the way the snapshot does: copy every source into a buffer.

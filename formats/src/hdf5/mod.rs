@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ckpt_core::format::{put_object, WriteStats};
+use ckpt_core::format::io::put_object;
 use ckpt_core::{Format, Result, State, Tensor, Value, WriteContext, WriteOutput};
 
 use crate::safetensors::ranged;
@@ -119,7 +119,7 @@ impl Format for Hdf5 {
         });
         let (laid, hashes) = futures::try_join!(lay, ranged::hash_tensors(ctx, tensors))?;
         let (offsets, parts, took) = laid?;
-        WriteStats::add(&ctx.stats.encode_ns, took.as_nanos() as u64);
+        ctx.stats.add_encode_time(took);
 
         let key = ctx
             .data_prefix

@@ -27,8 +27,9 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use ckpt_core::format::storage_err;
+use ckpt_core::format::io::storage_err;
 use ckpt_core::layout::chunk_key;
+use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Layout, ReadContext, Result, TensorRecord, MAX_CHUNK_BYTES};
 use object_store::{GetResultPayload, ObjectStoreExt};
 use tokio::runtime::{Handle, RuntimeFlavor};
@@ -200,23 +201,22 @@ fn run_window(
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
-                if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                if failed.lock_unpoisoned().is_some() {
                     break;
                 }
-                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+                let next = queue.lock_unpoisoned().next();
                 let Some(job) = next else { break };
                 let tensor = job.tensor;
                 if let Err(e) = run_job(ctx, handle, job) {
                     failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
+                        .lock_unpoisoned()
                         .get_or_insert(e.with_tensor(tensor));
                     break;
                 }
             });
         }
     });
-    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    match ckpt_core::sync::unpoisoned(failed.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -397,9 +397,7 @@ fn read_at(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
-    use ckpt_core::layout::{ChunkCache, ChunkIndex};
     use ckpt_core::{CheckpointerOptions, Compression, DType, Manifest, State, Tensor};
 
     use super::*;
@@ -452,14 +450,7 @@ mod tests {
     }
 
     fn ctx(url: &str) -> ReadContext {
-        ReadContext {
-            store: ckpt_core::store::open_url(url).unwrap(),
-            chunks: Arc::new(ChunkIndex::new()),
-            cache: Arc::new(ChunkCache::new()),
-            concurrency: 4,
-            fetches: Arc::new(tokio::sync::Semaphore::new(4)),
-            coalesce_bytes: 0,
-        }
+        ReadContext::new(ckpt_core::store::open_url(url).unwrap(), 4)
     }
 
     /// Read every tensor of `m` with windows of `window` bytes and compare.

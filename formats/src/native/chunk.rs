@@ -18,7 +18,7 @@ pub const HEADER_LEN: usize = 16;
 // Staging buffers start this far into a page so that chunk data is as aligned
 // in memory as in its file, and a local store can write it with O_DIRECT
 // without copying it first.
-const _: () = assert!(HEADER_LEN == ckpt_core::STAGING_LEAD);
+const _: () = assert!(HEADER_LEN == ckpt_core::staging::STAGING_LEAD);
 const MAGIC: &[u8; 4] = b"CKC1";
 const RAW: u8 = 0;
 const ZSTD: u8 = 1;

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use ckpt_core::format::{put_object, storage_err, WriteStats};
+use ckpt_core::format::io::{put_object, storage_err};
 use ckpt_core::layout::chunk_key;
 use ckpt_core::{
     ChunkRef, Compression, Error, Format, Layout, ReadContext, Result, Tensor, TensorRecord,
@@ -38,6 +38,7 @@ type Pending = Shared<BoxFuture<'static, std::result::Result<u64, Arc<Error>>>>;
 
 // CPU work (hashing, zstd, verification) runs within the process's CPU budget.
 use ckpt_core::budget::run_cpu as blocking;
+use ckpt_core::sync::MutexExt;
 
 /// Hash, dedupe, compress and upload one chunk, given as its raw parts in
 /// order; returns its reference.
@@ -50,11 +51,11 @@ async fn write_chunk(
     let t = Instant::now();
     let d = parts.clone();
     let hash = blocking(move || chunk::hash_parts(&d)).await?;
-    WriteStats::add(&ctx.stats.hash_ns, t.elapsed().as_nanos() as u64);
-    WriteStats::add(&ctx.stats.raw_bytes, len);
+    ctx.stats.add_hash_time(t.elapsed());
+    ctx.stats.add_raw(len);
 
     if let Some(stored) = ctx.chunks.get(&hash) {
-        WriteStats::add(&ctx.stats.reused_bytes, len);
+        ctx.stats.add_reused(len);
         return Ok(ChunkRef {
             hash,
             len,
@@ -64,7 +65,7 @@ async fn write_chunk(
     }
     // The same content twice in one save: the first writer uploads, the rest wait for it.
     let (fut, first) = {
-        let mut map = inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = inflight.lock_unpoisoned();
         match map.get(&hash) {
             Some(f) => (f.clone(), false),
             None => {
@@ -83,7 +84,7 @@ async fn write_chunk(
     if first {
         ctx.chunks.insert(hash.clone(), stored);
     } else {
-        WriteStats::add(&ctx.stats.reused_bytes, len);
+        ctx.stats.add_reused(len);
     }
     Ok(ChunkRef {
         hash,
@@ -102,7 +103,7 @@ async fn upload(ctx: &WriteContext, hash: &str, parts: Vec<Bytes>) -> Result<u64
         blocking(move || chunk::encode(&parts, compression)).await?
     }
     .map_err(|e| Error::Internal(format!("encode chunk: {e}")))?;
-    WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
+    ctx.stats.add_encode_time(t.elapsed());
     put_object(ctx, &chunk_key(hash), enc.parts()).await
 }
 
@@ -151,8 +152,8 @@ impl Format for Native {
             if let Some(f) = *first {
                 refs[i] = refs[f].clone();
                 let len = pieces[i].len() as u64;
-                WriteStats::add(&ctx.stats.raw_bytes, len);
-                WriteStats::add(&ctx.stats.reused_bytes, len);
+                ctx.stats.add_raw(len);
+                ctx.stats.add_reused(len);
             }
         }
         let written = pieces.into_iter().zip(refs).map(|(p, r)| {
@@ -191,7 +192,7 @@ impl Format for Native {
 
     async fn read(&self, ctx: &ReadContext, record: &TensorRecord) -> Result<Bytes> {
         let Layout::Chunks { chunks } = &record.layout else {
-            return ckpt_core::format::read_range(ctx, record).await;
+            return ckpt_core::format::io::read_range(ctx, record).await;
         };
         let reads: Vec<_> = chunks
             .iter()
@@ -221,7 +222,7 @@ impl Format for Native {
         dst: &mut [u8],
     ) -> Result<()> {
         let Layout::Chunks { chunks } = &record.layout else {
-            let data = ckpt_core::format::read_range(ctx, record).await?;
+            let data = ckpt_core::format::io::read_range(ctx, record).await?;
             dst.copy_from_slice(&data);
             return Ok(());
         };
@@ -267,7 +268,7 @@ impl Format for Native {
         } else {
             targets
         };
-        ckpt_core::format::read_each_into(self, ctx, rest).await
+        ckpt_core::format::io::read_each_into(self, ctx, rest).await
     }
 
     async fn read_many(
@@ -276,7 +277,7 @@ impl Format for Native {
         records: Vec<&TensorRecord>,
     ) -> Result<Vec<Bytes>> {
         if !batch::available() {
-            return ckpt_core::format::read_each(self, ctx, records).await;
+            return ckpt_core::format::io::read_each(self, ctx, records).await;
         }
         // New buffers of each tensor's length, filled by one planned batch.
         let mut bufs = records

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ckpt_core::format::{put_object, WriteStats};
+use ckpt_core::format::io::put_object;
 use ckpt_core::{Format, Layout, Result, Tensor, TensorRecord, Value, WriteContext, WriteOutput};
 
 pub use codec::read_file;
@@ -55,7 +55,7 @@ impl Format for Safetensors {
             ),
         )
         .map_err(|e| ckpt_core::Error::InvalidInput(format!("safetensors header: {e}")))?;
-        WriteStats::add(&ctx.stats.encode_ns, start.elapsed().as_nanos() as u64);
+        ctx.stats.add_encode_time(start.elapsed());
         let hashes = ranged::hash_tensors(ctx, tensors).await?;
 
         let file = ranged::rank_file(ctx.rank, "safetensors");

@@ -5,7 +5,6 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use ckpt_core::format::WriteStats;
 use ckpt_core::{Layout, Result, Tensor, TensorRecord, WriteContext};
 use futures::{StreamExt, TryStreamExt};
 
@@ -21,9 +20,9 @@ pub(crate) async fn hash_tensors(ctx: &WriteContext, tensors: &[Tensor]) -> Resu
         .buffered(ctx.options.concurrency.max(1))
         .try_collect()
         .await?;
-    WriteStats::add(&ctx.stats.hash_ns, start.elapsed().as_nanos() as u64);
+    ctx.stats.add_hash_time(start.elapsed());
     let raw: u64 = tensors.iter().map(|t| t.data.len() as u64).sum();
-    WriteStats::add(&ctx.stats.raw_bytes, raw);
+    ctx.stats.add_raw(raw);
     Ok(hashes)
 }
 

@@ -24,7 +24,6 @@
 //! ckpt's own state under the key `__ckpt__` (see [`crate::pylayout`]); the exact
 //! Python types stay in the manifest, which is what ckpt loads from.
 
-pub mod crc32;
 pub mod dtypes;
 pub mod pickle;
 pub mod tree;
@@ -36,7 +35,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use ckpt_core::format::{put_object, WriteStats};
+use ckpt_core::format::io::put_object;
 use ckpt_core::{Format, Key, Result, State, Tensor, Value, WriteContext, WriteOutput};
 use futures::{StreamExt, TryStreamExt};
 
@@ -88,7 +87,7 @@ pub fn archive(root: &Value, tensors: &[Tensor], crcs: &[u32]) -> Result<Archive
         .collect();
     let small = |name: &str, data: Vec<u8>| zip::Entry {
         name: format!("{ARCHIVE}/{name}"),
-        crc: crc32::crc32(&data),
+        crc: crc32fast::hash(&data),
         data: Bytes::from(data),
     };
     let mut entries = vec![
@@ -124,7 +123,7 @@ pub fn write_pt(state: &State) -> Result<Vec<u8>, CodecError> {
     let crcs: Vec<u32> = state
         .tensors
         .iter()
-        .map(|t| crc32::crc32(&t.data))
+        .map(|t| crc32fast::hash(&t.data))
         .collect();
     let a = archive(&root_for(state), &state.tensors, &crcs)?;
     let mut out = Vec::with_capacity(a.plan.len as usize);
@@ -156,7 +155,7 @@ pub fn read_pt(bytes: &Bytes) -> Result<State, CodecError> {
             .get(format!("{prefix}{name}").as_str())
             .ok_or_else(|| CodecError::Malformed(format!("record `{name}` is missing")))?;
         let data = bytes.slice(e.offset..e.offset + e.len);
-        if crc32::crc32(&data) != e.crc {
+        if crc32fast::hash(&data) != e.crc {
             return Err(CodecError::Malformed(format!(
                 "record `{name}`: CRC-32 mismatch"
             )));
@@ -185,16 +184,16 @@ impl Format for Torch {
         let datas: Vec<Bytes> = tensors.iter().map(|t| t.data.clone()).collect();
         let sums: Vec<(String, u32)> = futures::stream::iter(datas)
             .map(|d| {
-                ranged::blocking(move || (blake3::hash(&d).to_hex().to_string(), crc32::crc32(&d)))
+                ranged::blocking(move || {
+                    (blake3::hash(&d).to_hex().to_string(), crc32fast::hash(&d))
+                })
             })
             .buffered(ctx.options.concurrency.max(1))
             .try_collect()
             .await?;
-        WriteStats::add(&ctx.stats.hash_ns, start.elapsed().as_nanos() as u64);
-        WriteStats::add(
-            &ctx.stats.raw_bytes,
-            tensors.iter().map(|t| t.data.len() as u64).sum(),
-        );
+        ctx.stats.add_hash_time(start.elapsed());
+        ctx.stats
+            .add_raw(tensors.iter().map(|t| t.data.len() as u64).sum());
         let (hashes, crcs): (Vec<String>, Vec<u32>) = sums.into_iter().unzip();
 
         let t = Instant::now();
@@ -215,7 +214,7 @@ impl Format for Torch {
         };
         let a = archive(&root, tensors, &crcs)
             .map_err(|e| ckpt_core::Error::InvalidInput(format!(".pt: {e}")))?;
-        WriteStats::add(&ctx.stats.encode_ns, t.elapsed().as_nanos() as u64);
+        ctx.stats.add_encode_time(t.elapsed());
 
         let key = ctx
             .data_prefix

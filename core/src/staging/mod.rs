@@ -11,6 +11,12 @@
 //! data then sits at the same offset within a page in memory as in its file,
 //! so a local store writes it with `O_DIRECT` straight from staging instead of
 //! copying it through an aligned buffer first (see `store::direct`).
+//!
+//! The checkpointer owns a pool and the save path borrows from it; this
+//! module needs neither. The crate root re-exports [`BusyPolicy`]; the pool
+//! itself is here for those that look at it (`Checkpointer::staging`).
+
+pub(crate) mod pages;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -19,7 +25,8 @@ use bytes::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
-use crate::save::pages::PageBuf;
+use crate::sync::MutexExt;
+use pages::PageBuf;
 
 const PAGE: u64 = 4096;
 
@@ -30,7 +37,7 @@ pub const STAGING_LEAD: usize = 16;
 /// Staging buffers from this length on start [`STAGING_LEAD`] bytes into a
 /// page; smaller ones are never written from their memory (the local store
 /// copies parts below this length) and start on the page.
-pub const LEAD_MIN: usize = crate::store::direct::DIRECT_PART_MIN;
+pub(crate) const LEAD_MIN: usize = crate::store::direct::DIRECT_PART_MIN;
 
 /// Where a staging buffer for `len` bytes starts within its pages.
 fn lead(len: usize) -> usize {
@@ -72,7 +79,7 @@ pub struct StagingPool {
 
 /// A staging buffer on loan from the pool; freeze it into [`Bytes`] after filling it.
 #[derive(Debug)]
-pub struct StagingBuf {
+pub(crate) struct StagingBuf {
     /// `None` only once dropped (the memory went back to the pool).
     data: Option<PageBuf>,
     /// Where the buffer's bytes start in `data` (its lead).
@@ -106,7 +113,7 @@ impl StagingPool {
 
     /// Bytes held by idle buffers.
     pub fn idle_bytes(&self) -> u64 {
-        let idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = self.inner.idle.lock_unpoisoned();
         idle.iter()
             .map(|(len, v)| *len as u64 * v.len() as u64)
             .sum()
@@ -117,7 +124,7 @@ impl StagingPool {
     /// Buffers of the exact length are reused; new ones are allocated when the
     /// budget allows. When it does not, `policy` decides: wait, or fail with
     /// [`Error::Skipped`] (for `step`).
-    pub async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         lens: &[usize],
         policy: BusyPolicy,
@@ -166,7 +173,7 @@ impl StagingPool {
     }
 
     fn take_idle(&self, len: usize) -> Option<StagingBuf> {
-        let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.inner.idle.lock_unpoisoned();
         let (data, permit) = idle.get_mut(&(len + lead(len)))?.pop()?;
         Some(StagingBuf {
             data: Some(data),
@@ -187,7 +194,7 @@ impl StagingPool {
             }
             // Idle buffers hold budget: free them (their permits go back) and retry.
             let freed = {
-                let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let mut idle = self.inner.idle.lock_unpoisoned();
                 let had = !idle.is_empty();
                 idle.clear();
                 had
@@ -210,7 +217,7 @@ impl StagingPool {
 
 impl StagingBuf {
     /// The buffer to fill.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         match self.data.as_mut() {
             Some(d) => &mut d.as_mut_slice()[self.at..],
             None => &mut [],
@@ -219,7 +226,7 @@ impl StagingBuf {
 
     /// Freeze into [`Bytes`] (no copy); the buffer returns to the pool when the
     /// last clone of the `Bytes` drops.
-    pub fn freeze(self) -> Bytes {
+    pub(crate) fn freeze(self) -> Bytes {
         Bytes::from_owner(self)
     }
 }
@@ -241,8 +248,7 @@ impl Drop for StagingBuf {
             return;
         };
         pool.idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .entry(data.len())
             .or_default()
             .push((data, permit));

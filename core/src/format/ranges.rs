@@ -21,7 +21,8 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use crate::error::{Error, Result};
-use crate::format::{storage_err, ReadContext};
+use crate::format::io::storage_err;
+use crate::format::ReadContext;
 use crate::layout::manifest::{Layout, TensorRecord};
 
 /// Largest span one read fetches on a remote store (a tensor larger than this
@@ -221,10 +222,7 @@ async fn read_span(ctx: &ReadContext, span: Span<'_>) -> Result<Vec<(usize, Byte
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::layout::chunks::{ChunkCache, ChunkIndex};
     use crate::model::dtype::DType;
 
     fn record(name: &str, object: &str, data: &[u8], offset: u64, len: u64) -> TensorRecord {
@@ -294,12 +292,8 @@ mod tests {
             record("t1", "data/x", &data, 1000, 150_000),
         ];
         let ctx = ReadContext {
-            store: store.clone(),
-            chunks: Arc::new(ChunkIndex::new()),
-            cache: Arc::new(ChunkCache::new()),
-            concurrency: 2,
-            fetches: Arc::new(tokio::sync::Semaphore::new(2)),
             coalesce_bytes: MAX_SPAN,
+            ..ReadContext::new(store.clone(), 2)
         };
         let refs: Vec<&TensorRecord> = rs.iter().collect();
         let got = read_coalesced(&ctx, &refs).await.unwrap();
