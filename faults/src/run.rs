@@ -357,7 +357,8 @@ pub fn tch_run(ctx: &mut TchCtx, index: usize, rng: &mut Rng, kinds: &[Kind]) ->
         let mut st = StartRecord {
             kind,
             detail,
-            restart,
+            // The new incarnation beside a frozen one is a restart too.
+            restart: restart || kind == Some(Kind::Zombie),
             recovery_ms: o.first_step_ms.filter(|_| restart),
             reached: o.reached,
             ended: o.ended(),
