@@ -1,6 +1,7 @@
 //! A small fault campaign over the real tch training job (`fault_victim`): SIGKILLs
 //! at random instants, aborts and SIGKILLs inside each phase of a save, bit flips,
-//! truncations and deletions of stored objects, storage faults, a full disk; and,
+//! truncations and deletions of stored objects, storage faults, a full disk, a
+//! frozen incarnation resumed beside its restart (a zombie); and,
 //! where the MPI jobs are built, a rank killed under mpirun. Nothing may be lost:
 //! no torn or damaged checkpoint loaded, every corruption that mattered detected,
 //! every restart where the on-disk oracle says, final weights bitwise identical to
@@ -56,6 +57,13 @@ fn small_campaign_loses_nothing() {
         "the store injected nothing\n{text}"
     );
     assert!(!s.failed_saves.is_empty(), "no save ever failed\n{text}");
+    // Zombies: the old incarnation fenced, none of its checkpoints
+    // loaded, nothing the new one keeps damaged.
+    assert!(s.zombies["episodes"] >= 1, "{text}");
+    // (An old incarnation that saved unfenced is a problem of its run.)
+    assert!(s.zombies["old incarnation fenced"] >= 1, "{text}");
+    assert_eq!(s.zombies["zombie checkpoints loaded"], 0, "{text}");
+    assert_eq!(s.zombies["kept checkpoints damaged"], 0, "{text}");
     assert_eq!(s.finals_compared, s.runs, "{text}");
     assert_eq!(s.finals_identical, s.runs, "{text}");
     assert!(r.passed(), "{text}");
