@@ -115,7 +115,7 @@ impl Checkpointer {
     #[new]
     #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
                         staging_budget=None, busy="wait", format="native", coordinator=None,
-                        collective_timeout=600.0, read_only=false))]
+                        collective_timeout=600.0, read_only=false, fencing=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -131,6 +131,7 @@ impl Checkpointer {
         coordinator: Option<Bound<'_, PyAny>>,
         collective_timeout: f64,
         read_only: bool,
+        fencing: bool,
     ) -> PyResult<Self> {
         if keep_last == Some(0) {
             return Err(invalid("keep_last must be at least 1"));
@@ -155,6 +156,7 @@ impl Checkpointer {
         let options = CheckpointerOptions {
             collective_timeout,
             read_only,
+            fencing,
             ..CheckpointerOptions::default()
         };
         let counting = Arc::new(CountingStore::new(ckpt_core::store::open_url(&url).py()?));

@@ -84,6 +84,7 @@ class Checkpointer:
         coordinator: Optional[Coordinator] = None,
         collective_timeout: float = 600.0,
         read_only: bool = False,
+        fencing: bool = True,
     ) -> None: ...
     @property
     def url(self) -> str: ...

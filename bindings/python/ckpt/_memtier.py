@@ -195,7 +195,7 @@ class MemoryRoot:
     def gc(self, keep: int) -> None:
         """Retention by the engine's own GC: the newest ``keep``, and no chunk
         or leftover that no kept manifest references."""
-        _ckpt.Checkpointer(self.url, keep_last=keep).gc()
+        _ckpt.Checkpointer(self.url, keep_last=keep, fencing=False).gc()
 
 
 def write_object(root: MemoryRoot, key: str, data: Any) -> Optional[Dict[str, Any]]:

@@ -164,6 +164,10 @@ class Checkpointer:
             export) must pass ``read_only=True`` so that it does not fence
             the job; its ``save`` and ``gc`` raise
             :class:`~ckpt.InvalidInputError`.
+        fencing: ``False`` for a root that something other than the job
+            manages, such as the memory tier's (its checkpoints are copied
+            between roots, so they carry no epoch): this writer never claims
+            an epoch and is never fenced.
 
     **Several ranks** (``torchrun``, ``mpirun``): create the checkpointer on
     every rank with the same URL (creating it is a collective), call ``save``
@@ -196,6 +200,7 @@ class Checkpointer:
         process_group: Any = None,
         collective_timeout: float = 600.0,
         read_only: bool = False,
+        fencing: bool = True,
     ) -> None:
         if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
@@ -215,6 +220,7 @@ class Checkpointer:
             coordinator=coordinator,
             collective_timeout=float(collective_timeout),
             read_only=bool(read_only),
+            fencing=bool(fencing),
         )
         self._coordinator = coordinator
         self._rng = rng

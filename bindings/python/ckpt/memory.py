@@ -154,7 +154,12 @@ class MemoryCheckpointer:
         if replicate and topo.nodes > 1:
             self.replica = MemoryRoot(self.node_dir / f"replica{topo.source()}", incoming)
         mem_options = {k: v for k, v in options.items() if k not in ("keep_last", "keep_every")}
-        self.memory = Checkpointer(self.own.url, keep_last=keep_in_memory, coordinate="none", **mem_options)
+        # The memory roots are the tier's own, and it copies checkpoints
+        # between them (replicas, restores): they carry no writer epochs, and
+        # an older incarnation is fenced on the durable root.
+        self.memory = Checkpointer(
+            self.own.url, keep_last=keep_in_memory, coordinate="none", fencing=False, **mem_options
+        )
         self.durable_every = durable_every
         self.keep_in_memory = keep_in_memory
         self._saves = 0
@@ -257,6 +262,8 @@ class MemoryCheckpointer:
         self._jobs.join()  # no replication in flight: the link is ours
         topo = self.topology
         try:
+            # Fence an older incarnation on the durable root before choosing.
+            self.durable._native.claim()
             durable = self.durable.steps()
         except CheckpointError as e:
             # Storage unreachable: memory may still do without it (and if it
