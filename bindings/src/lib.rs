@@ -5,6 +5,7 @@
 //! framework glue (PyTorch, numpy, state-dict flattening, hooks, pinned
 //! buffers) is plain Python in `python/ckpt/`. The wheel does not link libtorch.
 
+pub mod args;
 pub mod buffer;
 pub mod checkpointer;
 pub mod coord;
@@ -12,6 +13,7 @@ pub mod dest;
 pub mod errors;
 pub mod export;
 pub mod handle;
+pub mod results;
 pub mod runtime;
 pub mod slab;
 pub mod value;
@@ -120,6 +122,11 @@ fn cpu_threads() -> usize {
 fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     purge_at_once();
     m.add_class::<checkpointer::Checkpointer>()?;
+    m.add_class::<args::TensorSpec>()?;
+    m.add_class::<args::LoadTarget>()?;
+    m.add_class::<args::Shard>()?;
+    m.add_class::<results::TensorInfo>()?;
+    m.add_class::<results::GcReport>()?;
     m.add_class::<handle::SaveHandle>()?;
     m.add_class::<buffer::TensorBuffer>()?;
     m.add_class::<value::TensorRef>()?;

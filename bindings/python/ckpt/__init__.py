@@ -22,7 +22,7 @@ from __future__ import annotations
 import os as _os
 
 from . import _ckpt, distributed
-from ._ckpt import TensorRef, cpu_threads, set_cpu_threads
+from ._ckpt import cpu_threads, set_cpu_threads
 from .checkpointer import Checkpoint, Checkpointer, SaveHandle
 from .errors import (
     CheckpointError,
@@ -49,7 +49,6 @@ __all__ = [
     "SaveHandle",
     "Checkpoint",
     "RNGState",
-    "TensorRef",
     "CheckpointError",
     "NotFoundError",
     "CorruptError",
