@@ -29,6 +29,12 @@ cargo test -p ckpt-cli
 echo "== cargo test (workspace, all features)"
 cargo test --workspace --all-features --no-fail-fast
 
+echo "== Python types (mypy on the package, stubtest of the native module's stub)"
+python -m mypy --config-file bindings/pyproject.toml bindings/python/ckpt
+# From the repository root, so it checks the installed extension against the
+# stub installed beside it (setup.sh reinstalls both whenever a source changed).
+python -m mypy.stubtest ckpt._ckpt --allowlist bindings/stubtest-allowlist.txt
+
 echo "== Python tests (bindings, examples)"
 python -m pytest -q bindings/tests
 

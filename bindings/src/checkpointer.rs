@@ -1,9 +1,10 @@
 //! The `Checkpointer` class: a thin shell over `ckpt_core::Checkpointer`.
 //!
 //! Tensors arrive already flattened by the Python glue, as
-//! `(name, dtype, shape, buffer, copy_now)` tuples plus a metadata tree whose
-//! tensor leaves are [`TensorRef`](crate::value::TensorRef)s; loads hand back
-//! the same shape of data with [`TensorBuffer`]s. Every wait releases the GIL.
+//! [`TensorSpec`]s plus a metadata tree whose tensor leaves are
+//! [`TensorRef`](crate::value::TensorRef)s; loads hand back the same shape of
+//! data with [`TensorBuffer`]s, or fill [`LoadTarget`]s in place. Every wait
+//! releases the GIL.
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
@@ -13,42 +14,23 @@ use std::time::Duration;
 use bytes::Bytes;
 use ckpt_core::BoxTarget;
 use ckpt_core::{
-    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, DType, Error, Loaded,
-    Retention, ShardSpec, SnapshotMode, SourceTensor, Status, Tensor, TensorData,
+    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, Error, Loaded, Retention,
+    SnapshotMode, SourceTensor, Status, Tensor, TensorData,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
+use crate::args::{LoadTarget, TensorSpec};
 use crate::buffer::{PySource, TensorBuffer};
 use crate::coord::PyCoordinator;
 use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
 use crate::handle::SaveHandle;
+use crate::results::{GcReport, TensorInfo};
 use crate::runtime::{self, check_pid};
 use crate::slab::{PyReady, SlabSlot};
 use crate::value::{from_value, to_value};
 use ckpt_core::store::CountingStore;
-
-/// One tensor handed to `save`: name, dtype name, shape, buffer, copy now, and
-/// for a piece of a sharded tensor `(global_shape, offsets)`.
-type TensorArg<'py> = (
-    String,
-    String,
-    Vec<u64>,
-    Bound<'py, PyAny>,
-    bool,
-    Option<(Vec<u64>, Vec<u64>)>,
-);
-
-/// One destination of `load_into`: name, dtype name, the box's shape, its
-/// `(global_shape, offsets)` (`None`: the whole tensor), writable buffer.
-type DestArg<'py> = (
-    String,
-    String,
-    Vec<u64>,
-    Option<(Vec<u64>, Vec<u64>)>,
-    Bound<'py, PyAny>,
-);
 
 /// Saves and loads checkpoints under one root URL (`file:///dir`, `memory://name`).
 #[pyclass(frozen, module = "ckpt._ckpt")]
@@ -218,11 +200,11 @@ impl Checkpointer {
 
     /// Start saving a checkpoint of `step`.
     ///
-    /// `tensors` are `(name, dtype, shape, buffer, copy_now, shard)`; `buffer`
-    /// is any C-contiguous buffer of exactly the tensor's bytes, or a
-    /// `SlabSlot` (host memory the glue fills, saved without a copy). Tensors
-    /// with `copy_now` are copied before this returns even in lazy mode (memory
-    /// that changes before the optimizer step, e.g. batch-norm statistics).
+    /// `tensors` are [`TensorSpec`]s; a spec's `data` is any C-contiguous
+    /// buffer of exactly the tensor's bytes, or a `SlabSlot` (host memory the
+    /// glue fills, saved without a copy). Tensors with `copy_now` are copied
+    /// before this returns even in lazy mode (memory that changes before the
+    /// optimizer step, e.g. batch-norm statistics).
     /// `meta` is plain data with `TensorRef` leaves. `ready`, if given, is
     /// called (on a background thread in lazy mode) before any tensor is read:
     /// it returns once copies still landing in slab slots are done.
@@ -231,7 +213,7 @@ impl Checkpointer {
         &self,
         py: Python<'_>,
         step: u64,
-        tensors: Vec<TensorArg<'_>>,
+        tensors: Vec<Bound<'_, TensorSpec>>,
         meta: Bound<'_, PyAny>,
         ready: Option<Py<PyAny>>,
     ) -> PyResult<SaveHandle> {
@@ -242,12 +224,11 @@ impl Checkpointer {
         // One source per exported memory span: a weight tied between two
         // modules is staged (and hashed) once.
         let mut sources: HashMap<(usize, usize), Arc<PySource>> = HashMap::new();
-        for (i, (name, dtype, shape, obj, copy_now, shard)) in tensors.into_iter().enumerate() {
-            let dtype: DType = dtype.parse().py()?;
-            let shard = shard.map(|(global_shape, offsets)| ShardSpec {
-                global_shape,
-                offsets,
-            });
+        for (i, t) in tensors.iter().enumerate() {
+            let t = t.get();
+            let (name, dtype, shape) = (t.name.clone(), t.dtype, t.shape.clone());
+            let shard = t.shard.as_ref().map(|s| s.get().spec());
+            let obj = t.data.bind(py);
             if let Ok(slot) = obj.cast::<SlabSlot>() {
                 out.push(SourceTensor {
                     name,
@@ -258,8 +239,8 @@ impl Checkpointer {
                 });
                 continue;
             }
-            let src = PySource::new(&obj, &name)?;
-            let data = if copy_now {
+            let src = PySource::new(obj, &name)?;
+            let data = if t.copy_now {
                 now.push((i, src));
                 TensorData::Shared(Bytes::new())
             } else {
@@ -359,37 +340,33 @@ impl Checkpointer {
 
     /// Load tensors, or boxes of sharded ones, straight into caller buffers.
     ///
-    /// `targets` are `(name, dtype, shape, shard, buffer)`: `shard` is
-    /// `(global_shape, offsets)` of the box of extent `shape` (`None`: the whole
-    /// tensor of that shape), `buffer` a writable C-contiguous buffer of exactly
-    /// its bytes. Only stored pieces that overlap a box are read. Every target is
-    /// checked against the manifest before anything is written.
+    /// Each [`LoadTarget`] is the box of extent `shape` placed by its `shard`
+    /// (`None`: the whole tensor of that shape), read into `dest`, a writable
+    /// C-contiguous buffer of exactly its bytes. Only stored pieces that overlap
+    /// a box are read. Every target is checked against the manifest before
+    /// anything is written.
     #[pyo3(signature = (step, attempt, targets))]
     fn load_into(
         &self,
         py: Python<'_>,
         step: u64,
         attempt: String,
-        targets: Vec<DestArg<'_>>,
+        targets: Vec<Bound<'_, LoadTarget>>,
     ) -> PyResult<()> {
         let cp = self.core()?.clone();
         let id = CheckpointId { step, attempt };
         let mut held = Vec::with_capacity(targets.len());
         let mut plan = Vec::with_capacity(targets.len());
-        for (name, dtype, shape, shard, obj) in targets {
-            let dtype: DType = dtype.parse().py()?;
-            let dest = PyDest::new(&obj, &name)?;
-            let spec = match shard {
-                Some((global_shape, offsets)) => ShardSpec {
-                    global_shape,
-                    offsets,
-                },
-                None => ShardSpec {
-                    offsets: vec![0; shape.len()],
-                    global_shape: shape.clone(),
-                },
-            };
-            plan.push((name, dtype, shape, spec, dest.raw()));
+        for t in &targets {
+            let t = t.get();
+            let dest = PyDest::new(t.dest.bind(py), &t.name)?;
+            plan.push((
+                t.name.clone(),
+                t.dtype,
+                t.shape.clone(),
+                t.spec(),
+                dest.raw(),
+            ));
             held.push(dest);
         }
         let done = runtime::wait(py, move || async move {
@@ -413,7 +390,7 @@ impl Checkpointer {
     }
 
     /// The metadata tree and tensor table of a checkpoint, without reading any
-    /// tensor: `(meta, {name: (dtype, global_shape, pieces, nbytes)})`.
+    /// tensor: `(meta, {name: TensorInfo})`.
     #[pyo3(signature = (step, attempt))]
     fn contents<'py>(
         &self,
@@ -425,8 +402,7 @@ impl Checkpointer {
         let id = CheckpointId { step, attempt };
         let m = runtime::wait(py, move || async move { cp.manifest(&id).await })
             .and_then(IntoPyResult::py)?;
-        let mut table: std::collections::BTreeMap<&str, (&'static str, Vec<u64>, usize, u64)> =
-            Default::default();
+        let mut table: std::collections::BTreeMap<&str, TensorInfo> = Default::default();
         for r in &m.tensors {
             let global = r
                 .shard
@@ -437,12 +413,17 @@ impl Checkpointer {
                 .py()?;
             table
                 .entry(r.name.as_str())
-                .or_insert((r.dtype.name(), global, 0, nbytes))
-                .2 += 1;
+                .or_insert_with(|| TensorInfo {
+                    dtype: r.dtype.name().to_owned(),
+                    global_shape: global,
+                    pieces: 0,
+                    nbytes,
+                })
+                .pieces += 1;
         }
         let d = PyDict::new(py);
-        for (name, (dtype, global, pieces, nbytes)) in table {
-            d.set_item(name, (dtype, global, pieces, nbytes))?;
+        for (name, info) in table {
+            d.set_item(name, info)?;
         }
         Ok((from_value(py, &m.meta)?, d))
     }
@@ -525,22 +506,14 @@ impl Checkpointer {
         Ok(out)
     }
 
-    /// Apply retention and delete unreferenced data now.
-    fn gc<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Apply retention and delete unreferenced data now, once saves of this
+    /// process in flight are written. In a job of several ranks, call it on
+    /// rank 0 only.
+    fn gc(&self, py: Python<'_>) -> PyResult<GcReport> {
         let cp = self.core()?.clone();
         let r =
             runtime::wait(py, move || async move { cp.gc().await }).and_then(IntoPyResult::py)?;
-        let ids = |v: &[CheckpointId]| {
-            v.iter()
-                .map(|id| (id.step, id.attempt.clone()))
-                .collect::<Vec<_>>()
-        };
-        let d = PyDict::new(py);
-        d.set_item("retired", ids(&r.retired))?;
-        d.set_item("incomplete_removed", ids(&r.incomplete_removed))?;
-        d.set_item("chunks_deleted", r.chunks_deleted)?;
-        d.set_item("chunk_sweep_skipped", r.chunk_sweep_skipped)?;
-        Ok(d)
+        Ok(GcReport::from(&r))
     }
 
     fn __repr__(&self) -> String {

@@ -5,6 +5,7 @@
 //! framework glue (PyTorch, numpy, state-dict flattening, hooks, pinned
 //! buffers) is plain Python in `python/ckpt/`. The wheel does not link libtorch.
 
+pub mod args;
 pub mod buffer;
 pub mod checkpointer;
 pub mod coord;
@@ -12,6 +13,7 @@ pub mod dest;
 pub mod errors;
 pub mod export;
 pub mod handle;
+pub mod results;
 pub mod runtime;
 pub mod slab;
 pub mod value;
@@ -24,7 +26,7 @@ use pyo3::prelude::*;
 /// arenas and stay in the training process after every restore (measured: 46 to
 /// 123 MiB kept per rank after each load of a 96 MiB FSDP2 shard, growing with
 /// each load; with mimalloc it is given back). PyTorch's own allocations are
-/// not affected.
+/// not affected. Freed memory goes back at once (see [`purge_at_once`]).
 ///
 /// mimalloc is built without its transparent-huge-page advice (`no_thp`): with
 /// it, mimalloc marks its arena `MADV_HUGEPAGE`, so the engine's small
@@ -35,6 +37,34 @@ use pyo3::prelude::*;
 /// whole process, PyTorch's tensors included.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `mi_option_purge_delay` (the same place in its option enum in
+/// mimalloc 2 and 3; libmimalloc-sys names only the stable options).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// What sets the purge delay by hand (it then stays as the user set it).
+const PURGE_DELAY_ENV: &str = "MIMALLOC_PURGE_DELAY";
+
+/// Make mimalloc return freed memory to the OS at once instead of after its
+/// purge delay, which only runs out when the freeing thread allocates again:
+/// the engine's threads sit idle after a load, so its read buffers would
+/// otherwise stay resident in the training process. Set through mimalloc's
+/// API when the module loads (it reads the option at every purge), so the
+/// process environment, which child processes inherit, is left alone. A
+/// `MIMALLOC_PURGE_DELAY` the user set wins: mimalloc read it at start.
+fn purge_at_once() {
+    if std::env::var_os(PURGE_DELAY_ENV).is_none() {
+        // SAFETY: sets one of mimalloc's options (an atomic store).
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+    }
+}
+
+/// mimalloc's purge delay in milliseconds, as the extension's allocator uses it.
+#[pyfunction]
+fn _mimalloc_purge_delay() -> std::os::raw::c_long {
+    // SAFETY: reads one of mimalloc's options.
+    unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }
+}
 
 /// Forget the tokio runtime inherited from the parent process (registered with
 /// `os.register_at_fork(after_in_child=...)` by the Python package).
@@ -90,13 +120,20 @@ fn cpu_threads() -> usize {
 /// The native module.
 #[pymodule]
 fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    purge_at_once();
     m.add_class::<checkpointer::Checkpointer>()?;
+    m.add_class::<args::TensorSpec>()?;
+    m.add_class::<args::LoadTarget>()?;
+    m.add_class::<args::Shard>()?;
+    m.add_class::<results::TensorInfo>()?;
+    m.add_class::<results::GcReport>()?;
     m.add_class::<handle::SaveHandle>()?;
     m.add_class::<buffer::TensorBuffer>()?;
     m.add_class::<value::TensorRef>()?;
     m.add_class::<slab::HostSlab>()?;
     m.add_class::<slab::SlabSlot>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
+    m.add_function(wrap_pyfunction!(_mimalloc_purge_delay, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
     m.add_function(wrap_pyfunction!(set_cpu_threads, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_threads, m)?)?;

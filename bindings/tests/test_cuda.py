@@ -48,7 +48,7 @@ def test_a_slab_slot_is_saved_without_a_copy_once_its_gate_opens(url: str) -> No
             host[off : off + n].fill_(i + 1)
         filled.append(True)
 
-    tensors = [(f"t{i}", "U8", (n,), slab.slot(i), False, None) for i, n in enumerate(lens)]
+    tensors = [_ckpt.TensorSpec(name=f"t{i}", dtype="U8", shape=(n,), data=slab.slot(i)) for i, n in enumerate(lens)]
     h = cp.save(1, tensors, {"state": None}, ready)
     h.wait(30)
     assert filled, "the snapshot called its gate"
@@ -68,7 +68,7 @@ def test_a_failing_gate_fails_the_save_and_commits_nothing(url: str) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     cp = _ckpt.Checkpointer(url, lazy=True)
-    h = cp.save(1, [("t", "U8", (16,), slab.slot(0), False, None)], {"state": None}, ready)
+    h = cp.save(1, [_ckpt.TensorSpec(name="t", dtype="U8", shape=(16,), data=slab.slot(0))], {"state": None}, ready)
     with pytest.raises(ckpt.CheckpointError, match="illegal memory access"):
         h.wait(30)
     assert cp.load_latest() is None

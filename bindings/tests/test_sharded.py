@@ -306,8 +306,8 @@ def test_dcp_stateful_app_state_saves_lazily_and_loads(url: str, mesh) -> None:
     step(m, opt)
     app = AppState(m, opt)
     flat = flatten({"app": app}, True)
-    deferred = {name for name, *_, copy_now, _ in flat.tensors if not copy_now}
-    assert len(deferred) == len(flat.tensors), [t[0] for t in flat.tensors if t[4]]
+    deferred = {t.name for t in flat.tensors if not t.copy_now}
+    assert len(deferred) == len(flat.tensors), [t.name for t in flat.tensors if t.copy_now]
     assert opt in flat.stateful
 
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)

@@ -21,15 +21,8 @@ from __future__ import annotations
 
 import os as _os
 
-# The native extension allocates with its own mimalloc (see bindings/src/lib.rs).
-# Freed memory goes back to the OS at once instead of after a delay that only
-# runs out when the freeing thread allocates again: the engine's threads sit
-# idle after a load, so its read buffers would otherwise stay resident in the
-# training process. Set before the extension loads; a value set by the user wins.
-_os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
-
-from . import _ckpt, distributed  # noqa: E402
-from ._ckpt import TensorRef, cpu_threads, set_cpu_threads
+from . import _ckpt, distributed
+from ._ckpt import cpu_threads, set_cpu_threads
 from .checkpointer import Checkpoint, Checkpointer, SaveHandle
 from .errors import (
     CheckpointError,
@@ -57,7 +50,6 @@ __all__ = [
     "SaveHandle",
     "Checkpoint",
     "RNGState",
-    "TensorRef",
     "CheckpointError",
     "NotFoundError",
     "CorruptError",

@@ -1,19 +1,47 @@
-"""Type stubs of the native module ``ckpt._ckpt`` (a thin layer over the Rust engine)."""
+"""Type stubs of the native module ``ckpt._ckpt`` (a thin layer over the Rust engine).
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+Checked against the built extension by ``python -m mypy.stubtest ckpt._ckpt``
+(``scripts/test.sh``); what it cannot check is in ``bindings/stubtest-allowlist.txt``.
+"""
+
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, final
+
+from typing_extensions import Self
+
+from ckpt.errors import CheckpointError
 
 __version__: str
+__all__ = [
+    "Checkpointer",
+    "TensorSpec",
+    "LoadTarget",
+    "Shard",
+    "TensorInfo",
+    "GcReport",
+    "SaveHandle",
+    "TensorBuffer",
+    "TensorRef",
+    "HostSlab",
+    "SlabSlot",
+    "_after_fork_child",
+    "_mimalloc_purge_delay",
+    "dtypes",
+    "set_cpu_threads",
+    "cpu_threads",
+    "encode_tree",
+    "decode_tree",
+    "export",
+    "cli_main",
+    "__version__",
+]
 
-#: ``(name, dtype, shape, buffer, copy_now, shard)``: one tensor handed to
-#: ``save``; ``buffer`` is a C-contiguous buffer or a :class:`SlabSlot`,
-#: ``shard`` is ``(global_shape, offsets)`` or None.
-TensorArg = Tuple[str, str, Sequence[int], Any, bool, Optional[Tuple[Sequence[int], Sequence[int]]]]
 #: ``(dtype, shape, buffer)``: one loaded tensor.
-LoadedTensor = Tuple[str, List[int], "TensorBuffer"]
-#: ``(step, attempt, tensors, meta, skipped)``.
-LoadedCheckpoint = Tuple[int, str, Dict[str, LoadedTensor], Any, List[Tuple[int, str, Exception]]]
+_LoadedTensor = Tuple[str, List[int], TensorBuffer]
+#: ``(step, attempt, tensors, meta, skipped)``; ``skipped`` lists the newer
+#: checkpoints found damaged, as ``(step, attempt, error)``.
+_Loaded = Tuple[int, str, Dict[str, _LoadedTensor], Any, List[Tuple[int, str, CheckpointError]]]
 
-class Coordinator(Protocol):
+class _Coordinator(Protocol):
     """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
 
     rank: int
@@ -21,25 +49,114 @@ class Coordinator(Protocol):
     def all_gather(self, data: bytes) -> List[bytes]: ...
     def broadcast(self, data: bytes, root: int) -> bytes: ...
 
+@final
 class TensorRef:
     """The place of a tensor inside a state tree, by name."""
 
-    name: str
-    def __init__(self, name: str) -> None: ...
-    def __eq__(self, other: object) -> bool: ...
+    @property
+    def name(self) -> str: ...
+    def __new__(cls, name: str) -> Self: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
+class Shard:
+    """Where a piece sits in its global tensor."""
+
+    @property
+    def global_shape(self) -> List[int]: ...
+    @property
+    def offsets(self) -> List[int]: ...
+    def __new__(cls, global_shape: Sequence[int], offsets: Sequence[int]) -> Self: ...
+
+@final
+class TensorSpec:
+    """One tensor handed to :meth:`Checkpointer.save`: ``data`` is a
+    C-contiguous buffer of exactly its bytes or a :class:`SlabSlot`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def data(self) -> Any: ...
+    @property
+    def copy_now(self) -> bool: ...
+    @property
+    def shard(self) -> Optional[Shard]: ...
+    def __new__(
+        cls,
+        *,
+        name: str,
+        dtype: str,
+        shape: Sequence[int],
+        data: Any,
+        copy_now: bool = False,
+        shard: Optional[Shard] = None,
+    ) -> Self: ...
+    def replace(self, *, data: Any = None, copy_now: Optional[bool] = None) -> TensorSpec: ...
+
+@final
+class LoadTarget:
+    """One destination of :meth:`Checkpointer.load_into`: ``dest`` is a
+    writable C-contiguous buffer of exactly the box's bytes."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def dest(self) -> Any: ...
+    @property
+    def shard(self) -> Optional[Shard]: ...
+    def __new__(
+        cls, *, name: str, dtype: str, shape: Sequence[int], dest: Any, shard: Optional[Shard] = None
+    ) -> Self: ...
+
+@final
+class TensorInfo:
+    """One tensor of a checkpoint's table (:meth:`Checkpointer.contents`)."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def global_shape(self) -> List[int]: ...
+    @property
+    def pieces(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+@final
+class GcReport:
+    """What :meth:`Checkpointer.gc` removed."""
+
+    @property
+    def retired(self) -> List[Tuple[int, str]]: ...
+    @property
+    def incomplete_removed(self) -> List[Tuple[int, str]]: ...
+    @property
+    def chunks_deleted(self) -> int: ...
+    @property
+    def chunk_sweep_skipped(self) -> bool: ...
+    def __new__(cls) -> Self: ...
+
+@final
 class TensorBuffer:
     """Loaded tensor bytes, exported as a writable 1-D byte buffer (buffer protocol)."""
 
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int) -> memoryview: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
+@final
 class HostSlab:
     """Page-mapped host memory with one slot per tensor, filled by device-to-host
     copies and saved without a copy (writable buffer protocol)."""
 
-    def __init__(self, lens: Sequence[int]) -> None: ...
+    def __new__(cls, lens: Sequence[int]) -> Self: ...
     @property
     def address(self) -> int: ...
     @property
@@ -48,17 +165,23 @@ class HostSlab:
     def slots(self) -> List[Tuple[int, int]]: ...
     def fits(self, lens: Sequence[int]) -> bool: ...
     def in_use(self) -> bool: ...
-    def slot(self, index: int) -> "SlabSlot": ...
-    def __buffer__(self, flags: int) -> memoryview: ...
+    def populate(self, threads: int = 8) -> None: ...
+    def slot(self, index: int) -> SlabSlot: ...
+    def slot_list(self, indices: Sequence[int]) -> List[SlabSlot]: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
+@final
 class SlabSlot:
     """One slot of a :class:`HostSlab`, handed to ``save`` as a tensor's bytes."""
 
+@final
 class SaveHandle:
     """A save in progress."""
 
-    step: int
-    attempt: str
+    @property
+    def step(self) -> int: ...
+    @property
+    def attempt(self) -> str: ...
     @property
     def stall(self) -> float: ...
     def snapshot_done(self) -> bool: ...
@@ -66,11 +189,12 @@ class SaveHandle:
     def wait_snapshot(self, timeout: Optional[float] = None) -> None: ...
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]: ...
 
+@final
 class Checkpointer:
     """Saves and loads checkpoints under one root URL."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         url: str,
         *,
         keep_last: Optional[int] = None,
@@ -81,11 +205,11 @@ class Checkpointer:
         staging_budget: Optional[int] = None,
         busy: str = "wait",
         format: str = "native",
-        coordinator: Optional[Coordinator] = None,
+        coordinator: Optional[_Coordinator] = None,
         collective_timeout: float = 600.0,
         read_only: bool = False,
         fencing: bool = True,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def url(self) -> str: ...
     @property
@@ -97,21 +221,25 @@ class Checkpointer:
     def save(
         self,
         step: int,
-        tensors: Sequence[TensorArg],
+        tensors: Sequence[TensorSpec],
         meta: Any,
         ready: Optional[Callable[[], None]] = None,
     ) -> SaveHandle: ...
     def flush(self, timeout: Optional[float] = None) -> None: ...
-    def load_latest(self) -> Optional[LoadedCheckpoint]: ...
-    def load(self, step: int, attempt: Optional[str] = None) -> LoadedCheckpoint: ...
+    def load_latest(self) -> Optional[_Loaded]: ...
+    def load(self, step: int, attempt: Optional[str] = None) -> _Loaded: ...
     def load_tensors(
         self, step: int, names: Sequence[str], attempt: Optional[str] = None
-    ) -> Dict[str, LoadedTensor]: ...
+    ) -> Dict[str, _LoadedTensor]: ...
+    def load_into(self, step: int, attempt: str, targets: Sequence[LoadTarget]) -> None: ...
+    def contents(self, step: int, attempt: str) -> Tuple[Any, Dict[str, TensorInfo]]: ...
+    def io_counts(self) -> Dict[str, int]: ...
+    def note_damaged(self, step: int, attempt: str) -> None: ...
     def meta(self, step: int, attempt: Optional[str] = None) -> Any: ...
     def claim(self) -> Optional[int]: ...
     def committed(self) -> List[Tuple[int, str]]: ...
     def list(self, verify: bool = False) -> List[Dict[str, Any]]: ...
-    def gc(self) -> Dict[str, Any]: ...
+    def gc(self) -> GcReport: ...
 
 def dtypes() -> List[str]: ...
 def set_cpu_threads(n: int) -> int: ...
@@ -119,7 +247,7 @@ def cpu_threads() -> int: ...
 def encode_tree(tree: Any) -> bytes: ...
 def decode_tree(data: bytes) -> Any: ...
 def _after_fork_child() -> None: ...
-
+def _mimalloc_purge_delay() -> int: ...
 def export(
     url: str,
     out: str,
@@ -128,7 +256,7 @@ def export(
     dtype: Optional[str] = None,
     hf: bool = False,
     step: Optional[int] = None,
-    max_shard_bytes: int = 5_000_000_000,
+    max_shard_bytes: int = ...,
     config: Optional[str] = None,
 ) -> Dict[str, Any]: ...
 def cli_main(argv: List[str]) -> int: ...

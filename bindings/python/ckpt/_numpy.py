@@ -38,7 +38,7 @@ def dtype_name(dtype: "np.dtype[Any]") -> str:
         raise InvalidInputError(f"numpy dtype {dtype} cannot be stored (supported: {sorted(_BY_NAME)})") from None
 
 
-def export(array: "np.ndarray[Any, Any]", path: str) -> Tuple[str, Tuple[int, ...], "np.ndarray[Any, Any]"]:
+def export(array: "np.ndarray[Any, Any]", path: object) -> Tuple[str, Tuple[int, ...], "np.ndarray[Any, Any]"]:
     """``(dtype name, shape, C-contiguous little-endian array)`` for saving.
 
     The array itself is returned when it is already contiguous and

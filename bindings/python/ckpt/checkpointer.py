@@ -10,17 +10,15 @@ from collections.abc import Mapping, MutableMapping, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _ckpt
-from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
-from .distributed import agree, resolve
+from . import _ckpt, _load, _own
+from ._ckpt import GcReport
+from ._load import META_VERSION, is_damage
+from .distributed import _agree, _resolve
+from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
 from .rng import RNGState
-from .restore import RestorePlan, live_state
-from .tree import flatten, is_stateful, tensor_maker, unflatten
+from .tree import flatten
 
 __all__ = ["Checkpointer", "SaveHandle", "Checkpoint"]
-
-#: Version of the layout of the metadata tree written by this package.
-META_VERSION = 1
 
 
 class SaveHandle:
@@ -206,7 +204,7 @@ class Checkpointer:
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
         if not collective_timeout > 0:
             raise InvalidInputError(f"collective_timeout must be positive, not {collective_timeout!r}")
-        coordinator = resolve(coordinate, process_group, collective_timeout)
+        coordinator = _resolve(coordinate, process_group, collective_timeout)
         self._native = _ckpt.Checkpointer(
             url,
             keep_last=keep_last,
@@ -253,7 +251,7 @@ class Checkpointer:
         """How many ranks checkpoint together (1 alone)."""
         return self._native.world_size
 
-    def save(self, step: int, state: Optional[Mapping] = None, /, **named: Any) -> SaveHandle:
+    def save(self, step: int, state: Optional[Mapping[str, Any]] = None, /, **named: Any) -> SaveHandle:
         """Start saving the checkpoint of ``step``; returns once the snapshot is
         taken (eager) or started (lazy). Persisting continues in the background.
 
@@ -273,17 +271,16 @@ class Checkpointer:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         entries = self._entries(state, named)
         self._reap()
-        prefix = _local_name(self.rank)
+        prefix = _own.name(self.rank)
         local = {"rng": RNGState()} if self._rng else None
         flat = flatten(entries, self.lazy, self._exporter(), local, prefix)
         info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
         if local is not None:
-            # Only rank 0's metadata reaches the manifest, so each rank's own tree
-            # travels as a tensor of its own (a rank-specific name: never replicated).
-            if any(t[0] == prefix for t in flat.tensors):
+            # Only rank 0's metadata reaches the manifest: each rank's own tree
+            # travels as a tensor of its own (see ckpt._own).
+            if any(t.name == prefix for t in flat.tensors):
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
-            blob = _ckpt.encode_tree({"tree": flat.local_tree, "numpy": flat.local_numpy_names})
-            flat.tensors.append((prefix, "U8", (len(blob),), blob, True, None))
+            flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, self.rank))
             info["local"] = {"ranks": self.world_size}
         meta = {"ckpt": info, "state": flat.tree}
         device = flat.device
@@ -292,7 +289,7 @@ class Checkpointer:
             if self.lazy:
                 _small_now(flat.tensors)
             slots = device.start(step, self.lazy)
-            flat.tensors = _resolve(flat.tensors, slots)
+            flat.tensors = _into_slots(flat.tensors, slots)
             if self.lazy:
                 ready = device.wait_landed
             else:
@@ -308,7 +305,7 @@ class Checkpointer:
         if self.lazy:
             # The step pre-hook waits on the host only for CPU tensors copied in
             # the background; CUDA copies are fenced on the GPU's stream.
-            handle._host_lazy = any(not t[4] and not isinstance(t[3], _ckpt.SlabSlot) for t in flat.tensors)
+            handle._host_lazy = any(not t.copy_now and not isinstance(t.data, _ckpt.SlabSlot) for t in flat.tensors)
             self._pending.append(handle)
             for obj in flat.stateful:
                 self._guard(obj)
@@ -357,7 +354,7 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- loading
 
-    def load_latest(self, state: Optional[MutableMapping] = None, /, **named: Any) -> Optional[int]:
+    def load_latest(self, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> Optional[int]:
         """Restore the newest intact checkpoint in place; return its step, or
         ``None`` when there is none (a fresh start).
 
@@ -387,15 +384,15 @@ class Checkpointer:
         self._native.flush(None)  # no save of ours is using the coordinator now
         skipped: List[Tuple[int, str, CheckpointError]] = []
         wrote = False
+        restored: Optional[int] = None
         for step, attempt in reversed(self._candidates()):
             error, started = self._attempt(step, attempt, state, targets)
-            wrote = wrote or started
             if error is None:
-                for s, a, err in skipped:
-                    warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
-                return step
+                restored = step
+                break
+            wrote = wrote or started
             skipped.append((step, attempt, error))
-        if skipped and wrote:
+        if restored is None and skipped and wrote:
             s, a, err = skipped[0]
             raise CorruptError(
                 f"no intact checkpoint to restore, and the live state was partly overwritten while trying "
@@ -403,9 +400,9 @@ class Checkpointer:
             )
         for s, a, err in skipped:
             warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
-        return None
+        return restored
 
-    def load(self, step: int, state: Optional[MutableMapping] = None, /, **named: Any) -> int:
+    def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
         a damaged checkpoint raises its error (on every rank)."""
         if type(step) is not int or step < 0:
@@ -427,11 +424,11 @@ class Checkpointer:
         arrays as numpy) unless ``framework`` is ``"np"`` or ``"pt"``.
         """
         loaded = self._native.load_latest()
-        return None if loaded is None else _to_checkpoint(loaded, framework, self.rank)
+        return None if loaded is None else self._checkpoint(loaded, framework)
 
     def read(self, step: int, framework: Optional[str] = None) -> Checkpoint:
         """The checkpoint of ``step`` as data (see :meth:`read_latest`)."""
-        return _to_checkpoint(self._native.load(step), framework, self.rank)
+        return self._checkpoint(self._native.load(step), framework)
 
     def steps(self) -> List[int]:
         """Steps of the committed checkpoints, oldest first."""
@@ -447,12 +444,26 @@ class Checkpointer:
         ``lists``. Subtract two readings to measure one save or load."""
         return dict(self._native.io_counts())
 
+    def gc(self) -> GcReport:
+        """Apply the retention policy (``keep_last``, ``keep_every``) and delete
+        unreferenced data now, instead of after the next commit: retired
+        checkpoints, the data of incomplete saves (a crash's leftovers) and
+        chunks no kept checkpoint references. Waits for this process's saves
+        in flight to be written first; returns what was removed.
+
+        In a job of several ranks only rank 0 collects (it alone publishes
+        checkpoints); the other ranks return an empty report at once.
+        """
+        if self.rank != 0:
+            return GcReport()
+        return self._native.gc()
+
     def __repr__(self) -> str:
         return f"ckpt.Checkpointer({self.url!r}, lazy={self.lazy})"
 
     # ---------------------------------------------------------------- helpers
 
-    def _entries(self, state: Optional[Mapping], named: Dict[str, Any]) -> Dict[str, Any]:
+    def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]:
         entries: Dict[str, Any] = {}
         if state is not None:
             if not isinstance(state, Mapping):
@@ -466,7 +477,7 @@ class Checkpointer:
             raise InvalidInputError('the key "rng" is reserved for the RNG state (open with rng=False to use it)')
         return entries
 
-    def _targets(self, state: Optional[MutableMapping], named: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    def _targets(self, state: Optional[MutableMapping[str, Any]], named: Dict[str, Any]) -> List[Tuple[str, Any]]:
         if state is not None and not isinstance(state, MutableMapping):
             raise InvalidInputError(f"state must be a mutable mapping, not {type(state).__name__}")
         targets = list((state or {}).items()) + list(named.items())
@@ -488,101 +499,38 @@ class Checkpointer:
         return ids
 
     def _attempt(
-        self, step: int, attempt: str, state: Optional[MutableMapping], targets: List[Tuple[str, Any]]
+        self, step: int, attempt: str, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]]
     ) -> Tuple[Optional[CheckpointError], bool]:
-        """Restore one checkpoint; ``(None, True)`` when done, ``(damage, started)``
-        when it is damaged (on any rank). Other errors are raised on every rank."""
+        """Restore one checkpoint: plan, load, agree, apply (see :mod:`ckpt._load`).
+
+        Returns ``(error, wrote)``: ``error`` is None when restored, the damage
+        when the checkpoint is damaged on any rank; ``wrote`` whether the load
+        wrote into memory (live tensors included). Other errors are raised, on
+        every rank."""
         error: Optional[BaseException] = None
-        started = False
-        prepared: Any = None
+        restore: Optional[_load.Restore] = None
         try:
-            meta, table = self._native.contents(step, attempt)
-            prepared = self._prepare(step, meta, table, targets)
-            started = bool(prepared[0].requests)
-            self._native.load_into(step, attempt, prepared[0].requests)
+            restore = _load.plan(self._native, step, attempt, targets, self._rng, self._host_stage())
+            self._native.load_into(step, attempt, restore.plan.requests)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             error = e
-        verdict = agree(self._coordinator, error)
+        wrote = restore is not None and restore.writes
+        verdict = _agree(self._coordinator, error)
         if verdict is not None:
-            if isinstance(verdict, CheckpointError) and _is_damage(verdict):
+            if isinstance(verdict, CheckpointError) and is_damage(verdict):
                 self._native.note_damaged(step, attempt)
-                return verdict, started
+                return verdict, wrote
             raise verdict
-        self._apply(step, attempt, meta, state, targets, prepared)
-        return None, started
+        assert restore is not None  # no rank failed, this one included
+        _load.apply(restore, state, targets, self.rank, self._rng)
+        return None, wrote
 
-    def _prepare(self, step: int, meta: Any, table: Dict[str, Any], targets: List[Tuple[str, Any]]) -> Any:
-        """Destinations for every tensor the targets (and this rank's RNG) need."""
-        if not isinstance(meta, dict) or "ckpt" not in meta or "state" not in meta:
-            raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
-        version = meta["ckpt"].get("version")
-        if version != META_VERSION:
-            raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
-        saved = meta["state"]
-        plan = RestorePlan(table, set(meta["ckpt"].get("numpy", [])), self._host_stage())
-        values: Dict[str, Any] = {}
-        for key, target in targets:
-            if key not in saved:
-                raise NotFoundError(f"checkpoint of step {step} has no entry {key!r} (it has {sorted(saved)})")
-            live, hint = live_state(target)
-            values[key] = plan.value(saved[key], live, key, hint)
-        local = None
-        if self._rng:
-            name = _local_name(self.rank)
-            if name in table:
-                # This rank's own tree and its tensors (named under the same
-                # prefix), read in the same load as everything else.
-                local = {}
-                for n, (dtype, shape, _, nbytes) in table.items():
-                    if n == name or n.startswith(name + "."):
-                        buf = bytearray(nbytes)
-                        if nbytes:
-                            plan.requests.append((n, dtype, tuple(shape), None, buf))
-                        local[n] = (dtype, tuple(shape), buf)
-                if local[name][0] != "U8" or len(local[name][1]) != 1:
-                    raise UnsupportedError(f"tensor {name!r} is {local[name][0]}, not the U8 of a rank's own state")
-            elif "rng" in saved:  # written before RNG states were kept per rank
-                values.setdefault("rng", plan.value(saved["rng"], None, "rng"))
-        plan.place()
-        return plan, values, local
-
-    def _apply(
-        self, step: int, attempt: str, meta: Any, state: Optional[MutableMapping], targets: List[Tuple[str, Any]], prepared: Any
-    ) -> None:
-        plan, values, local = prepared
-        values, local = plan.finish((values, local))
-        for key, target in targets:
-            if not _restore_into(target, values[key], key):
-                if state is not None and key in state:
-                    state[key] = values[key]
-                else:
-                    raise InvalidInputError(
-                        f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
-                        "dict (load_latest(state)) or read it with read_latest()"
-                    )
-        if not self._rng:
-            return
-        if local is not None:
-            tree = _ckpt.decode_tree(bytes(local[_local_name(self.rank)][2]))
-            if not isinstance(tree, dict) or "tree" not in tree:
-                raise UnsupportedError(f"tensor {_local_name(self.rank)!r} does not hold a rank's own state")
-            own = unflatten(tree["tree"], tensor_maker(local, set(tree.get("numpy", [])), None))
-            if "rng" in own:
-                RNGState().load_state_dict(own["rng"])
-            return
-        if "rng" in values:
-            if self.rank == 0:
-                RNGState().load_state_dict(values["rng"])
-            return
-        ranks = meta["ckpt"].get("local", {}).get("ranks")
-        if ranks is not None:
-            warnings.warn(
-                f"ckpt: the checkpoint of step {step} was saved by {ranks} rank(s) and holds no RNG state for "
-                f"rank {self.rank}; this rank keeps its current random generators",
-                stacklevel=4,
-            )
+    def _checkpoint(self, loaded: _load.Loaded, framework: Optional[str]) -> Checkpoint:
+        step, attempt = loaded[0], loaded[1]
+        state, skipped = _load.read(loaded, framework, self.rank)
+        return Checkpoint(step, attempt, state, skipped)
 
     def _reap(self) -> None:
         """Forget finished saves; raise the error of one that failed in the background."""
@@ -651,12 +599,12 @@ def _cuda_ready() -> bool:
 _SMALL = 64 << 10
 
 
-def _small_now(tensors: List[Any]) -> None:
+def _small_now(tensors: List[_ckpt.TensorSpec]) -> None:
     from .cuda import Pending
 
     for i, t in enumerate(tensors):
-        if not t[4] and not isinstance(t[3], Pending) and _nbytes(t[3]) < _SMALL:
-            tensors[i] = (t[0], t[1], t[2], t[3], True, t[5])
+        if not t.copy_now and not isinstance(t.data, Pending) and _nbytes(t.data) < _SMALL:
+            tensors[i] = t.replace(copy_now=True)
 
 
 def _nbytes(buf: Any) -> int:
@@ -664,93 +612,10 @@ def _nbytes(buf: Any) -> int:
     return len(buf) if n is None else int(n)
 
 
-def _resolve(tensors: List[Any], slots: List[Any]) -> List[Any]:
-    """The tensor entries with their pending CUDA bytes replaced by the slab slots they land in."""
+def _into_slots(tensors: List[_ckpt.TensorSpec], slots: List[_ckpt.SlabSlot]) -> List[_ckpt.TensorSpec]:
+    """The tensors with their pending CUDA bytes replaced by the slab slots they land in."""
     from .cuda import Pending
 
     return [
-        (t[0], t[1], t[2], slots[t[3].index], False, t[5]) if type(t[3]) is Pending else t for t in tensors
+        t.replace(data=slots[t.data.index], copy_now=False) if type(t.data) is Pending else t for t in tensors
     ]
-
-
-def _decode(meta: Any, tensors: Dict[str, Any], framework: Optional[str]) -> Dict[str, Any]:
-    if not isinstance(meta, dict) or "ckpt" not in meta or "state" not in meta:
-        raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
-    version = meta["ckpt"].get("version")
-    if version != META_VERSION:
-        raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
-    make = tensor_maker(tensors, set(meta["ckpt"].get("numpy", [])), framework)
-    return unflatten(meta["state"], make)
-
-
-def _to_checkpoint(loaded: Tuple[Any, ...], framework: Optional[str], rank: int) -> Checkpoint:
-    step, attempt, tensors, meta, skipped = loaded
-    state = _decode(meta, tensors, framework)
-    local = _local_state(tensors, rank, framework)
-    if local:
-        state.update(local)  # this rank's RNG state under "rng", as saved
-    return Checkpoint(step, attempt, state, list(skipped))
-
-
-def _is_damage(e: CheckpointError) -> bool:
-    """Stored data damaged or missing (as opposed to a failing store or bad input)."""
-    return isinstance(e, (CorruptError, NotFoundError, UnsupportedError))
-
-
-def _local_name(rank: int) -> str:
-    """Name of the tensor holding rank ``rank``'s own state (and prefix of its tensors)."""
-    return f"__rank{rank}__"
-
-
-def _local_state(tensors: Dict[str, Any], rank: int, framework: Optional[str] = None) -> Optional[Dict[str, Any]]:
-    """The state rank ``rank`` saved for itself alone (``{"rng": ...}``), or None."""
-    entry = tensors.get(_local_name(rank))
-    if entry is None:
-        return None
-    dtype, _shape, buf = entry
-    if dtype != "U8":
-        raise UnsupportedError(f"tensor {_local_name(rank)!r} is {dtype}, not the U8 of a rank's own state")
-    local = _ckpt.decode_tree(bytes(memoryview(buf)))
-    if not isinstance(local, dict) or "tree" not in local:
-        raise UnsupportedError(f"tensor {_local_name(rank)!r} does not hold a rank's own state")
-    make = tensor_maker(tensors, set(local.get("numpy", [])), framework)
-    return unflatten(local["tree"], make)
-
-
-def _restore_into(target: Any, value: Any, where: str) -> bool:
-    """Restore ``value`` into ``target`` in place; False when that is impossible."""
-    torch = sys.modules.get("torch")
-    np = sys.modules.get("numpy")
-    if value is target and not is_stateful(target):
-        return True  # filled in place by the load
-    if is_stateful(target):
-        target.load_state_dict(value)
-        return True
-    if torch is not None and isinstance(target, torch.Tensor):
-        if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(value)
-        if tuple(target.shape) != tuple(value.shape):
-            raise InvalidInputError(f"{where}: shape {tuple(value.shape)} in checkpoint, {tuple(target.shape)} here")
-        with torch.no_grad():
-            target.copy_(value)
-        return True
-    if np is not None and isinstance(target, np.ndarray):
-        value = np.asarray(value)
-        if target.shape != value.shape:
-            raise InvalidInputError(f"{where}: shape {value.shape} in checkpoint, {target.shape} here")
-        np.copyto(target, value, casting="no" if target.dtype == value.dtype else "same_kind")
-        return True
-    if isinstance(target, MutableMapping) and isinstance(value, Mapping):
-        for k, v in value.items():
-            if k not in target or not _restore_into(target[k], v, f"{where}.{k}"):
-                target[k] = v
-        return True
-    if isinstance(target, MutableSequence) and isinstance(value, list) and len(target) == len(value):
-        for i, v in enumerate(value):
-            if not _restore_into(target[i], v, f"{where}[{i}]"):
-                target[i] = v
-        return True
-    if isinstance(target, MutableSequence) and isinstance(value, list):
-        target[:] = value
-        return True
-    return False

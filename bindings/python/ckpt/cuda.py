@@ -88,7 +88,7 @@ class _Locker:
         if nbytes == 0:
             return False
         if self._lib is not None:
-            rc = self._lib.cudaHostRegister(ctypes.c_void_p(address), nbytes, _PORTABLE)
+            rc = int(self._lib.cudaHostRegister(ctypes.c_void_p(address), nbytes, _PORTABLE))
         else:
             rc = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _PORTABLE))
         if rc != 0 and not self._warned:
@@ -228,7 +228,8 @@ class SlabPool:
         slab.native.populate()
         # Locked piece by piece: the driver takes no other call of the process
         # while it locks, so the training's launches get in between pieces.
-        locker, done = self._get_locker(), []
+        locker = self._get_locker()
+        done: List[int] = []
         for at, n in _pieces(slab):
             if not locker.lock(slab.native.address + at, n):
                 for a in done:
@@ -322,7 +323,7 @@ class DeviceCopy:
         self.slab: Optional[_Slab] = None
         self._start: Dict[torch.device, Any] = {}
         self._events: List[Tuple[torch.device, Any]] = []
-        self._launch: Optional[Future] = None
+        self._launch: Optional[Future[None]] = None
         self._fenced = False
 
     def add(self, t: torch.Tensor, now: bool) -> Pending:

@@ -21,7 +21,8 @@ run on a communicator of their own (a new gloo group; a duplicated MPI
 communicator), so these background collectives never interleave with the
 training loop's own collectives on the default group.
 
-:func:`resolve` picks one for ``Checkpointer(coordinate=...)``.
+``Checkpointer(coordinate=...)`` picks one: ``"auto"``, ``"torch"``, ``"mpi"``,
+``"none"``, or an object of your own with the two collectives.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ import os
 import sys
 from array import array
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Type
 
 from .errors import InvalidInputError, UnsupportedError
 
-__all__ = ["TorchCoordinator", "MPICoordinator", "resolve", "mpi_world_size", "agree"]
+__all__ = ["TorchCoordinator", "MPICoordinator", "mpi_world_size"]
 
 #: How much longer than ckpt's own deadline the transport may wait before it
 #: gives up by itself (ckpt's deadline should be the one that fires).
@@ -108,7 +109,8 @@ class TorchCoordinator:
             return b""
         buf = self._tensor(data if self.rank == root else b"", length)
         dist.broadcast(buf, src=src, group=self.group)
-        return buf.numpy().tobytes()
+        out: bytes = buf.numpy().tobytes()
+        return out
 
     def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
@@ -231,13 +233,13 @@ def _torch_world(process_group: Any) -> int:
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return 1
-    return dist.get_world_size(process_group)
+    return int(dist.get_world_size(process_group))
 
 
 _NAMES = ("auto", "torch", "mpi", "none")
 
 
-def resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> Optional[Any]:
+def _resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> Optional[Any]:
     """The coordinator for ``Checkpointer(coordinate=...)``, or ``None`` for one process.
 
     ``"auto"``: ``torch.distributed`` when it is initialised with more than one
@@ -287,7 +289,7 @@ def resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> O
     return None
 
 
-def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optional[BaseException]:
+def _agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optional[BaseException]:
     """Agree across ranks on the outcome of a step every rank took (a load).
 
     Every rank passes its own failure, or ``None``; every rank gets the same
@@ -302,10 +304,10 @@ def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optiona
 
     if coordinator is None or getattr(coordinator, "world_size", 1) <= 1:
         return error
-    mine: dict = {"ok": error is None}
+    mine: Dict[str, Any] = {"ok": error is None}
     if error is not None:
-        cls = type(error).__name__ if isinstance(error, errs.CheckpointError) else "InternalError"
-        mine.update(cls=cls, msg=str(error), damage=isinstance(error, (errs.CorruptError, errs.NotFoundError, errs.UnsupportedError)))
+        kind = type(error).__name__ if isinstance(error, errs.CheckpointError) else "InternalError"
+        mine.update(cls=kind, msg=str(error), damage=isinstance(error, (errs.CorruptError, errs.NotFoundError, errs.UnsupportedError)))
         if isinstance(error, OSError) and error.errno is not None:
             mine.update(errno=error.errno, msg=error.strerror or str(error))
     everyone = [json.loads(b.decode()) for b in coordinator.all_gather(json.dumps(mine).encode())]
@@ -316,9 +318,10 @@ def agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optiona
     r, first = (hard or failed)[0]
     if error is not None and (not hard or not mine["damage"]):
         return error
-    cls = getattr(errs, first["cls"], errs.InternalError)
-    if not (isinstance(cls, type) and issubclass(cls, errs.CheckpointError)):
-        cls = errs.InternalError
+    found = getattr(errs, first["cls"], None)
+    cls: Type[errs.CheckpointError] = (
+        found if isinstance(found, type) and issubclass(found, errs.CheckpointError) else errs.InternalError
+    )
     if first.get("errno") is not None and issubclass(cls, OSError):
         return cls(first["errno"], f"rank {r}: {first['msg']}")  # e.errno as on the failing rank
     return cls(f"rank {r}: {first['msg']}")

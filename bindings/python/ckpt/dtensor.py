@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import sys
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import UnsupportedError
 
@@ -102,7 +102,7 @@ def _runs(index: Sequence[int]) -> List[Tuple[int, int, int]]:
     return runs
 
 
-def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
+def _index_sets(obj: Any, where: object) -> Optional[List[Optional[List[int]]]]:
     """Per dimension, the global indices this rank holds (``None``: all of them),
     or ``None`` when this rank is not part of the mesh."""
     from torch.distributed.tensor import Partial, Replicate, Shard
@@ -110,7 +110,7 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
     try:
         from torch.distributed.tensor.placement_types import _StridedShard
 
-        sharded: tuple = (Shard, _StridedShard)
+        sharded: Tuple[type, ...] = (Shard, _StridedShard)
     except ImportError:  # pragma: no cover - older torch
         sharded = (Shard,)
     placements = tuple(obj.placements)
@@ -131,11 +131,11 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
     shape = [int(s) for s in obj.shape]
     if all(isinstance(p, Replicate) for p in placements):
         return [None] * len(shape)
-    try:
-        from torch.distributed.tensor._utils import _get_shard_size_and_offsets
-    except ImportError:  # pragma: no cover - other torch versions
-        _get_shard_size_and_offsets = None
-    if _get_shard_size_and_offsets is None:
+    import torch.distributed.tensor._utils as dt_utils
+
+    # Private, and not in every PyTorch version: the index set of every shard.
+    shard_indices: Optional[Callable[..., Tuple[Any, Any]]] = getattr(dt_utils, "_get_shard_size_and_offsets", None)
+    if shard_indices is None:  # pragma: no cover - other torch versions
         # Public API: the first offset only, which is exact for plain shards.
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -146,12 +146,12 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
             None if (o == 0 and n == g) else list(range(o, o + n)) for o, n, g in zip(offsets, local, shape)
         ]
     local_shape = list(shape)
-    sets: dict = {}
+    sets: Dict[int, Any] = {}
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, Replicate):
             continue
         d = p.dim
-        size, index = _get_shard_size_and_offsets(
+        size, index = shard_indices(
             local_shape[d], mesh.size(mesh_dim), coord[mesh_dim], p, sets.get(d), shape[d], False
         )
         local_shape[d] = int(size)
@@ -166,17 +166,17 @@ def _index_sets(obj: Any, where: str) -> Optional[List[Optional[List[int]]]]:
 #: Pieces by layout (global shape, placements, mesh, local shape): the same
 #: parameters are saved and loaded again and again with the same layout, and
 #: working the boxes out is most of a save call's time for a sharded model.
-_LAYOUTS: dict = {}
+_LAYOUTS: Dict[Any, Any] = {}
 _LAYOUTS_MAX = 1 << 16
 #: The same by ``id`` of the DTensor's spec object: ``id -> (spec, its
 #: placements, mesh and tensor metadata, local shape, global shape, pieces)``.
 #: Tensors of one layout share a spec, so there are about as many as layouts;
 #: the entries keep their specs alive, hence the smaller cap.
-_BY_SPEC: dict = {}
+_BY_SPEC: Dict[int, Any] = {}
 _BY_SPEC_MAX = 1 << 12
 
 
-def local_pieces(obj: Any, where: str) -> Tuple[Tuple[int, ...], List[Piece]]:
+def local_pieces(obj: Any, where: object) -> Tuple[Tuple[int, ...], List[Piece]]:
     """The global shape of DTensor ``obj`` and the boxes its local tensor covers.
 
     An empty list means this rank holds nothing of it (an uneven split, or a
@@ -237,7 +237,7 @@ def _remember(spec: Any, local: Any, shape: Tuple[int, ...], pieces: Tuple[Piece
     )
 
 
-def _pieces(obj: Any, where: str, shape: Tuple[int, ...], local: Any) -> List[Piece]:
+def _pieces(obj: Any, where: object, shape: Tuple[int, ...], local: Any) -> List[Piece]:
     sets = _index_sets(obj, where)
     if sets is None:
         return []

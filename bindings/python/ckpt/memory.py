@@ -66,11 +66,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import errors as errs
 from ._memtier import MemoryRoot, Topology, describe, rebuild, write_object
-from .checkpointer import Checkpointer, _is_damage
+from ._load import is_damage
+from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator
 from .errors import CheckpointError, InvalidInputError, StorageError
 
@@ -279,7 +280,7 @@ class MemoryCheckpointer:
             if self._broken:
                 raise RuntimeError("the link failed earlier")
             everyone = self._gather(mine)
-            have = []
+            have: List[Set[int]] = []
             for r in range(topo.world_size):
                 got = set(everyone[r]["own"])
                 if self.replica is not None:
@@ -296,10 +297,10 @@ class MemoryCheckpointer:
                     return step
         except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
             warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
-        step = self.durable.load_latest(state, **named)
-        self._forget_newer(-1 if step is None else step)
-        self.last_source = None if step is None else "durable"
-        return step
+        resumed = self.durable.load_latest(state, **named)
+        self._forget_newer(-1 if resumed is None else resumed)
+        self.last_source = None if resumed is None else "durable"
+        return resumed
 
     def _forget_newer(self, step: int) -> None:
         """Memory checkpoints past the resumed step belong to a timeline that is
@@ -317,7 +318,7 @@ class MemoryCheckpointer:
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
-            if not (isinstance(e, CheckpointError) and _is_damage(e)):
+            if not (isinstance(e, CheckpointError) and is_damage(e)):
                 return {"status": "error", "error": describe(e)}
             warnings.warn(f"ckpt: memory checkpoint of step {step} is damaged ({e}); trying its replica", stacklevel=4)
             self.own.drop(step, attempt)

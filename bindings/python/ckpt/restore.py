@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ._ckpt import TensorRef
+from ._ckpt import LoadTarget, Shard, TensorInfo, TensorRef
 from .dtensor import is_dtensor, local_of, local_pieces
 from .errors import CorruptError, InvalidInputError, UnsupportedError
 from .tree import TAG, is_stateful
 
-__all__ = ["RestorePlan"]
-
-#: ``(name, dtype, shape, (global_shape, offsets) | None, buffer)``, as the native ``load_into`` takes them.
-Request = Tuple[str, str, Tuple[int, ...], Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]], Any]
+__all__ = ["RestorePlan", "live_state", "restore_into"]
 
 
 class _Deferred:
@@ -62,17 +59,19 @@ class RestorePlan:
     """Destinations for the tensors of one checkpoint (see the module docs).
 
     Args:
-        table: ``{name: (dtype, global_shape, pieces)}`` of the checkpoint.
+        table: the checkpoint's tensors (``Checkpointer.contents`` of the native module).
         numpy_names: tensors saved as numpy arrays.
+        stage: CUDA destinations go through this host slab (:class:`ckpt.cuda.HostStage`), if given.
     """
 
-    def __init__(self, table: Dict[str, Tuple[str, List[int], int]], numpy_names: Set[str], stage: Any = None) -> None:
+    def __init__(self, table: Dict[str, TensorInfo], numpy_names: Set[str], stage: Any = None) -> None:
         self.table = table
-        #: CUDA destinations go through this host slab (:class:`ckpt.cuda.HostStage`), if given.
         self._stage = stage
-        self._staged: List[Tuple[int, int]] = []
+        #: Boxes read through the stage: the target without its buffer, and its slot in the stage.
+        self._staged: List[Tuple[str, str, Tuple[int, ...], Optional[Shard], int]] = []
         self.numpy_names = numpy_names
-        self.requests: List[Request] = []
+        #: What the load reads, and where to (``load_into`` of the native module).
+        self.requests: List[LoadTarget] = []
         self._after: List[Callable[[], None]] = []
         self._memory: Dict[Tuple[int, int], str] = {}
         self._spans: List[Tuple[int, int]] = []
@@ -118,7 +117,7 @@ class RestorePlan:
         info = self.table.get(name)
         if info is None:
             raise CorruptError(f"{where}: the checkpoint's metadata names tensor {name!r}, which it does not hold")
-        return info[0], tuple(int(d) for d in info[1])
+        return info.dtype, tuple(info.global_shape)
 
     def _tensor(self, name: str, live: Any, where: str, hint: Any) -> Any:
         dtype, shape = self._info(name, where)
@@ -165,11 +164,11 @@ class RestorePlan:
             local = local_of(t)
             whole = len(pieces) == 1 and pieces[0].shape == shape
             for p in pieces:
-                self._into_torch(name, dtype, p.shape, None if whole else (shape, p.offsets), p.view(local))
+                self._into_torch(name, dtype, p.shape, None if whole else Shard(shape, p.offsets), p.view(local))
         else:
             self._into_torch(name, dtype, shape, None, t)
 
-    def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Any, t: Any) -> None:
+    def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], t: Any) -> None:
         torch = _torch()
         t = t.detach()
         nbytes = t.numel() * t.element_size()
@@ -179,7 +178,7 @@ class RestorePlan:
         if direct and self._claim(t.data_ptr(), nbytes, name) == "same":
             return  # tied to a tensor already being filled (the same memory)
         if direct and self._free_span(t.data_ptr(), nbytes):
-            self.requests.append((name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy()))
+            self._read(name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy())
             return
         pin = t.device.type == "cuda"
         self._cuda = self._cuda or pin
@@ -188,11 +187,10 @@ class RestorePlan:
                 return  # tied to a tensor already staged (the same device memory)
             self._memory[(t.data_ptr(), nbytes)] = name
             # Its buffer is a slot of the stage's slab, chosen once all are known (place()).
-            self._staged.append((len(self.requests), self._stage.add(t)))
-            self.requests.append((name, dtype, shape, shard, None))
+            self._staged.append((name, dtype, shape, shard, self._stage.add(t)))
             return
         host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pin)
-        self.requests.append((name, dtype, shape, shard, host.reshape(-1).view(torch.uint8).numpy()))
+        self._read(name, dtype, shape, shard, host.reshape(-1).view(torch.uint8).numpy())
 
         def copy_back(dst: Any = t, src: Any = host) -> None:
             with torch.no_grad():
@@ -211,11 +209,20 @@ class RestorePlan:
         if direct and self._claim(ptr, arr.nbytes, name) == "same":
             return
         if direct and self._free_span(ptr, arr.nbytes):
-            self.requests.append((name, dtype, shape, None, arr.reshape(-1).view(np.uint8)))
+            self._read(name, dtype, shape, None, arr.reshape(-1).view(np.uint8))
             return
         host = npg.empty(dtype, shape)
-        self.requests.append((name, dtype, shape, None, host.reshape(-1).view(np.uint8)))
+        self._read(name, dtype, shape, None, host.reshape(-1).view(np.uint8))
         self._after.append(lambda: np.copyto(arr, host))
+
+    def _read(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], dest: Any) -> None:
+        """Have the load read the box ``shape`` (at ``shard``; None: the whole tensor) into ``dest``."""
+        self.requests.append(LoadTarget(name=name, dtype=dtype, shape=shape, dest=dest, shard=shard))
+
+    def read_whole(self, name: str, dest: Any) -> None:
+        """Have the load read all of tensor ``name`` into ``dest`` (a writable buffer of its bytes)."""
+        dtype, shape = self._info(name, name)
+        self._read(name, dtype, shape, None, dest)
 
     def _claim(self, ptr: int, nbytes: int, name: str) -> str:
         """``"same"`` when exactly this memory is already a destination."""
@@ -237,9 +244,8 @@ class RestorePlan:
         if not self._staged:
             return
         bufs = self._stage.buffers()
-        for r, i in self._staged:
-            name, dtype, shape, shard, _ = self.requests[r]
-            self.requests[r] = (name, dtype, shape, shard, bufs[i])
+        for name, dtype, shape, shard, i in self._staged:
+            self._read(name, dtype, shape, shard, bufs[i])
 
     # --------------------------------------------------------------- after
 
@@ -254,6 +260,49 @@ class RestorePlan:
             _torch().cuda.synchronize()
         self._after.clear()
         return _resolve(value)
+
+
+def restore_into(target: Any, value: Any, where: str) -> bool:
+    """Restore ``value`` into ``target`` in place; False when that is impossible.
+
+    Objects with ``load_state_dict`` get their state dict, tensors and arrays
+    are copied into, dicts and lists are updated in place (their items
+    replaced where they cannot be restored in place)."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    if value is target and not is_stateful(target):
+        return True  # filled in place by the load
+    if is_stateful(target):
+        target.load_state_dict(value)
+        return True
+    if torch is not None and isinstance(target, torch.Tensor):
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        if tuple(target.shape) != tuple(value.shape):
+            raise InvalidInputError(f"{where}: shape {tuple(value.shape)} in checkpoint, {tuple(target.shape)} here")
+        with torch.no_grad():
+            target.copy_(value)
+        return True
+    if np is not None and isinstance(target, np.ndarray):
+        value = np.asarray(value)
+        if target.shape != value.shape:
+            raise InvalidInputError(f"{where}: shape {value.shape} in checkpoint, {target.shape} here")
+        np.copyto(target, value, casting="no" if target.dtype == value.dtype else "same_kind")
+        return True
+    if isinstance(target, MutableMapping) and isinstance(value, Mapping):
+        for k, v in value.items():
+            if k not in target or not restore_into(target[k], v, f"{where}.{k}"):
+                target[k] = v
+        return True
+    if isinstance(target, MutableSequence) and isinstance(value, list) and len(target) == len(value):
+        for i, v in enumerate(value):
+            if not restore_into(target[i], v, f"{where}[{i}]"):
+                target[i] = v
+        return True
+    if isinstance(target, MutableSequence) and isinstance(value, list):
+        target[:] = value
+        return True
+    return False
 
 
 def _resolve(v: Any) -> Any:

@@ -98,7 +98,7 @@ class Exporter:
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Any = None
 
-    def export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
+    def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
         if t.is_cuda:
             # A GPU's state dict: one check each for what a CUDA tensor may be
@@ -125,7 +125,7 @@ class Exporter:
                     return name, arr.shape, arr if arr.ndim else arr.reshape(1), copy_now
         return self._export(t, path, copy_now)
 
-    def _export(self, t: torch.Tensor, path: str, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
+    def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         if t.layout != torch.strided:
             raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
         if t.is_quantized or t.is_meta or getattr(t, "is_nested", False):

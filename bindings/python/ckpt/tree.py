@@ -20,9 +20,9 @@ import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
 
-from ._ckpt import TensorRef
+from ._ckpt import Shard, TensorRef, TensorSpec
 from .dtensor import _dtensor_type, local_of, local_pieces
 from .errors import InvalidInputError
 
@@ -32,12 +32,6 @@ __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
 TAG = "__ckpt__"
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
-
-#: A tensor of one save: ``(name, dtype, shape, buffer, copy_now, shard)``;
-#: ``shard`` is ``(global_shape, offsets)`` for a piece of a sharded tensor
-#: (a DTensor's local shard), else ``None``.
-TensorEntry = Tuple[str, str, Tuple[int, ...], Any, bool, Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]]
-
 
 def is_stateful(obj: Any) -> bool:
     """True for objects that checkpoint through ``state_dict``/``load_state_dict``."""
@@ -60,7 +54,9 @@ def _numpy() -> Any:
 class Flattened:
     """The result of :func:`flatten`."""
 
-    tensors: List[TensorEntry] = field(default_factory=list)
+    #: The tensors of the save; a piece of a sharded tensor (a DTensor's local
+    #: shard) has a :class:`~ckpt._ckpt.Shard`.
+    tensors: List[TensorSpec] = field(default_factory=list)
     tree: Any = None
     numpy_names: List[str] = field(default_factory=list)
     #: Objects with ``state_dict`` met on the way, and the optimizers they hold
@@ -131,7 +127,7 @@ class _Flattener:
             copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
             dtype, shape, buf, copy_now = self.exporter.export(obj, _Where(path), copy_now)
             name = self.name_for(path)
-            self.out.tensors.append((name, dtype, shape, buf, copy_now, None))
+            self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
             return TensorRef(name)
         if kind is dict or isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
@@ -143,7 +139,7 @@ class _Flattener:
 
             dtype, shape, arr = npg.export(obj, _Where(path))
             name = self.name_for(path)
-            self.out.tensors.append((name, dtype, shape, arr, self.lazy, None))
+            self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=arr, copy_now=self.lazy))
             self.out.numpy_names.append(name)
             return TensorRef(name)
         if np is not None and isinstance(obj, np.generic):
@@ -171,7 +167,7 @@ class _Flattener:
         ]
         return items if isinstance(obj, list) else tuple(items)
 
-    def walk_mapping(self, obj: Mapping, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
+    def walk_mapping(self, obj: Mapping[Any, Any], path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
         items = {}
         for k, v in obj.items():
             kk = type(k)
@@ -186,7 +182,7 @@ class _Flattener:
             return {TAG: "odict", "items": items, "metadata": encoded_meta}
         return items
 
-    def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: str) -> Any:
+    def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: object) -> Any:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
@@ -197,11 +193,12 @@ class _Flattener:
         if whole or (not pieces and 0 in global_shape):
             # Replicated everywhere (or empty): a plain tensor of that name, stored once.
             dtype, shape, buf, now = self.exporter.export(local, where, copy_now)
-            self.out.tensors.append((name, dtype, global_shape, buf, now, None))
+            self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=global_shape, data=buf, copy_now=now))
             return TensorRef(name)
         for piece in pieces:
             dtype, shape, buf, now = self.exporter.export(piece.view(local), where, copy_now)
-            self.out.tensors.append((name, dtype, shape, buf, now, (global_shape, piece.offsets)))
+            shard = Shard(global_shape, piece.offsets)
+            self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=now, shard=shard))
         return TensorRef(name)
 
 
@@ -220,12 +217,12 @@ class _NumpyExporter:
 
     device: Any = None
 
-    def export(self, t: Any, path: str, copy_now: bool) -> Any:  # pragma: no cover - unreachable
+    def export(self, t: Any, path: object, copy_now: bool) -> Any:  # pragma: no cover - unreachable
         raise InvalidInputError(f"{path}: torch tensor without torch")
 
 
 def flatten(
-    state: Mapping, lazy: bool, exporter: Any = None, local: Optional[Mapping] = None, local_prefix: str = ""
+    state: Mapping[str, Any], lazy: bool, exporter: Any = None, local: Optional[Mapping[str, Any]] = None, local_prefix: str = ""
 ) -> Flattened:
     """Flatten a state mapping for one save.
 
@@ -279,7 +276,7 @@ def unflatten(tree: Any, make_tensor: Callable[[str], Any]) -> Any:
 
 
 def tensor_maker(
-    tensors: Dict[str, Tuple[str, Tuple[int, ...], Any]], numpy_names: Set[str], framework: Optional[str]
+    tensors: Mapping[str, Tuple[str, Sequence[int], Any]], numpy_names: Set[str], framework: Optional[str]
 ) -> Callable[[str], Any]:
     """``make_tensor`` for :func:`unflatten`: numpy or torch, as saved or as asked."""
 

@@ -1,0 +1,171 @@
+"""The steps of restoring one checkpoint in place, and of reading one as data.
+
+:meth:`ckpt.Checkpointer.load_latest` restores a checkpoint in three steps:
+
+1. :func:`plan`: read the checkpoint's metadata and tensor table (no tensor
+   data), check them against the live objects, and choose a destination for
+   every tensor (:class:`~ckpt.restore.RestorePlan`). Nothing is written yet.
+2. the load (``load_into`` of the native module) fills the destinations; the
+   ranks then agree on the outcome (a checkpoint is intact only if every rank
+   read its part intact);
+3. :func:`apply`: hand the values to the live objects (``load_state_dict``,
+   in-place copies) and restore this rank's random generators.
+
+What passes from step 1 to step 3 is a :class:`Restore`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from . import _ckpt, _own
+from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
+from .restore import RestorePlan, live_state, restore_into
+from .rng import RNGState
+from .tree import tensor_maker, unflatten
+
+__all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read", "is_damage"]
+
+#: Version of the layout of the metadata tree written by this package.
+META_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The ckpt package's part of a checkpoint's metadata, checked (:meth:`of`)."""
+
+    #: The saved tree, one entry per key given to ``save``.
+    state: Dict[str, Any]
+    #: Tensors saved as numpy arrays.
+    numpy_names: Set[str]
+    #: How many ranks saved their own state (None: written before per-rank state).
+    ranks: Optional[int]
+
+    @staticmethod
+    def of(meta: Any) -> "Layout":
+        """The layout of metadata written by this package; raises
+        :class:`~ckpt.UnsupportedError` for any other metadata or version."""
+        if not isinstance(meta, dict) or not isinstance(meta.get("ckpt"), dict) or not isinstance(meta.get("state"), dict):
+            raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
+        info = meta["ckpt"]
+        version = info.get("version")
+        if version != META_VERSION:
+            raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
+        local = info.get("local")
+        return Layout(meta["state"], set(info.get("numpy", [])), local.get("ranks") if isinstance(local, dict) else None)
+
+
+@dataclass
+class Restore:
+    """What :func:`plan` hands, through the load, to :func:`apply`."""
+
+    step: int
+    layout: Layout
+    #: The destinations the load fills.
+    plan: RestorePlan
+    #: Each target's value, its tensors placed in or beside the live ones.
+    values: Dict[str, Any]
+    #: This rank's own tensors (its tree and RNG), read in the same load into
+    #: fresh buffers, as ``{name: (dtype, shape, buffer)}``; None when the
+    #: checkpoint holds none for this rank or RNGs are not restored.
+    own: Optional[Dict[str, _own.Loaded]]
+
+    @property
+    def writes(self) -> bool:
+        """Whether the load writes into memory (live tensors included)."""
+        return bool(self.plan.requests)
+
+
+def plan(
+    native: _ckpt.Checkpointer,
+    step: int,
+    attempt: str,
+    targets: List[Tuple[str, Any]],
+    rng: bool,
+    stage: Any = None,
+) -> Restore:
+    """Step 1: destinations for every tensor the targets (and, with ``rng``,
+    this rank's own state) need, checked against the checkpoint's table.
+
+    ``stage``: where CUDA tensors land on the host (:class:`ckpt.cuda.HostStage`)."""
+    meta, table = native.contents(step, attempt)
+    layout = Layout.of(meta)
+    rp = RestorePlan(table, layout.numpy_names, stage)
+    values: Dict[str, Any] = {}
+    for key, target in targets:
+        if key not in layout.state:
+            raise NotFoundError(f"checkpoint of step {step} has no entry {key!r} (it has {sorted(layout.state)})")
+        live, hint = live_state(target)
+        values[key] = rp.value(layout.state[key], live, key, hint)
+    own: Optional[Dict[str, _own.Loaded]] = None
+    rank = native.rank
+    if rng and _own.name(rank) in table:
+        own = {}
+        for name, info in table.items():
+            if _own.holds(name, rank):
+                buf = bytearray(info.nbytes)
+                if info.nbytes:
+                    rp.read_whole(name, buf)
+                own[name] = (info.dtype, tuple(info.global_shape), buf)
+        dtype, shape, _ = own[_own.name(rank)]
+        _own.check(dtype, shape, rank)
+    elif rng and "rng" in layout.state:  # written before RNG states were kept per rank
+        values.setdefault("rng", rp.value(layout.state["rng"], None, "rng"))
+    rp.place()
+    return Restore(step, layout, rp, values, own)
+
+
+def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]], rank: int, rng: bool) -> None:
+    """Step 3, once every rank read its part intact: hand the values to the live
+    objects (replacing, in ``state``, those that cannot be restored in place),
+    and restore this rank's random generators."""
+    values = restore.plan.finish(restore.values)
+    for key, target in targets:
+        if not restore_into(target, values[key], key):
+            if state is not None and key in state:
+                state[key] = values[key]
+            else:
+                raise InvalidInputError(
+                    f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
+                    "dict (load_latest(state)) or read it with read_latest()"
+                )
+    if not rng:
+        return
+    if restore.own is not None:
+        own = _own.decode(restore.own, rank)
+        if own is not None and "rng" in own:
+            RNGState().load_state_dict(own["rng"])
+    elif "rng" in values:
+        if rank == 0:
+            RNGState().load_state_dict(values["rng"])
+    elif restore.layout.ranks is not None:
+        warnings.warn(
+            f"ckpt: the checkpoint of step {restore.step} was saved by {restore.layout.ranks} rank(s) and holds "
+            f"no RNG state for rank {rank}; this rank keeps its current random generators",
+            stacklevel=4,  # apply, Checkpointer._attempt, Checkpointer.load_latest/load, the caller
+        )
+
+
+#: A checkpoint as the native ``load``/``load_latest`` return it:
+#: ``(step, attempt, {name: (dtype, shape, buffer)}, meta, skipped)``.
+Loaded = Tuple[int, str, Dict[str, Tuple[str, List[int], _ckpt.TensorBuffer]], Any, List[Tuple[int, str, CheckpointError]]]
+
+
+def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str, Any], List[Tuple[int, str, CheckpointError]]]:
+    """A loaded checkpoint as data: its state (with this rank's RNG state
+    under ``"rng"``, as saved) and the damaged checkpoints skipped for it."""
+    _, _, tensors, meta, skipped = loaded
+    layout = Layout.of(meta)
+    state: Dict[str, Any] = unflatten(layout.state, tensor_maker(tensors, layout.numpy_names, framework))
+    own = _own.decode(tensors, rank, framework)
+    if own:
+        state.update(own)
+    return state, list(skipped)
+
+
+def is_damage(e: CheckpointError) -> bool:
+    """Stored data damaged or missing (as opposed to a failing store or bad input)."""
+    return isinstance(e, (CorruptError, NotFoundError, UnsupportedError))
