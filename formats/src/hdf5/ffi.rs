@@ -1,5 +1,17 @@
-//! The few libhdf5 calls ckpt needs, over `hdf5-sys`, with handles that close
-//! themselves and errors that carry libhdf5's message.
+//! What hdf5-metno's safe API cannot do, over `hdf5-sys`, each with the reason:
+//!
+//! - datatypes ckpt builds ([`make_type`]) and inspects ([`describe`]): custom
+//!   float layouts (float16 as h5py makes it, bfloat16 read natively) that the
+//!   safe type system cannot describe, with the byte order fixed to
+//!   little-endian whatever the host (the safe types follow the host);
+//! - in-memory file images ([`open_image`]), which the safe API leaves out on
+//!   purpose;
+//! - reads into those custom memory types ([`read_dataset`]) and of fixed-length
+//!   strings of a width known only at run time ([`read_fixed_str`]): the safe
+//!   read needs a Rust type with an HDF5 mapping.
+//!
+//! Everything else is in [`super::h5`], on the safe API. Objects made here are
+//! handed over as hdf5-metno objects (which close themselves).
 //!
 //! libhdf5 is not thread-safe: every function here must run inside
 //! [`locked`], which holds the `hdf5` crate's global lock (shared with every
@@ -7,38 +19,23 @@
 
 use std::ffi::{CStr, CString};
 use std::os::raw::{c_char, c_int, c_uint, c_void};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hdf5_sys::h5::{hsize_t, HADDR_UNDEF};
-use hdf5_sys::h5a::{
-    H5Aclose, H5Acreate2, H5Aexists, H5Aget_space, H5Aget_type, H5Aopen, H5Aread, H5Awrite,
-};
-use hdf5_sys::h5d::{
-    H5D_alloc_time_t, H5D_fill_time_t, H5D_layout_t, H5Dcreate2, H5Dget_offset, H5Dget_space,
-    H5Dget_storage_size, H5Dget_type, H5Dread,
-};
-use hdf5_sys::h5f::{H5F_libver_t, H5Fclose, H5Fcreate, H5Fopen, H5F_ACC_RDONLY, H5F_ACC_TRUNC};
-use hdf5_sys::h5g::{H5Gcreate2, H5Gopen2};
-use hdf5_sys::h5i::{hid_t, H5I_type_t, H5Idec_ref, H5Iget_type};
-use hdf5_sys::h5l::{H5L_info1_t, H5L_type_t};
-use hdf5_sys::h5o::H5Oopen;
+use hdf5::{Attribute, Dataset, Datatype, File};
+use hdf5_sys::h5a::H5Aread;
+use hdf5_sys::h5d::H5Dread;
+use hdf5_sys::h5f::{H5Fopen, H5F_ACC_RDONLY};
+use hdf5_sys::h5i::hid_t;
 use hdf5_sys::h5p::{
-    H5Pcreate, H5Pset_alloc_time, H5Pset_fapl_core, H5Pset_file_image, H5Pset_fill_time,
-    H5Pset_layout, H5Pset_libver_bounds, H5Pset_obj_track_times, H5P_CLS_DATASET_CREATE,
-    H5P_CLS_FILE_ACCESS, H5P_CLS_FILE_CREATE, H5P_CLS_GROUP_CREATE, H5P_DEFAULT,
+    H5Pcreate, H5Pset_fapl_core, H5Pset_file_image, H5P_CLS_FILE_ACCESS, H5P_DEFAULT,
 };
-use hdf5_sys::h5s::{
-    H5S_class_t, H5Screate, H5Screate_simple, H5Sget_simple_extent_dims,
-    H5Sget_simple_extent_ndims, H5Sget_simple_extent_npoints, H5Sget_simple_extent_type, H5S_ALL,
-};
+use hdf5_sys::h5s::H5S_ALL;
 use hdf5_sys::h5t::{
-    H5T_class_t, H5T_cset_t, H5T_norm_t, H5T_order_t, H5T_sign_t, H5Tcopy, H5Tcreate,
-    H5Tenum_create, H5Tenum_insert, H5Tget_class, H5Tget_ebias, H5Tget_fields, H5Tget_member_name,
+    H5T_class_t, H5T_norm_t, H5T_order_t, H5T_sign_t, H5Tcopy, H5Tcreate, H5Tenum_create,
+    H5Tenum_insert, H5Tget_class, H5Tget_ebias, H5Tget_fields, H5Tget_member_name,
     H5Tget_member_offset, H5Tget_member_type, H5Tget_member_value, H5Tget_nmembers, H5Tget_norm,
     H5Tget_offset, H5Tget_order, H5Tget_precision, H5Tget_sign, H5Tget_size, H5Tget_super,
-    H5Tinsert, H5Tis_variable_str, H5Tset_cset, H5Tset_ebias, H5Tset_fields, H5Tset_size,
-    H5T_VARIABLE,
+    H5Tinsert, H5Tset_ebias, H5Tset_fields, H5Tset_size,
 };
 
 use super::dtypes::{FloatBits, TypeDesc, DOUBLE, SINGLE};
@@ -51,32 +48,14 @@ pub fn locked<T>(f: impl FnOnce() -> T) -> T {
     ::hdf5::sync::sync(f)
 }
 
-/// An open libhdf5 identifier, released on drop.
-#[derive(Debug)]
-pub struct Hid(hid_t);
-
-impl Hid {
-    fn new(id: hid_t, what: &str) -> Result<Self> {
-        if id < 0 {
-            Err(lib_err(what))
-        } else {
-            Ok(Hid(id))
-        }
+/// Take ownership of a datatype id libhdf5 just returned (negative: its error).
+fn datatype(id: hid_t, what: &str) -> Result<Datatype> {
+    if id < 0 {
+        return Err(lib_err(what));
     }
-
-    /// The raw identifier.
-    pub fn id(&self) -> hid_t {
-        self.0
-    }
-}
-
-impl Drop for Hid {
-    fn drop(&mut self) {
-        // SAFETY: the id is valid and owned; callers hold the lock (see module docs).
-        unsafe {
-            H5Idec_ref(self.0);
-        }
-    }
+    // SAFETY: `id` is a datatype id libhdf5 just created for us, with one reference
+    // that nothing else holds: the `Datatype` takes it over and releases it on drop.
+    unsafe { hdf5::from_id(id) }.map_err(|e| H5Error::Library(format!("{what}: {e}")))
 }
 
 fn lib_err(what: &str) -> H5Error {
@@ -129,11 +108,14 @@ fn predefined(t: &TypeDesc) -> Option<hid_t> {
 }
 
 /// A libhdf5 datatype for `t` (little-endian integer, float, enum or compound).
-pub fn make_type(t: &TypeDesc) -> Result<Hid> {
-    // SAFETY: plain libhdf5 calls on ids we own; the lock is held by the caller.
+pub fn make_type(t: &TypeDesc) -> Result<Datatype> {
+    // SAFETY: libhdf5 calls on datatype ids we own (each held by a `Datatype`, or a
+    // predefined one we only copy), names that are C strings outliving the call,
+    // and enum values of one byte, the size of their base (checked by the match);
+    // the lock is held by the caller.
     unsafe {
         if let Some(id) = predefined(t) {
-            return Hid::new(H5Tcopy(id), "copy type");
+            return datatype(H5Tcopy(id), "copy type");
         }
         match t {
             TypeDesc::Float {
@@ -141,7 +123,7 @@ pub fn make_type(t: &TypeDesc) -> Result<Hid> {
                 little_endian: true,
             } if bits.size == 2 => {
                 // As h5py makes float16: a copy of f32 narrowed to the fields.
-                let h = Hid::new(H5Tcopy(*hdf5_sys::h5t::H5T_IEEE_F32LE), "copy type")?;
+                let h = datatype(H5Tcopy(*hdf5_sys::h5t::H5T_IEEE_F32LE), "copy type")?;
                 let FloatBits {
                     spos,
                     epos,
@@ -152,36 +134,39 @@ pub fn make_type(t: &TypeDesc) -> Result<Hid> {
                     ..
                 } = *bits;
                 check(
-                    H5Tset_fields(h.0, spos, epos, esize, mpos, msize),
+                    H5Tset_fields(h.id(), spos, epos, esize, mpos, msize),
                     "set float fields",
                 )?;
-                check(H5Tset_size(h.0, 2), "set float size")?;
-                check(H5Tset_ebias(h.0, ebias as usize), "set float bias")?;
+                check(H5Tset_size(h.id(), 2), "set float size")?;
+                check(H5Tset_ebias(h.id(), ebias as usize), "set float bias")?;
                 Ok(h)
             }
-            TypeDesc::Enum { base, members } => {
+            TypeDesc::Enum { base, members } if base.size() == Some(1) => {
                 let b = make_type(base)?;
-                let h = Hid::new(H5Tenum_create(b.0), "create enum")?;
+                let h = datatype(H5Tenum_create(b.id()), "create enum")?;
                 for (name, v) in members {
                     let v = i8::try_from(*v)
                         .map_err(|_| H5Error::Unsupported(format!("enum value {v}")))?;
                     let n = cstr(name)?;
                     check(
-                        H5Tenum_insert(h.0, n.as_ptr(), (&v as *const i8).cast()),
+                        H5Tenum_insert(h.id(), n.as_ptr(), (&v as *const i8).cast()),
                         "enum member",
                     )?;
                 }
                 Ok(h)
             }
             TypeDesc::Compound { size, members } => {
-                let h = Hid::new(
+                let h = datatype(
                     H5Tcreate(H5T_class_t::H5T_COMPOUND, *size),
                     "create compound",
                 )?;
                 for (name, off, mt) in members {
                     let m = make_type(mt)?;
                     let n = cstr(name)?;
-                    check(H5Tinsert(h.0, n.as_ptr(), *off, m.0), "compound member")?;
+                    check(
+                        H5Tinsert(h.id(), n.as_ptr(), *off, m.id()),
+                        "compound member",
+                    )?;
                 }
                 Ok(h)
             }
@@ -208,12 +193,15 @@ fn take_name(p: *mut c_char) -> Result<String> {
 }
 
 /// Describe a libhdf5 datatype (refusing nothing: unknown shapes become [`TypeDesc::Other`]).
-pub fn describe(tid: hid_t) -> Result<TypeDesc> {
-    describe_at(tid, 0)
+pub fn describe(t: &Datatype) -> Result<TypeDesc> {
+    describe_at(t.id(), 0)
 }
 
 fn describe_at(tid: hid_t, depth: usize) -> Result<TypeDesc> {
-    // SAFETY: queries on a valid type id; the lock is held by the caller.
+    // SAFETY: queries on a valid datatype id (held by the caller's `Datatype`, or by
+    // one made here for a base or member type), writing only into locals of the
+    // sizes libhdf5 expects (at most 8 bytes for an enum value: the base is an
+    // integer of at most 8 bytes, checked first); the lock is held by the caller.
     unsafe {
         let size = H5Tget_size(tid);
         if size == 0 {
@@ -251,11 +239,12 @@ fn describe_at(tid: hid_t, depth: usize) -> Result<TypeDesc> {
                 }
             }
             H5T_class_t::H5T_ENUM if depth < MAX_TYPE_DEPTH => {
-                let base = Hid::new(H5Tget_super(tid), "enum base")?;
-                let base_desc = describe_at(base.0, depth + 1)?;
+                let base = datatype(H5Tget_super(tid), "enum base")?;
+                let base_desc = describe_at(base.id(), depth + 1)?;
                 let n = H5Tget_nmembers(tid);
+                // At most 8 bytes: each value is read into an 8-byte buffer.
                 let TypeDesc::Int {
-                    size: bsize,
+                    size: bsize @ 1..=8,
                     signed,
                     little_endian,
                 } = base_desc
@@ -289,8 +278,8 @@ fn describe_at(tid: hid_t, depth: usize) -> Result<TypeDesc> {
                 for i in 0..n as c_uint {
                     let name = take_name(H5Tget_member_name(tid, i))?;
                     let off = H5Tget_member_offset(tid, i);
-                    let mt = Hid::new(H5Tget_member_type(tid, i), "member type")?;
-                    members.push((name, off, describe_at(mt.0, depth + 1)?));
+                    let mt = datatype(H5Tget_member_type(tid, i), "member type")?;
+                    members.push((name, off, describe_at(mt.id(), depth + 1)?));
                 }
                 TypeDesc::Compound { size, members }
             }
@@ -318,506 +307,132 @@ pub fn int_value(raw: &[u8], signed: bool, little_endian: bool) -> i64 {
     }
 }
 
-/// Create (truncate) a file on disk, in the 1.8 file format (readable by every
-/// libhdf5 since 1.8; attributes of any size).
-pub fn create_file(path: &Path) -> Result<Hid> {
-    let p = cstr(&path.to_string_lossy())?;
-    // SAFETY: plain libhdf5 calls; the lock is held by the caller.
-    unsafe {
-        let fapl = Hid::new(H5Pcreate(*H5P_CLS_FILE_ACCESS), "file access list")?;
-        check(
-            H5Pset_libver_bounds(
-                fapl.0,
-                H5F_libver_t::H5F_LIBVER_V18,
-                H5F_libver_t::H5F_LIBVER_V18,
-            ),
-            "library version bounds",
-        )?;
-        // No modification times in object headers: the same state gives the same
-        // bytes (determinism, and content-addressed reuse downstream).
-        let fcpl = Hid::new(H5Pcreate(*H5P_CLS_FILE_CREATE), "file create list")?;
-        check(H5Pset_obj_track_times(fcpl.0, 0), "no object times")?;
-        Hid::new(
-            H5Fcreate(p.as_ptr(), H5F_ACC_TRUNC, fcpl.0, fapl.0),
-            "create file",
-        )
-    }
-}
-
-/// Open a file on disk, read-only.
-pub fn open_file(path: &Path) -> Result<Hid> {
-    let p = cstr(&path.to_string_lossy())?;
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    unsafe {
-        Hid::new(
-            H5Fopen(p.as_ptr(), H5F_ACC_RDONLY, H5P_DEFAULT),
-            "open file",
-        )
-    }
-}
-
-/// Open a file image in memory, read-only (libhdf5 copies it).
-pub fn open_image(bytes: &[u8]) -> Result<Hid> {
+/// Open a file image in memory, read-only (libhdf5 copies it). The safe API
+/// leaves file images out on purpose, so this stays here.
+pub fn open_image(bytes: &[u8]) -> Result<File> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     // A unique name: libhdf5 would take a second open of the same name for the same file.
     let name = cstr(&format!(
         "ckpt-image-{}",
         NEXT.fetch_add(1, Ordering::Relaxed)
     ))?;
-    // SAFETY: libhdf5 copies the image (no callbacks set) before we return.
-    unsafe {
-        let fapl = Hid::new(H5Pcreate(*H5P_CLS_FILE_ACCESS), "file access list")?;
-        check(H5Pset_fapl_core(fapl.0, 1 << 16, 0), "core driver")?;
+    // SAFETY: the property list id is ours until `fapl` is dropped (after the open);
+    // `bytes` outlives the call and libhdf5 copies the image (no callbacks set)
+    // before `H5Fopen` returns, so the `*mut` it takes is never written through.
+    let id = unsafe {
+        let fapl = H5Pcreate(*H5P_CLS_FILE_ACCESS);
+        if fapl < 0 {
+            return Err(lib_err("file access list"));
+        }
+        let fapl = hdf5::from_id::<hdf5::PropertyList>(fapl)
+            .map_err(|e| H5Error::Library(format!("file access list: {e}")))?;
+        check(H5Pset_fapl_core(fapl.id(), 1 << 16, 0), "core driver")?;
         check(
-            H5Pset_file_image(fapl.0, bytes.as_ptr() as *mut c_void, bytes.len()),
+            H5Pset_file_image(fapl.id(), bytes.as_ptr() as *mut c_void, bytes.len()),
             "file image",
         )?;
-        Hid::new(
-            H5Fopen(name.as_ptr(), H5F_ACC_RDONLY, fapl.0),
-            "open file image",
-        )
-    }
-}
-
-/// Close a file, reporting failures (flushing metadata happens here).
-pub fn close_file(f: Hid) -> Result<()> {
-    let id = f.0;
-    std::mem::forget(f);
-    // SAFETY: we owned the id and give it up here.
-    unsafe { check(H5Fclose(id), "close file") }
-}
-
-/// Create a group `name` in `loc`.
-pub fn create_group(loc: &Hid, name: &str) -> Result<Hid> {
-    let n = cstr(name)?;
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    unsafe {
-        let gcpl = Hid::new(H5Pcreate(*H5P_CLS_GROUP_CREATE), "group create list")?;
-        check(H5Pset_obj_track_times(gcpl.0, 0), "no object times")?;
-        Hid::new(
-            H5Gcreate2(loc.0, n.as_ptr(), H5P_DEFAULT, gcpl.0, H5P_DEFAULT),
-            "create group",
-        )
-    }
-}
-
-/// Open the root group of a file.
-pub fn root(file: &Hid) -> Result<Hid> {
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    unsafe {
-        Hid::new(
-            H5Gopen2(file.0, c"/".as_ptr(), H5P_DEFAULT),
-            "open root group",
-        )
-    }
-}
-
-/// A dataspace: scalar for an empty shape, simple otherwise.
-fn space(shape: &[u64]) -> Result<Hid> {
-    // SAFETY: dims outlives the call; the lock is held by the caller.
-    unsafe {
-        if shape.is_empty() {
-            Hid::new(H5Screate(H5S_class_t::H5S_SCALAR), "scalar dataspace")
-        } else {
-            let dims: Vec<hsize_t> = shape.to_vec();
-            let rank = c_int::try_from(dims.len())
-                .map_err(|_| H5Error::TooLarge(format!("{} dimensions", dims.len())))?;
-            Hid::new(
-                H5Screate_simple(rank, dims.as_ptr(), std::ptr::null()),
-                "dataspace",
-            )
-        }
-    }
-}
-
-/// Create a contiguous, uncompressed dataset whose storage is allocated now and
-/// never filled: libhdf5 reserves the bytes and writes none of them. Returns the
-/// dataset and the file offset of its bytes (`None` when it has no storage).
-pub fn create_dataset(
-    loc: &Hid,
-    name: &str,
-    t: &Hid,
-    shape: &[u64],
-    len: u64,
-) -> Result<(Hid, Option<u64>)> {
-    let n = cstr(name)?;
-    let s = space(shape)?;
-    // SAFETY: plain libhdf5 calls on ids we own; the lock is held by the caller.
-    unsafe {
-        let dcpl = Hid::new(H5Pcreate(*H5P_CLS_DATASET_CREATE), "dataset create list")?;
-        check(
-            H5Pset_layout(dcpl.0, H5D_layout_t::H5D_CONTIGUOUS),
-            "contiguous layout",
-        )?;
-        check(
-            H5Pset_alloc_time(dcpl.0, H5D_alloc_time_t::H5D_ALLOC_TIME_EARLY),
-            "allocation time",
-        )?;
-        check(
-            H5Pset_fill_time(dcpl.0, H5D_fill_time_t::H5D_FILL_TIME_NEVER),
-            "fill time",
-        )?;
-        check(H5Pset_obj_track_times(dcpl.0, 0), "no object times")?;
-        let d = Hid::new(
-            H5Dcreate2(
-                loc.0,
-                n.as_ptr(),
-                t.0,
-                s.0,
-                H5P_DEFAULT,
-                dcpl.0,
-                H5P_DEFAULT,
-            ),
-            "create dataset",
-        )?;
-        if len == 0 {
-            return Ok((d, None));
-        }
-        let off = H5Dget_offset(d.0);
-        let stored = H5Dget_storage_size(d.0);
-        if off == HADDR_UNDEF || stored != len {
-            return Err(H5Error::Library(format!(
-                "dataset `{name}`: {stored} bytes allocated at {off:#x}, expected {len} contiguous bytes"
-            )));
-        }
-        Ok((d, Some(off)))
-    }
-}
-
-fn string_type() -> Result<Hid> {
-    // SAFETY: plain libhdf5 calls; the lock is held by the caller.
-    unsafe {
-        let t = Hid::new(H5Tcopy(*hdf5_sys::h5t::H5T_C_S1), "string type")?;
-        check(H5Tset_size(t.0, H5T_VARIABLE), "variable string")?;
-        check(H5Tset_cset(t.0, H5T_cset_t::H5T_CSET_UTF8), "utf-8 string")?;
-        Ok(t)
-    }
-}
-
-struct Attr(hid_t);
-
-impl Drop for Attr {
-    fn drop(&mut self) {
-        // SAFETY: the attribute id is valid and owned.
-        unsafe {
-            H5Aclose(self.0);
-        }
-    }
-}
-
-fn new_attr(obj: &Hid, name: &str, t: hid_t, s: hid_t) -> Result<Attr> {
-    let n = cstr(name)?;
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    let a = unsafe { H5Acreate2(obj.0, n.as_ptr(), t, s, H5P_DEFAULT, H5P_DEFAULT) };
-    if a < 0 {
-        return Err(lib_err(&format!("create attribute `{name}`")));
-    }
-    Ok(Attr(a))
-}
-
-/// Write a scalar UTF-8 string attribute (variable length, as h5py writes `str`).
-pub fn write_str_attr(obj: &Hid, name: &str, value: &str) -> Result<()> {
-    let v = cstr(value)?;
-    let t = string_type()?;
-    let s = space(&[])?;
-    let a = new_attr(obj, name, t.0, s.0)?;
-    let ptr = v.as_ptr();
-    // SAFETY: a variable-length string is written from a pointer to a C string.
-    unsafe {
-        check(
-            H5Awrite(a.0, t.0, (&ptr as *const *const c_char).cast()),
-            "write attribute",
-        )
-    }
-}
-
-/// Write a `u64` attribute: a scalar, or a 1-d array when `dims` is given.
-pub fn write_u64_attr(obj: &Hid, name: &str, values: &[u64], array: bool) -> Result<()> {
-    let s = if array {
-        space(&[values.len() as u64])?
-    } else {
-        space(&[])?
+        H5Fopen(name.as_ptr(), H5F_ACC_RDONLY, fapl.id())
     };
-    let t = make_type(&TypeDesc::Int {
-        size: 8,
-        signed: false,
-        little_endian: true,
-    })?;
-    let a = new_attr(obj, name, t.0, s.0)?;
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    // SAFETY: the buffer holds every element in the attribute's own type.
-    unsafe { check(H5Awrite(a.0, t.0, bytes.as_ptr().cast()), "write attribute") }
-}
-
-fn open_attr(obj: hid_t, name: &str) -> Result<Option<Attr>> {
-    let n = cstr(name)?;
-    // SAFETY: plain libhdf5 calls; the lock is held by the caller.
-    unsafe {
-        let exists = H5Aexists(obj, n.as_ptr());
-        if exists < 0 {
-            return Err(lib_err("attribute lookup"));
-        }
-        if exists == 0 {
-            return Ok(None);
-        }
-        let a = H5Aopen(obj, n.as_ptr(), H5P_DEFAULT);
-        if a < 0 {
-            return Err(lib_err(&format!("open attribute `{name}`")));
-        }
-        Ok(Some(Attr(a)))
+    if id < 0 {
+        return Err(lib_err("open file image"));
     }
+    // SAFETY: `id` is the file libhdf5 just opened for us; the `File` takes over its
+    // one reference.
+    unsafe { hdf5::from_id(id) }.map_err(|e| H5Error::Library(format!("open file image: {e}")))
 }
 
-fn attr_points(a: &Attr) -> Result<i64> {
-    // SAFETY: plain libhdf5 calls; the lock is held by the caller.
-    unsafe {
-        let s = Hid::new(H5Aget_space(a.0), "attribute space")?;
-        let n = H5Sget_simple_extent_npoints(s.0);
-        if n < 0 {
-            return Err(lib_err("attribute space"));
-        }
-        Ok(n)
-    }
-}
-
-/// Read a scalar string attribute (variable or fixed length), at most `cap` bytes.
-pub fn read_str_attr(obj: hid_t, name: &str, cap: usize) -> Result<Option<String>> {
-    let Some(a) = open_attr(obj, name)? else {
-        return Ok(None);
-    };
-    let bad = |why: &str| H5Error::Malformed(format!("attribute `{name}`: {why}"));
-    if attr_points(&a)? != 1 {
-        return Err(bad("not a scalar"));
-    }
-    // SAFETY: reads into buffers of the size libhdf5 reports; vlen memory is freed.
-    unsafe {
-        let t = Hid::new(H5Aget_type(a.0), "attribute type")?;
-        if H5Tget_class(t.0) != H5T_class_t::H5T_STRING {
-            return Err(bad("not a string"));
-        }
-        let raw = if H5Tis_variable_str(t.0) > 0 {
-            let mt = string_type()?;
-            let mut p: *mut c_char = std::ptr::null_mut();
-            check(
-                H5Aread(a.0, mt.0, (&mut p as *mut *mut c_char).cast()),
-                "read attribute",
-            )?;
-            if p.is_null() {
-                return Err(bad("null string"));
-            }
-            let bytes = CStr::from_ptr(p).to_bytes();
-            let out = (bytes.len() <= cap).then(|| bytes.to_vec());
-            hdf5_sys::h5::H5free_memory(p.cast());
-            out.ok_or_else(|| H5Error::TooLarge(format!("attribute `{name}` over {cap} bytes")))?
-        } else {
-            let size = H5Tget_size(t.0);
-            if size > cap {
-                return Err(H5Error::TooLarge(format!(
-                    "attribute `{name}` over {cap} bytes"
-                )));
-            }
-            let mut buf = vec![0u8; size];
-            check(H5Aread(a.0, t.0, buf.as_mut_ptr().cast()), "read attribute")?;
-            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-            buf.truncate(end);
-            while buf.last() == Some(&b' ') {
-                buf.pop();
-            }
-            buf
-        };
-        String::from_utf8(raw)
-            .map(Some)
-            .map_err(|_| bad("not UTF-8"))
-    }
-}
-
-/// Read an integer attribute of at most `cap` elements as `u64`s.
-pub fn read_u64_attr(obj: hid_t, name: &str, cap: usize) -> Result<Option<Vec<u64>>> {
-    let Some(a) = open_attr(obj, name)? else {
-        return Ok(None);
-    };
-    let n = attr_points(&a)?;
-    let n = usize::try_from(n)
-        .ok()
-        .filter(|&n| n <= cap)
-        .ok_or_else(|| H5Error::TooLarge(format!("attribute `{name}` of {n} elements")))?;
-    // SAFETY: the buffer holds n u64s; libhdf5 converts the integer type into it.
-    unsafe {
-        let t = Hid::new(H5Aget_type(a.0), "attribute type")?;
-        match describe(t.0)? {
-            TypeDesc::Int { signed: false, .. } => {}
-            other => {
-                return Err(H5Error::Malformed(format!(
-                    "attribute `{name}` is {other:?}, not an unsigned integer"
-                )))
-            }
-        }
-        let mt = make_type(&TypeDesc::Int {
-            size: 8,
-            signed: false,
-            little_endian: true,
-        })?;
-        let mut buf = vec![0u8; n * 8];
-        check(
-            H5Aread(a.0, mt.0, buf.as_mut_ptr().cast()),
-            "read attribute",
-        )?;
-        Ok(Some(
-            buf.chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        ))
-    }
-}
-
-/// What a link of a group leads to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkKind {
-    /// A hard link to a group.
-    Group,
-    /// A hard link to a dataset.
-    Dataset,
-    /// Anything else: a soft or external link, a named datatype.
-    Other(&'static str),
-}
-
-struct Links {
-    names: Vec<String>,
-    kinds: Vec<H5L_type_t>,
-    cap: usize,
-    over: bool,
-}
-
-#[allow(deprecated)] // H5Literate1: the same symbol on every libhdf5 since 1.8
-unsafe extern "C" fn collect_link(
-    _g: hid_t,
-    name: *const c_char,
-    info: *const H5L_info1_t,
-    data: *mut c_void,
-) -> c_int {
-    // SAFETY: libhdf5 passes valid pointers; `data` is the `Links` we gave it.
-    let links = &mut *(data as *mut Links);
-    if links.names.len() >= links.cap {
-        links.over = true;
-        return 1;
-    }
-    links
-        .names
-        .push(CStr::from_ptr(name).to_string_lossy().into_owned());
-    links.kinds.push((*info).type_);
-    0
-}
-
-/// The links of a group, in name order, at most `cap` of them.
-pub fn links(group: &Hid, cap: usize) -> Result<Vec<(String, LinkKind)>> {
-    let mut l = Links {
-        names: Vec::new(),
-        kinds: Vec::new(),
-        cap,
-        over: false,
-    };
-    // SAFETY: the callback only touches `l`, which outlives the call.
-    #[allow(deprecated)]
-    unsafe {
-        let mut idx: hsize_t = 0;
-        check(
-            hdf5_sys::h5l::H5Literate1(
-                group.0,
-                hdf5_sys::h5::H5_index_t::H5_INDEX_NAME,
-                hdf5_sys::h5::H5_iter_order_t::H5_ITER_INC,
-                &mut idx,
-                Some(collect_link),
-                (&mut l as *mut Links).cast(),
-            ),
-            "list group",
-        )?;
-    }
-    if l.over {
-        return Err(H5Error::TooLarge(format!("a group of over {cap} links")));
-    }
-    let mut out = Vec::with_capacity(l.names.len());
-    for (name, kind) in l.names.into_iter().zip(l.kinds) {
-        let kind = match kind {
-            H5L_type_t::H5L_TYPE_HARD => match object_type(group, &name)? {
-                H5I_type_t::H5I_GROUP => LinkKind::Group,
-                H5I_type_t::H5I_DATASET => LinkKind::Dataset,
-                _ => LinkKind::Other("named datatype"),
-            },
-            H5L_type_t::H5L_TYPE_SOFT => LinkKind::Other("soft link"),
-            H5L_type_t::H5L_TYPE_EXTERNAL => LinkKind::Other("external link"),
-            _ => LinkKind::Other("user-defined link"),
-        };
-        out.push((name, kind));
-    }
-    Ok(out)
-}
-
-fn object_type(group: &Hid, name: &str) -> Result<H5I_type_t> {
-    let o = open(group, name)?;
-    // SAFETY: a valid id; the lock is held by the caller.
-    Ok(unsafe { H5Iget_type(o.0) })
-}
-
-/// Open the object a hard link of `group` leads to.
-pub fn open(group: &Hid, name: &str) -> Result<Hid> {
-    let n = cstr(name)?;
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    unsafe {
-        Hid::new(
-            H5Oopen(group.0, n.as_ptr(), H5P_DEFAULT),
-            &format!("open `{name}`"),
-        )
-    }
-}
-
-/// A dataset's datatype.
-pub fn dataset_type(d: &Hid) -> Result<Hid> {
-    // SAFETY: plain libhdf5 call; the lock is held by the caller.
-    unsafe { Hid::new(H5Dget_type(d.0), "dataset type") }
-}
-
-/// A dataset's shape (empty for a scalar); a null dataspace is refused.
-pub fn dataset_shape(d: &Hid) -> Result<Vec<u64>> {
-    // SAFETY: dims has room for `rank` entries; the lock is held by the caller.
-    unsafe {
-        let s = Hid::new(H5Dget_space(d.0), "dataset space")?;
-        match H5Sget_simple_extent_type(s.0) {
-            H5S_class_t::H5S_SCALAR => Ok(Vec::new()),
-            H5S_class_t::H5S_SIMPLE => {
-                let rank = H5Sget_simple_extent_ndims(s.0);
-                let rank = usize::try_from(rank).map_err(|_| lib_err("dataset rank"))?;
-                let mut dims = vec![0 as hsize_t; rank];
-                check(
-                    H5Sget_simple_extent_dims(s.0, dims.as_mut_ptr(), std::ptr::null_mut()),
-                    "dataset dims",
-                )?;
-                Ok(dims)
-            }
-            _ => Err(H5Error::Unsupported(
-                "a dataset with a null dataspace".into(),
-            )),
-        }
-    }
+/// Read a fixed-length string attribute of `size` bytes (its type `t`) as bytes,
+/// unconverted. The safe read needs a Rust type per width (`FixedAscii<N>`), and
+/// this width is only known at run time.
+pub fn read_fixed_str(a: &Attribute, t: &Datatype, size: usize) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; size];
+    // SAFETY: `buf` holds the one element of the attribute's own type (`size`
+    // bytes, its type's size; the caller checked the attribute holds one element);
+    // the ids are held by `a` and `t`; the lock is held by the caller.
+    check(
+        unsafe { H5Aread(a.id(), t.id(), buf.as_mut_ptr().cast()) },
+        "read attribute",
+    )?;
+    Ok(buf)
 }
 
 /// Read a whole dataset, converted by libhdf5 into `mem` (exactly `len` bytes).
-pub fn read_dataset(d: &Hid, mem: &Hid, len: usize) -> Result<Vec<u8>> {
+/// `mem` may be a type the safe API cannot describe (a bfloat16), so the read
+/// cannot go through its typed `read_raw`.
+pub fn read_dataset(d: &Dataset, mem: &Datatype, len: usize) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
     if len > 0 {
-        // SAFETY: the buffer holds every element in the memory type (checked by the caller).
-        unsafe {
-            check(
+        // SAFETY: the buffer holds every element in the memory type (the caller
+        // checked that the shape times its size is `len`); the ids are held by `d`
+        // and `mem`; the lock is held by the caller.
+        check(
+            unsafe {
                 H5Dread(
-                    d.0,
-                    mem.0,
+                    d.id(),
+                    mem.id(),
                     H5S_ALL,
                     H5S_ALL,
                     H5P_DEFAULT,
                     buf.as_mut_ptr().cast(),
-                ),
-                "read dataset",
-            )?;
-        }
+                )
+            },
+            "read dataset",
+        )?;
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use ckpt_core::DType;
+
+    use super::super::dtypes::{storage, BFLOAT};
+    use super::*;
+
+    #[test]
+    fn made_types_describe_as_themselves() {
+        locked(|| {
+            let bf16 = TypeDesc::Float {
+                bits: BFLOAT,
+                little_endian: true,
+            };
+            for t in DType::ALL.iter().map(|&d| storage(d).0).chain([bf16]) {
+                let made = make_type(&t).unwrap();
+                assert_eq!(describe(&made).unwrap(), t);
+            }
+        });
+    }
+
+    #[test]
+    fn types_that_cannot_be_made_are_refused() {
+        let wide_enum = TypeDesc::Enum {
+            base: Box::new(TypeDesc::Int {
+                size: 2,
+                signed: true,
+                little_endian: true,
+            }),
+            members: vec![("A".into(), 0)],
+        };
+        let big_endian = TypeDesc::Int {
+            size: 4,
+            signed: true,
+            little_endian: false,
+        };
+        locked(|| {
+            for t in [wide_enum, big_endian, TypeDesc::Other("string".into())] {
+                assert!(
+                    matches!(make_type(&t), Err(H5Error::Unsupported(_))),
+                    "{t:?}"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn an_image_that_is_not_hdf5_is_a_library_error() {
+        assert!(matches!(
+            locked(|| open_image(b"not an hdf5 file")),
+            Err(H5Error::Library(_))
+        ));
+    }
 }

@@ -37,6 +37,7 @@
 pub mod dtypes;
 pub mod error;
 mod ffi;
+mod h5;
 pub mod names;
 pub mod read;
 pub mod write;

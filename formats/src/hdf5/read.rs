@@ -14,7 +14,8 @@ use ckpt_core::{DType, State, Tensor, Value};
 
 use super::dtypes::{classify, resolve, storage, TypeDesc, BFLOAT};
 use super::error::H5Error;
-use super::ffi::{self, Hid, LinkKind};
+use super::ffi;
+use super::h5::{self, LinkKind};
 use super::names::name_of;
 use super::{ATTR_DTYPE, ATTR_INDEX, ATTR_META, ATTR_NAME, ATTR_SHAPE};
 
@@ -86,7 +87,7 @@ impl<'a> From<&'a bytes::Bytes> for Source<'a> {
 struct Found {
     name: String,
     index: Option<u64>,
-    ds: Hid,
+    ds: hdf5::Dataset,
 }
 
 /// Read a whole file into a state, within `limits`.
@@ -100,12 +101,12 @@ pub fn read_with(src: Source<'_>, limits: &Limits) -> Result<State, H5Error> {
     }
     ffi::locked(|| {
         let f = match src {
-            Source::Path(p) => ffi::open_file(p)?,
+            Source::Path(p) => h5::open_file(p)?,
             Source::Bytes(b) => ffi::open_image(b)?,
         };
         let state = {
-            let root = ffi::root(&f)?;
-            let meta = match ffi::read_str_attr(root.id(), ATTR_META, limits.max_attr_bytes)? {
+            let root = h5::root(&f)?;
+            let meta = match h5::read_str_attr(&root, ATTR_META, limits.max_attr_bytes)? {
                 Some(json) => serde_json::from_str::<Value>(&json)
                     .map_err(|e| H5Error::Malformed(format!("{ATTR_META}: {e}")))?,
                 None => Value::Null,
@@ -129,13 +130,13 @@ pub fn read_with(src: Source<'_>, limits: &Limits) -> Result<State, H5Error> {
             }
             State { tensors, meta }
         };
-        ffi::close_file(f)?;
+        h5::close_file(f)?;
         Ok(state)
     })
 }
 
 fn walk(
-    group: &Hid,
+    group: &hdf5::Group,
     path: &mut Vec<String>,
     found: &mut Vec<Found>,
     limits: &Limits,
@@ -146,11 +147,11 @@ fn walk(
             limits.max_depth
         )));
     }
-    for (link, kind) in ffi::links(group, limits.max_tensors)? {
+    for (link, kind) in h5::links(group, limits.max_tensors)? {
         path.push(link);
         match kind {
             LinkKind::Group => {
-                let g = ffi::open(group, path.last().expect("pushed"))?;
+                let g = h5::open_group(group, path.last().expect("pushed"))?;
                 walk(&g, path, found, limits)?;
             }
             LinkKind::Dataset => {
@@ -160,8 +161,8 @@ fn walk(
                         limits.max_tensors
                     )));
                 }
-                let ds = ffi::open(group, path.last().expect("pushed"))?;
-                let name = match ffi::read_str_attr(ds.id(), ATTR_NAME, limits.max_attr_bytes)? {
+                let ds = h5::open_dataset(group, path.last().expect("pushed"))?;
+                let name = match h5::read_str_attr(&ds, ATTR_NAME, limits.max_attr_bytes)? {
                     Some(n) if !n.is_empty() => n,
                     Some(_) => {
                         return Err(H5Error::Malformed(format!(
@@ -171,7 +172,7 @@ fn walk(
                     }
                     None => name_of(path),
                 };
-                let index = ffi::read_u64_attr(ds.id(), ATTR_INDEX, 1)?
+                let index = h5::read_u64_attr(&ds, ATTR_INDEX, 1)?
                     .map(|v| {
                         v.first()
                             .copied()
@@ -211,11 +212,11 @@ fn read_dataset(d: Found, limits: &Limits, total: &mut u64) -> Result<Tensor, H5
         H5Error::TooLarge(m) => H5Error::TooLarge(format!("dataset `{}`: {m}", d.name)),
         other => other,
     };
-    let tid = ffi::dataset_type(&d.ds)?;
-    let native = classify(&ffi::describe(tid.id())?).map_err(at)?;
-    let shape = ffi::dataset_shape(&d.ds)?;
-    let ckpt_dtype = ffi::read_str_attr(d.ds.id(), ATTR_DTYPE, 64).map_err(at)?;
-    let ckpt_shape = ffi::read_u64_attr(d.ds.id(), ATTR_SHAPE, 64).map_err(at)?;
+    let tid = h5::dataset_type(&d.ds)?;
+    let native = classify(&ffi::describe(&tid)?).map_err(at)?;
+    let shape = h5::dataset_shape(&d.ds)?;
+    let ckpt_dtype = h5::read_str_attr(&d.ds, ATTR_DTYPE, 64).map_err(at)?;
+    let ckpt_shape = h5::read_u64_attr(&d.ds, ATTR_SHAPE, 64).map_err(at)?;
     let (dtype, logical) =
         resolve(native, &shape, ckpt_dtype.as_deref(), ckpt_shape.as_deref()).map_err(at)?;
     let numel = logical

@@ -12,10 +12,12 @@ use std::os::unix::fs::FileExt;
 
 use bytes::Bytes;
 use ckpt_core::{DType, Value};
+use hdf5::Group;
 
 use super::dtypes::storage;
 use super::error::H5Error;
-use super::ffi::{self, Hid};
+use super::ffi;
+use super::h5;
 use super::names::{place_all, Place, FLAT_GROUP};
 use super::{ATTR_DTYPE, ATTR_INDEX, ATTR_META, ATTR_NAME, ATTR_SHAPE};
 
@@ -64,13 +66,13 @@ pub fn lay_out(entries: &[Entry], meta: &Value) -> Result<Laid, H5Error> {
         .suffix(".h5")
         .tempfile()?;
     let offsets = ffi::locked(|| -> Result<Vec<u64>, H5Error> {
-        let f = ffi::create_file(file.path())?;
+        let f = h5::create_file(file.path())?;
         let offsets = {
-            let root = ffi::root(&f)?;
+            let root = h5::root(&f)?;
             if let Some(json) = &meta_json {
-                ffi::write_str_attr(&root, ATTR_META, json)?;
+                h5::write_str_attr(&root, ATTR_META, json)?;
             }
-            let mut groups: HashMap<String, Hid> = HashMap::new();
+            let mut groups: HashMap<String, Group> = HashMap::new();
             let mut offsets = Vec::with_capacity(entries.len());
             for (i, (e, place)) in entries.iter().zip(&places).enumerate() {
                 let (parent, leaf) = match place {
@@ -87,20 +89,20 @@ pub fn lay_out(entries: &[Entry], meta: &Value) -> Result<Laid, H5Error> {
                 let (t, packed) = storage(e.dtype);
                 let shape = if packed { vec![e.len] } else { e.shape.clone() };
                 let tid = ffi::make_type(&t)?;
-                let (d, off) = ffi::create_dataset(parent, leaf, &tid, &shape, e.len)?;
-                ffi::write_str_attr(&d, ATTR_DTYPE, e.dtype.name())?;
-                ffi::write_u64_attr(&d, ATTR_INDEX, &[i as u64], false)?;
+                let (d, off) = h5::create_dataset(parent, leaf, &tid, &shape, e.len)?;
+                h5::write_str_attr(&d, ATTR_DTYPE, e.dtype.name())?;
+                h5::write_u64_attr(&d, ATTR_INDEX, &[i as u64], false)?;
                 if packed {
-                    ffi::write_u64_attr(&d, ATTR_SHAPE, &e.shape, true)?;
+                    h5::write_u64_attr(&d, ATTR_SHAPE, &e.shape, true)?;
                 }
                 if matches!(place, Place::Flat(_)) {
-                    ffi::write_str_attr(&d, ATTR_NAME, &e.name)?;
+                    h5::write_str_attr(&d, ATTR_NAME, &e.name)?;
                 }
                 offsets.push(off.unwrap_or(0));
             }
             offsets
         };
-        ffi::close_file(f)?;
+        h5::close_file(f)?;
         Ok(offsets)
     })?;
     let file_len = file.as_file().metadata()?.len();
@@ -113,10 +115,10 @@ pub fn lay_out(entries: &[Entry], meta: &Value) -> Result<Laid, H5Error> {
 
 /// Open (creating as needed) the group at `dirs`; `None` for the root.
 fn group<'a>(
-    root: &Hid,
-    groups: &'a mut HashMap<String, Hid>,
+    root: &Group,
+    groups: &'a mut HashMap<String, Group>,
     dirs: &[String],
-) -> Result<Option<&'a Hid>, H5Error> {
+) -> Result<Option<&'a Group>, H5Error> {
     if dirs.is_empty() {
         return Ok(None);
     }
@@ -128,7 +130,7 @@ fn group<'a>(
         }
         path.push_str(d);
         if !groups.contains_key(&path) {
-            let g = ffi::create_group(groups.get(&parent).unwrap_or(root), d)?;
+            let g = h5::create_group(groups.get(&parent).unwrap_or(root), d)?;
             groups.insert(path.clone(), g);
         }
     }
