@@ -54,6 +54,12 @@ pub enum Stop {
         /// Extra delay, microseconds.
         delay_us: u64,
     },
+    /// SIGSTOP once training started and no line came for `ms` (a save
+    /// parked at a failpoint), and return, as `Freeze` does.
+    FreezeOnSilence {
+        /// Silence, milliseconds.
+        ms: u64,
+    },
     /// `extra` steps after a save failed, or at step `fallback`.
     AfterSaveFailure {
         /// Steps after the failure.
@@ -310,6 +316,16 @@ impl Running {
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Stop::FreezeOnSilence { ms } = stop {
+                        if self.trained && self.last.elapsed() >= Duration::from_millis(ms) {
+                            // SAFETY: kill(2) on our own child's pid.
+                            if unsafe {
+                                libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) == 0
+                            } {
+                                return;
+                            }
+                        }
+                    }
                     if let Stop::OnSilence { ms } = stop {
                         if self.trained
                             && !o.killed

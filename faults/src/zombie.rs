@@ -55,16 +55,37 @@ pub fn episode(
     let step = rng.range(resume + 1, last);
     let delay_us = rng.range(0, 3000);
     let wake_ms = rng.range(0, 400);
+    // Half the episodes freeze the old incarnation inside its first save,
+    // after it checked its epoch and before it publishes (parked at the
+    // failpoint): resumed, it publishes after the new claim, the race the
+    // fence's check after publishing is for.
+    let parked = rng.range(0, 1) == 1;
+    let (env, stop, how) = if parked {
+        (
+            vec![(
+                "CKPT_FAILPOINTS".to_owned(),
+                "save.before_manifest=1*sleep(3000)".to_owned(),
+            )],
+            Stop::FreezeOnSilence { ms: 300 },
+            "inside its first save, before the manifest".to_owned(),
+        )
+    } else {
+        (
+            Vec::new(),
+            Stop::Freeze { step, delay_us },
+            format!("(+{delay_us} us)"),
+        )
+    };
     let mut problems = Vec::new();
     let mut old = Running::spawn(
         job,
         root,
         &dir.join("zombie-weights"),
         &dir.join("zombie-report.jsonl"),
-        &[],
+        &env,
         &[],
     )?;
-    old.supervise(Stop::Freeze { step, delay_us });
+    old.supervise(stop);
     let frozen_at = old.reached();
     let before_new = scan(root);
     let claims_before = claims(root);
@@ -168,7 +189,7 @@ pub fn episode(
         )),
     }
     let detail = format!(
-        "frozen at step {frozen_at} (+{delay_us} us), resumed {wake_ms} ms after the new claim; \
+        "frozen at step {frozen_at} {how}, resumed {wake_ms} ms after the new claim; \
          its saves fenced at steps {fenced:?}; {} zombie manifest(s) on the root",
         after.zombies.len()
     );
