@@ -1,12 +1,12 @@
 //! [`CheckpointerBuilder`]: how a [`Checkpointer`] is opened.
 
-use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use object_store::ObjectStore;
 
-use super::{Checkpointer, CheckpointerOptions, Shared, SnapshotMode};
+use super::{
+    Checkpointer, CheckpointerOptions, Fencing, InFlight, Known, Shared, SnapshotMode, Turns,
+};
 use crate::coord::{Coordinator, Solo};
 use crate::error::{Error, Result};
 use crate::format::{Compression, Format, FormatRegistry};
@@ -167,6 +167,13 @@ impl CheckpointerBuilder {
                 .await?;
             String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
         };
+        let claims = !self.opts.read_only && self.opts.fencing && self.coord.rank() == 0;
+        let fencing = Fencing::new(
+            claims,
+            nonce.clone(),
+            caps.claim_strength(),
+            self.opts.fence_lease,
+        );
         Ok(Checkpointer {
             inner: Arc::new(Shared {
                 url: self.url,
@@ -176,20 +183,12 @@ impl CheckpointerBuilder {
                 registry: self.registry,
                 opts: self.opts,
                 chunks,
-                pool: Mutex::new(pool),
-                write_gate: Arc::new(tokio::sync::RwLock::new(())),
-                inflight: Mutex::new(HashSet::new()),
-                inflight_done: tokio::sync::Notify::new(),
-                unobserved: Mutex::new(Vec::new()),
-                damaged: Mutex::new(HashSet::new()),
-                known: Mutex::new(None),
                 coord: self.coord,
-                nonce,
-                seq: AtomicU64::new(0),
-                turn: tokio::sync::watch::channel(0).0,
-                epoch: tokio::sync::Mutex::new(None),
-                fenced: Mutex::new(None),
-                fenced_in: std::sync::atomic::AtomicBool::new(false),
+                pool: Mutex::new(pool),
+                in_flight: InFlight::default(),
+                known: Known::default(),
+                turns: Turns::new(nonce),
+                fencing,
             }),
         })
     }

@@ -1,94 +1,76 @@
 //! The [`Checkpointer`]: options, construction, and the state shared by saves and loads.
 //!
+//! The `impl Checkpointer` blocks of `save/` and `load/` reach that state
+//! through the methods here, and its moving parts through small views, each
+//! with its own lock and methods:
+//!
 //! - [`options`]: [`CheckpointerOptions`], [`SnapshotMode`].
 //! - [`builder`]: [`CheckpointerBuilder`]: checks the options, opens the store.
+//! - [`inflight`]: [`InFlight`]: the saves in flight, the write gate GC
+//!   takes, the background failures nobody has seen.
+//! - [`known`]: [`Known`]: the committed checkpoints this checkpointer knows
+//!   of, and those a load found damaged.
+//! - [`turns`]: [`Turns`]: the order of the job's saves, their attempt ids.
+//! - [`fencing`]: [`Fencing`]: this writer's epoch, and whether it is fenced.
 
-use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use object_store::ObjectStore;
 
 use crate::coord::Coordinator;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::{Format, FormatRegistry};
 use crate::layout::chunks::ChunkIndex;
-use crate::layout::epoch::{self, Claimed};
-use crate::model::CheckpointId;
+use crate::layout::epoch::Claimed;
 use crate::staging::StagingPool;
 use crate::store::Capabilities;
 use crate::sync::MutexExt;
 
 mod builder;
+mod fencing;
+mod inflight;
+mod known;
 mod options;
+mod turns;
 
 pub use builder::CheckpointerBuilder;
+pub(crate) use fencing::Fencing;
+pub(crate) use inflight::InFlight;
+pub(crate) use known::Known;
 pub use options::{CheckpointerOptions, SnapshotMode};
+pub(crate) use turns::Turns;
 
 /// Saves and loads checkpoints under one root (a URL).
 ///
 /// Cheap to clone; clones share the store, the staging pool and the in-flight saves.
 #[derive(Debug, Clone)]
 pub struct Checkpointer {
-    pub(crate) inner: Arc<Shared>,
+    inner: Arc<Shared>,
 }
 
-/// What the clones of one [`Checkpointer`] share: the store, the options, the
-/// staging pool and the bookkeeping of saves in flight.
+/// What the clones of one [`Checkpointer`] share: what it was built with
+/// (fixed), the staging pool, and the views of what changes.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    pub url: String,
-    pub store: Arc<dyn ObjectStore>,
+struct Shared {
+    url: String,
+    store: Arc<dyn ObjectStore>,
     /// What the store is good at.
-    pub caps: Capabilities,
-    pub format: Arc<dyn Format>,
-    pub registry: FormatRegistry,
-    pub opts: CheckpointerOptions,
-    pub chunks: Arc<ChunkIndex>,
-    pub pool: Mutex<Option<StagingPool>>,
-    /// Saves hold it shared while they write; GC takes it exclusively.
-    pub write_gate: Arc<tokio::sync::RwLock<()>>,
-    pub inflight: Mutex<HashSet<CheckpointId>>,
-    pub inflight_done: tokio::sync::Notify,
-    /// Background failures nobody has seen yet; the next `save` reports them.
-    pub unobserved: Mutex<Vec<(u64, crate::error::wire::WireError)>>,
-    /// Checkpoints a load found damaged: their steps may be saved again.
-    pub damaged: Mutex<HashSet<CheckpointId>>,
-    /// The committed checkpoints this checkpointer knows of: listed by its
-    /// first save (`None` until then, so a checkpointer that only loads never
-    /// lists for it), then kept up to date with its own commits and what its
-    /// GC retired. `save` checks its step against this set, so starting a save
-    /// of a new step reads nothing from storage (on S3 a listing is a round
-    /// trip in the stall); the commit checks the store itself before it
-    /// publishes, for checkpoints another process committed since.
-    pub known: Mutex<Option<HashSet<CheckpointId>>>,
+    caps: Capabilities,
+    /// The format new checkpoints are written in.
+    format: Arc<dyn Format>,
+    /// The formats loads can read.
+    registry: FormatRegistry,
+    opts: CheckpointerOptions,
+    /// The chunks known to be stored.
+    chunks: Arc<ChunkIndex>,
     /// The ranks of the job.
-    pub coord: Arc<dyn Coordinator>,
-    /// A random value every rank of the job shares (agreed at build time).
-    pub nonce: String,
-    /// Saves started (that reached the persist phase); every rank counts the same.
-    pub seq: AtomicU64,
-    /// The sequence number whose turn it is to run the collective part of a save.
-    pub turn: tokio::sync::watch::Sender<u64>,
-    /// The writer epoch rank 0 claimed (on the first `load_latest`, `claim`
-    /// or commit); other ranks never claim.
-    pub epoch: tokio::sync::Mutex<Option<Claimed>>,
-    /// Set once a commit or GC found this job fenced (its epoch and the
-    /// newest): later saves fail at once, writing nothing.
-    pub fenced: Mutex<Option<(u64, u64)>>,
-    /// Set once the first save of this checkpointer waited out the lease and
-    /// rescanned the stored chunks.
-    pub fenced_in: std::sync::atomic::AtomicBool,
-}
-
-impl Shared {
-    /// Change the known-committed set, once the first save has listed it
-    /// (before that there is nothing to keep up to date).
-    pub fn update_known(&self, f: impl FnOnce(&mut HashSet<CheckpointId>)) {
-        if let Some(known) = self.known.lock_unpoisoned().as_mut() {
-            f(known);
-        }
-    }
+    coord: Arc<dyn Coordinator>,
+    /// `None` until the first save sizes it (unless the options set a budget).
+    pool: Mutex<Option<StagingPool>>,
+    in_flight: InFlight,
+    known: Known,
+    turns: Turns,
+    fencing: Fencing,
 }
 
 impl Checkpointer {
@@ -142,43 +124,70 @@ impl Checkpointer {
     /// `load_latest` and the first commit call it; call it yourself to fence
     /// an old incarnation before anything else.
     ///
-    /// Errors: storage errors, [`Error::Conflict`] when other writers keep
-    /// winning the claim.
+    /// Errors: storage errors, [`crate::Error::Conflict`] when other writers
+    /// keep winning the claim.
     pub async fn claim(&self) -> Result<Option<u64>> {
         Ok(self.claimed().await?.map(|c| c.epoch))
     }
 
-    /// Remember that this job is fenced, when `r` says so.
-    pub(crate) fn note_fenced<T>(&self, r: &Result<T>) {
-        if let Err(Error::Fenced { epoch, current }) = r {
-            *self.inner.fenced.lock_unpoisoned() = Some((*epoch, *current));
-        }
-    }
-
-    pub(crate) async fn claimed(&self) -> Result<Option<Claimed>> {
-        if self.inner.opts.read_only || !self.inner.opts.fencing || self.rank() != 0 {
-            return Ok(None);
-        }
-        let mut slot = self.inner.epoch.lock().await;
-        if slot.is_none() {
-            let strength = self.inner.caps.claim_strength();
-            *slot = Some(
-                epoch::claim_next(self.inner.store.as_ref(), &self.inner.nonce, strength).await?,
-            );
-        }
-        Ok(slot.clone())
-    }
-
     /// Wait until every save started so far is committed or failed.
     pub async fn flush(&self) {
-        loop {
-            let notified = self.inner.inflight_done.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.inner.inflight.lock_unpoisoned().is_empty() {
-                return;
+        self.inner.in_flight.flush().await
+    }
+
+    /// The epoch claimed, claiming it first if need be ([`Fencing::claimed`]).
+    pub(crate) async fn claimed(&self) -> Result<Option<Claimed>> {
+        self.inner.fencing.claimed(self.inner.store.as_ref()).await
+    }
+
+    /// The ranks of the job.
+    pub(crate) fn coord(&self) -> &dyn Coordinator {
+        self.inner.coord.as_ref()
+    }
+
+    /// The chunks known to be stored.
+    pub(crate) fn chunks(&self) -> &Arc<ChunkIndex> {
+        &self.inner.chunks
+    }
+
+    /// The format that wrote a checkpoint, by the name its manifest records.
+    pub(crate) fn reader(&self, name: &str) -> Result<Arc<dyn Format>> {
+        self.inner.registry.get(name)
+    }
+
+    /// The saves in flight.
+    pub(crate) fn in_flight(&self) -> &InFlight {
+        &self.inner.in_flight
+    }
+
+    /// The committed checkpoints known, and the damaged ones.
+    pub(crate) fn known(&self) -> &Known {
+        &self.inner.known
+    }
+
+    /// The order of the job's saves.
+    pub(crate) fn turns(&self) -> &Turns {
+        &self.inner.turns
+    }
+
+    /// This writer's epoch.
+    pub(crate) fn fencing(&self) -> &Fencing {
+        &self.inner.fencing
+    }
+
+    /// The staging pool for a save that copies `copied_bytes`. With no budget
+    /// set, it is sized to twice the largest save seen so far, and replaced by
+    /// a larger one when a save outgrows it (a first save before the optimizer
+    /// has state is smaller than the ones after). Buffers of a replaced pool
+    /// are freed when the saves using them finish.
+    pub(crate) fn staging_for(&self, copied_bytes: u64) -> StagingPool {
+        let want = copied_bytes.saturating_mul(2).max(64 << 20);
+        let mut pool = self.inner.pool.lock_unpoisoned();
+        match pool.as_ref() {
+            Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= copied_bytes => {
+                p.clone()
             }
-            notified.await;
+            _ => pool.insert(StagingPool::new(want)).clone(),
         }
     }
 }
