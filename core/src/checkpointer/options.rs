@@ -18,7 +18,7 @@ pub enum SnapshotMode {
     Lazy,
 }
 
-/// Options of a [`Checkpointer`].
+/// Options of a [`Checkpointer`](super::Checkpointer).
 #[derive(Debug, Clone)]
 pub struct CheckpointerOptions {
     /// How formats write (chunk size, compression, concurrency).

@@ -36,10 +36,9 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::format::{WriteContext, WriteOutput, WriteStats};
 use crate::layout::catalog;
-use crate::layout::epoch::Fence;
 use crate::layout::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
 use crate::layout::paths;
-use crate::layout::retention::{self, GcReport, Sweep};
+use crate::layout::retention::GcReport;
 use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
@@ -437,66 +436,5 @@ impl Checkpointer {
                 chunk_sweep_skipped: g.chunk_sweep_skipped,
             }),
         }
-    }
-
-    fn sweep(&self, fence: Option<Fence>) -> Sweep {
-        Sweep {
-            grace: self.options().gc_grace,
-            fence,
-        }
-    }
-
-    /// Run retention and GC now unless a save is writing (then the next commit does it).
-    async fn maybe_gc(
-        &self,
-        just_committed: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> Option<GcReport> {
-        self.options().retention.keep_last?;
-        let mut hold = self.in_flight().try_collect()?;
-        hold.protected.insert(just_committed.clone());
-        match retention::collect(
-            self.store().as_ref(),
-            &self.options().retention,
-            self.chunks(),
-            &hold.protected,
-            &mut self.sweep(fence),
-        )
-        .await
-        {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!("garbage collection failed (will retry after the next commit): {e}");
-                None
-            }
-        }
-    }
-
-    /// Apply retention and delete garbage now, waiting for saves in flight to finish
-    /// writing. In a job of several ranks, call it on rank 0 only.
-    ///
-    /// A writer (fencing on) claims its epoch first if it has not, and fails
-    /// with [`Error::Fenced`], deleting nothing more, once a newer epoch has
-    /// claimed the root.
-    pub async fn gc(&self) -> Result<GcReport> {
-        if self.options().read_only {
-            return Err(Error::InvalidInput(
-                "cannot collect garbage: this checkpointer was opened read-only".into(),
-            ));
-        }
-        let fence = self.fencing().fence(self.store().as_ref()).await?;
-        let hold = self.in_flight().collect().await;
-        let report = retention::collect(
-            self.store().as_ref(),
-            &self.options().retention,
-            self.chunks(),
-            &hold.protected,
-            &mut self.sweep(fence),
-        )
-        .await?;
-        for id in &report.retired {
-            self.known().remove(id);
-        }
-        Ok(report)
     }
 }
