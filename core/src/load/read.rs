@@ -15,7 +15,6 @@ use crate::layout::manifest::{Manifest, TensorRecord};
 use crate::model::state::State;
 use crate::model::tensor::Tensor;
 use crate::model::CheckpointId;
-use crate::sync::MutexExt;
 
 /// A loaded checkpoint.
 #[derive(Debug)]
@@ -67,15 +66,15 @@ pub struct CheckpointInfo {
 impl Checkpointer {
     pub(crate) fn read_ctx(&self) -> ReadContext {
         ReadContext {
-            store: self.inner.store.clone(),
-            chunks: self.inner.chunks.clone(),
+            store: self.store().clone(),
+            chunks: self.chunks().clone(),
             cache: Default::default(),
-            concurrency: self.inner.opts.load_concurrency.max(1),
+            concurrency: self.options().load_concurrency.max(1),
             tensors_in_flight: ReadContext::TENSORS_IN_FLIGHT,
             fetches: Arc::new(tokio::sync::Semaphore::new(
-                self.inner.opts.load_concurrency.max(1),
+                self.options().load_concurrency.max(1),
             )),
-            coalesce_bytes: self.inner.caps.coalesce_bytes,
+            coalesce_bytes: self.capabilities().coalesce_bytes,
         }
     }
 
@@ -83,14 +82,14 @@ impl Checkpointer {
     /// fenced writer committed after a newer epoch claimed the root (zombies,
     /// see [`crate::layout::epoch`]) are left out.
     pub async fn committed(&self) -> Result<Vec<CheckpointId>> {
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
         Ok(epoch::partition_committed(store, &view).await?.0)
     }
 
     /// The manifest of a checkpoint.
     pub async fn manifest(&self, id: &CheckpointId) -> Result<Manifest> {
-        catalog::read_manifest(self.inner.store.as_ref(), id).await
+        catalog::read_manifest(self.store().as_ref(), id).await
     }
 
     /// Load one checkpoint, verifying every tensor.
@@ -121,7 +120,7 @@ impl Checkpointer {
 
     /// Load the committed checkpoint of a step.
     pub async fn load_step(&self, step: u64) -> Result<Loaded> {
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
         for id in catalog::committed_at(store, step).await? {
             let manifest = self.manifest(&id).await?;
@@ -147,7 +146,7 @@ impl Checkpointer {
     /// claim are passed over.
     pub async fn load_latest(&self) -> Result<Option<Loaded>> {
         self.claimed().await?;
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
         let mut skipped = Vec::new();
         for id in catalog::committed(store).await?.into_iter().rev() {
@@ -166,7 +165,7 @@ impl Checkpointer {
                     return Ok(Some(loaded));
                 }
                 Err(e) if e.is_damage() => {
-                    self.inner.damaged.lock_unpoisoned().insert(id.clone());
+                    self.known().note_damaged(&id);
                     tracing::warn!("skipping damaged checkpoint {id}: {e}");
                     skipped.push((id, e));
                 }
@@ -183,7 +182,7 @@ impl Checkpointer {
     /// does when it skips one), so that its step may be saved again. For callers
     /// that walk the checkpoints themselves (partial, per-rank loads).
     pub fn note_damaged(&self, id: &CheckpointId) {
-        self.inner.damaged.lock_unpoisoned().insert(id.clone());
+        self.known().note_damaged(id);
     }
 
     /// Load only the named tensors of a checkpoint (reads only their objects).
@@ -222,7 +221,7 @@ impl Checkpointer {
         targets: Vec<(&str, &mut [u8])>,
     ) -> Result<Manifest> {
         let manifest = self.manifest(id).await?;
-        let format = self.inner.registry.get(&manifest.format)?;
+        let format = self.reader(&manifest.format)?;
         let by_name: HashMap<&str, &TensorRecord> = manifest
             .tensors
             .iter()
@@ -249,14 +248,14 @@ impl Checkpointer {
     /// Read and verify every tensor of a checkpoint without keeping the data.
     pub async fn verify(&self, id: &CheckpointId) -> Result<Manifest> {
         let manifest = self.manifest(id).await?;
-        let format = self.inner.registry.get(&manifest.format)?;
+        let format = self.reader(&manifest.format)?;
         let ctx = self.read_ctx();
         futures::stream::iter(manifest.tensors.iter())
             .map(|r| {
                 let (format, ctx) = (format.clone(), ctx.clone());
                 async move { format.read(&ctx, r).await.map(|_| ()) }
             })
-            .buffer_unordered(self.inner.opts.load_concurrency.max(1))
+            .buffer_unordered(self.options().load_concurrency.max(1))
             .try_collect::<Vec<()>>()
             .await?;
         Ok(manifest)
@@ -268,8 +267,8 @@ impl Checkpointer {
     /// `verify = true` to read and check all data too.
     pub async fn list(&self, verify: bool) -> Result<Vec<CheckpointInfo>> {
         let mut out = Vec::new();
-        let view = EpochView::read(self.inner.store.as_ref()).await?;
-        for id in catalog::committed(self.inner.store.as_ref()).await? {
+        let view = EpochView::read(self.store().as_ref()).await?;
+        for id in catalog::committed(self.store().as_ref()).await? {
             let (status, m) = match self.manifest(&id).await {
                 Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => (Status::Fenced, Some(m)),
                 Ok(m) => (Status::Committed, Some(m)),
@@ -291,7 +290,7 @@ impl Checkpointer {
                 status,
             });
         }
-        for (id, bytes) in catalog::incomplete(self.inner.store.as_ref()).await? {
+        for (id, bytes) in catalog::incomplete(self.store().as_ref()).await? {
             out.push(CheckpointInfo {
                 id,
                 status: Status::Incomplete,
@@ -310,7 +309,7 @@ impl Checkpointer {
         manifest: &Manifest,
         records: Vec<&TensorRecord>,
     ) -> Result<Vec<Tensor>> {
-        let format = self.inner.registry.get(&manifest.format)?;
+        let format = self.reader(&manifest.format)?;
         let ctx = self.read_ctx();
         let datas = format.read_many(&ctx, records.clone()).await?;
         if datas.len() != records.len() {

@@ -276,14 +276,14 @@ impl Checkpointer {
             }
             jobs.push((t, records.clone(), len));
         }
-        let format = self.inner.registry.get(&manifest.format)?;
+        let format = self.reader(&manifest.format)?;
         let ctx = self.read_ctx();
         let key = manifest_key(&manifest);
         // Boxes assembled from stored pieces hold those pieces in memory: at most
         // `load_concurrency` such boxes at once. Boxes read in place hold nothing
         // but the reads the context's fetch limit already bounds, so many of them
         // are in flight (the storage always has work queued).
-        let assembling = tokio::sync::Semaphore::new(self.inner.opts.load_concurrency.max(1));
+        let assembling = tokio::sync::Semaphore::new(self.options().load_concurrency.max(1));
         let assembling = &assembling;
         // Each box with the distinct stored boxes that overlap it (identical
         // replicas are the same data). A box that is exactly one stored piece

@@ -1,14 +1,13 @@
 //! The two phases of a save: snapshot (the stall), then persist and commit in the background.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::checkpointer::{Checkpointer, Shared, SnapshotMode};
+use crate::checkpointer::{Checkpointer, SnapshotMode};
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::layout::catalog;
@@ -19,8 +18,6 @@ use crate::save::persist::PersistJob;
 use crate::model::tensor::{check_layout, Tensor};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::{self, Capture, SnapState};
-use crate::staging::StagingPool;
-use crate::sync::MutexExt;
 
 /// A save in progress. Dropping it does not cancel the save.
 #[derive(Debug)]
@@ -29,7 +26,7 @@ pub struct SaveHandle {
     stall: Duration,
     snapshot: watch::Receiver<SnapState>,
     task: JoinHandle<Result<SaveReport>>,
-    inner: Arc<Shared>,
+    cp: Checkpointer,
 }
 
 impl SaveHandle {
@@ -77,10 +74,7 @@ impl SaveHandle {
         };
         if out.is_err() {
             // Seen here: the next save need not report it again.
-            self.inner
-                .unobserved
-                .lock_unpoisoned()
-                .retain(|(s, _)| *s != step);
+            self.cp.in_flight().observed(step);
         }
         out
     }
@@ -99,26 +93,27 @@ impl Checkpointer {
     pub async fn save(&self, step: u64, state: impl Into<Capture>) -> Result<SaveHandle> {
         let start = Instant::now();
         let capture = state.into();
-        let inner = &self.inner;
-        if let Some((s, reason)) = inner.unobserved.lock_unpoisoned().pop() {
+        if let Some((s, reason)) = self.in_flight().take_unobserved() {
             return Err(
                 reason.into_error(&format!("the save of step {s} failed in the background: "))
             );
         }
-        if inner.opts.read_only {
+        let opts = self.options();
+        if opts.read_only {
             return Err(Error::InvalidInput(format!(
                 "cannot save step {step}: this checkpointer was opened read-only"
             )));
         }
-        if let Some((epoch, current)) = *inner.fenced.lock_unpoisoned() {
-            return Err(Error::Fenced { epoch, current });
-        }
+        self.fencing().check()?;
         validate(&capture)?;
         // A step is taken if a readable manifest commits it (see `Checkpointer::
         // conflicting`). Only the checkpoints this checkpointer knows of are
         // checked here, so a new step costs no storage round trip in the stall;
         // the commit checks the store again before it publishes.
-        if let Some(existing) = self.conflicting(self.known_at(step).await?).await? {
+        if let Some(existing) = self
+            .conflicting(self.known().at_step(self.store().as_ref(), step).await?)
+            .await?
+        {
             return Err(Error::Conflict(format!(
                 "step {step} is already committed ({existing})"
             )));
@@ -128,19 +123,15 @@ impl Checkpointer {
         // Staging memory for the tensors that must be copied.
         let lens = capture.copy_lens();
         let copied_bytes: u64 = lens.iter().map(|&l| l as u64).sum();
-        let pool = self.pool_for(copied_bytes);
-        let bufs = pool.acquire(&lens, inner.opts.busy, step).await?;
+        let pool = self.staging_for(copied_bytes);
+        let bufs = pool.acquire(&lens, opts.busy, step).await?;
 
         // From here on every rank takes part in this save's collectives, even if its
         // own part fails, so that no rank is left waiting.
-        let seq = inner.seq.fetch_add(1, Ordering::SeqCst);
-        let id = CheckpointId {
-            step,
-            attempt: attempt_id(&inner.nonce, step, seq),
-        };
-        inner.inflight.lock_unpoisoned().insert(id.clone());
+        let (seq, id) = self.turns().start(step);
+        self.in_flight().begin(id.clone());
         let (snap_tx, snap_rx) = watch::channel(SnapState::Pending);
-        let threads = inner.opts.snapshot_threads;
+        let threads = opts.snapshot_threads;
         let Capture {
             tensors,
             meta,
@@ -148,7 +139,7 @@ impl Checkpointer {
         } = capture;
 
         let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) =
-            match inner.opts.snapshot {
+            match opts.snapshot {
                 SnapshotMode::Eager => {
                     let t = Instant::now();
                     let r = snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
@@ -199,13 +190,11 @@ impl Checkpointer {
                 if let Err(e) = &r {
                     tracing::warn!("save of {id} failed: {e}");
                     if !observed {
-                        this.inner
-                            .unobserved
-                            .lock_unpoisoned()
-                            .push((id.step, crate::error::wire::WireError::from(e)));
+                        this.in_flight()
+                            .failed(id.step, crate::error::wire::WireError::from(e));
                     }
                 }
-                this.finish_inflight(&id);
+                this.in_flight().finish(&id);
                 r
             })
         };
@@ -217,23 +206,8 @@ impl Checkpointer {
             stall,
             snapshot: snap_rx,
             task,
-            inner: self.inner.clone(),
+            cp: self.clone(),
         })
-    }
-
-    /// The committed checkpoints of `step` this checkpointer knows of; the
-    /// first call lists the store.
-    async fn known_at(&self, step: u64) -> Result<Vec<CheckpointId>> {
-        let inner = &self.inner;
-        let listed = inner.known.lock_unpoisoned().is_some();
-        if !listed {
-            let ids = catalog::committed(inner.store.as_ref()).await?;
-            let mut known = inner.known.lock_unpoisoned();
-            known.get_or_insert_with(|| ids.into_iter().collect());
-        }
-        let known = inner.known.lock_unpoisoned();
-        let at_step = known.iter().flatten().filter(|id| id.step == step);
-        Ok(at_step.cloned().collect())
     }
 
     /// The first of `ids` (checkpoints of one step) that commits its step: a
@@ -242,17 +216,17 @@ impl Checkpointer {
     /// nothing, and a job that fell back past a damaged checkpoint redoes its
     /// step beside it).
     pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
-        let inner = &self.inner;
+        let store = self.store().as_ref();
         let mut view = None;
         for id in ids {
-            if inner.damaged.lock_unpoisoned().contains(&id) {
+            if self.known().is_damaged(&id) {
                 continue;
             }
-            match catalog::read_manifest(inner.store.as_ref(), &id).await {
+            match catalog::read_manifest(store, &id).await {
                 Ok(m) => {
                     // A zombie's checkpoint (committed by a fenced writer) does not count.
                     if view.is_none() {
-                        view = Some(EpochView::read(inner.store.as_ref()).await?);
+                        view = Some(EpochView::read(store).await?);
                     }
                     if view
                         .as_ref()
@@ -263,43 +237,12 @@ impl Checkpointer {
                     return Ok(Some(id));
                 }
                 // Gone (retired by another process) or damaged: it commits nothing.
-                Err(e) if e.is_damage() => inner.update_known(|k| {
-                    k.remove(&id);
-                }),
+                Err(e) if e.is_damage() => self.known().remove(&id),
                 Err(e) => return Err(e),
             }
         }
         Ok(None)
     }
-
-    fn finish_inflight(&self, id: &CheckpointId) {
-        self.inner.inflight.lock_unpoisoned().remove(id);
-        self.inner.inflight_done.notify_waiters();
-    }
-
-    /// The staging pool. With no budget set, it is sized to twice the largest save
-    /// seen so far, and replaced by a larger one when a save outgrows it (a first save
-    /// before the optimizer has state is smaller than the ones after). Buffers of a
-    /// replaced pool are freed when the saves using them finish.
-    fn pool_for(&self, copied_bytes: u64) -> StagingPool {
-        let want = copied_bytes.saturating_mul(2).max(64 << 20);
-        let mut pool = self.inner.pool.lock_unpoisoned();
-        match pool.as_ref() {
-            Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= copied_bytes => {
-                p.clone()
-            }
-            _ => pool.insert(StagingPool::new(want)).clone(),
-        }
-    }
-}
-
-/// The attempt id of the `seq`-th save of a job: the same on every rank.
-fn attempt_id(nonce: &str, step: u64, seq: u64) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(nonce.as_bytes());
-    h.update(&step.to_le_bytes());
-    h.update(&seq.to_le_bytes());
-    h.finalize().to_hex()[..16].to_owned()
 }
 
 fn validate(capture: &Capture) -> Result<()> {

@@ -6,14 +6,16 @@
 //! - [`slab`]: [`Slab`], host memory filled from outside (a GPU's
 //!   device-to-host copies) and saved without a copy.
 //! - [`persist`]: the background half: the plan, this rank's writes through the
-//!   format, and the coordinated commit (manifest last), then retention and GC.
+//!   format, and the coordinated commit (manifest last).
+//! - [`gc`]: retention and GC, after a commit and on request (`Checkpointer::gc`).
 //! - [`plan`]: which rank writes which tensor (pure).
 //! - [`report`]: the [`SaveReport`] a committed save returns.
 //!
-//! Dependencies run one way: `handle` → `persist` → `plan`, and both use
-//! `snapshot` and `report`; `snapshot` and `slab` fill buffers of
-//! [`crate::staging`].
+//! Dependencies run one way: `handle` → `persist` → `plan`, `persist` → `gc`,
+//! and `handle` and `persist` use `snapshot` and `report`; `snapshot` and
+//! `slab` fill buffers of [`crate::staging`].
 
+pub(crate) mod gc;
 pub(crate) mod handle;
 pub(crate) mod persist;
 pub(crate) mod plan;

@@ -36,17 +36,15 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::format::{WriteContext, WriteOutput, WriteStats};
 use crate::layout::catalog;
-use crate::layout::epoch::Fence;
 use crate::layout::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
 use crate::layout::paths;
-use crate::layout::retention::{self, GcReport, Sweep};
+use crate::layout::retention::GcReport;
 use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
 use crate::save::plan::{self, Holding};
 use crate::save::report::SaveReport;
 use crate::save::snapshot::SnapState;
-use crate::sync::MutexExt;
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -99,19 +97,6 @@ struct GcSummary {
     chunk_sweep_skipped: bool,
 }
 
-/// Moves the turn on when dropped, whatever happened.
-struct Turn<'a> {
-    tx: &'a watch::Sender<u64>,
-    seq: u64,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        let next = self.seq + 1;
-        self.tx.send_modify(|t| *t = (*t).max(next));
-    }
-}
-
 async fn gather_json<T: Serialize + DeserializeOwned>(
     coord: &dyn Coordinator,
     msg: &T,
@@ -129,18 +114,7 @@ async fn gather_json<T: Serialize + DeserializeOwned>(
 }
 
 impl Checkpointer {
-    async fn take_turn(&self, seq: u64) -> Turn<'_> {
-        let mut rx = self.inner.turn.subscribe();
-        // The sender lives in `inner`, so this cannot fail while `self` exists.
-        let _ = rx.wait_for(|t| *t >= seq).await;
-        Turn {
-            tx: &self.inner.turn,
-            seq,
-        }
-    }
-
     pub(crate) async fn persist(&self, job: PersistJob) -> Result<SaveReport> {
-        let inner = &self.inner;
         let local = match job.snapshot.await {
             Ok(r) => r,
             Err(e) => Err(Error::Internal(format!("snapshot task: {e}"))),
@@ -149,16 +123,16 @@ impl Checkpointer {
             SnapState::Done(d) => d,
             _ => Duration::ZERO,
         };
-        let _turn = self.take_turn(job.seq).await;
+        let _turn = self.turns().take(job.seq).await;
         let persist_start = Instant::now();
-        let coord = inner.coord.as_ref();
+        let coord = self.coord();
         let rank = coord.rank();
-        let timeout = inner.opts.collective_timeout;
+        let timeout = self.options().collective_timeout;
         let id = job.id;
         // Rank 0 claims its epoch at the first commit unless a load claimed it;
         // a failed claim fails the save on every rank, as its snapshot would.
-        let (local, fence_in_ms) = match self.fence_in().await {
-            Ok(wait) => (local, wait),
+        let (local, fence_in_ms) = match self.fencing().fence_in(self.store().as_ref()).await {
+            Ok(wait) => (local, wait.map(|d| d.as_millis() as u64)),
             Err(e) => (local.and(Err(e)), None),
         };
 
@@ -211,7 +185,7 @@ impl Checkpointer {
             // last saw itself current, which was before the claim: after the
             // lease, what is listed stays.
             tokio::time::sleep(Duration::from_millis(ms)).await;
-            inner.chunks.refresh(inner.store.as_ref()).await?;
+            self.chunks().refresh(self.store().as_ref()).await?;
         }
         let plan = plan::make(&holdings)?;
         let mine: Vec<Tensor> = tensors
@@ -226,10 +200,10 @@ impl Checkpointer {
         // 2. Write this rank's share.
         let stats = std::sync::Arc::new(WriteStats::default());
         let written: Result<WriteOutput> = async {
-            let _gate = inner.write_gate.clone().read_owned().await;
+            let _gate = self.in_flight().writing().await;
             failpoint::hit("save.before_data").await?;
             let ctx = self.write_context(&id, &job.meta, stats.clone());
-            let out = inner.format.write(&ctx, &mine).await?;
+            let out = self.format().write(&ctx, &mine).await?;
             failpoint::hit("save.after_data").await?;
             Ok(out)
         }
@@ -266,9 +240,7 @@ impl Checkpointer {
             serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
                 .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         if let Some((step, attempt)) = outcome.committed_by_other {
-            inner.update_known(|k| {
-                k.insert(CheckpointId { step, attempt });
-            });
+            self.known().insert(CheckpointId { step, attempt });
         }
         if let Err((r, e)) = outcome.result {
             // The rank whose write failed reports its own error; the others the same variant.
@@ -279,33 +251,31 @@ impl Checkpointer {
                 format!("rank {r}: ")
             };
             let e = Err(e.into_error(&context));
-            self.note_fenced(&e);
+            self.fencing().note(&e);
             return e;
         }
         written?;
 
         // Every rank now knows the checkpoint is committed, what GC retired,
         // every chunk of the checkpoint, and what GC deleted.
-        inner.update_known(|k| {
-            k.insert(id.clone());
-            for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
-                k.remove(&CheckpointId {
-                    step: *step,
-                    attempt: attempt.clone(),
-                });
-            }
-        });
+        self.known().insert(id.clone());
+        for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
+            self.known().remove(&CheckpointId {
+                step: *step,
+                attempt: attempt.clone(),
+            });
+        }
         for share in shares.iter().flatten() {
             for r in &share.records {
                 if let Layout::Chunks { chunks } = &r.layout {
                     for c in chunks {
-                        inner.chunks.insert(c.hash.clone(), c.stored);
+                        self.chunks().insert(c.hash.clone(), c.stored);
                     }
                 }
             }
         }
         for h in &outcome.deleted_chunks {
-            inner.chunks.remove(h);
+            self.chunks().remove(h);
         }
         let written = stats.totals();
         Ok(SaveReport {
@@ -341,26 +311,26 @@ impl Checkpointer {
         })
     }
 
-    /// Rank 0: publish the manifest if every share is in, then retention and GC.
+    /// What the format writes this save's share with.
     fn write_context(
         &self,
         id: &CheckpointId,
         meta: &Value,
         stats: std::sync::Arc<WriteStats>,
     ) -> WriteContext {
-        let inner = &self.inner;
         WriteContext {
-            store: inner.store.clone(),
+            store: self.store().clone(),
             data_prefix: paths::data_prefix(id),
-            rank: inner.coord.rank(),
-            world_size: inner.coord.world_size(),
+            rank: self.rank(),
+            world_size: self.world_size(),
             meta: meta.clone(),
-            options: inner.opts.write.clone(),
-            chunks: inner.chunks.clone(),
+            options: self.options().write.clone(),
+            chunks: self.chunks().clone(),
             stats,
         }
     }
 
+    /// Rank 0: publish the manifest if every share is in, then retention and GC.
     async fn commit(
         &self,
         ctx: &WriteContext,
@@ -388,7 +358,7 @@ impl Checkpointer {
         // `save` checked the step against the checkpoints this checkpointer
         // knows of; another process may have committed it since.
         let others = async {
-            let ids = catalog::committed_at(self.inner.store.as_ref(), id.step).await?;
+            let ids = catalog::committed_at(self.store().as_ref(), id.step).await?;
             self.conflicting(ids).await
         };
         match others.await {
@@ -406,18 +376,18 @@ impl Checkpointer {
             }
             Err(e) => return fail(0, WireError::from(&e)),
         }
-        match self.inner.format.finish(ctx, &tensors).await {
+        match self.format().finish(ctx, &tensors).await {
             Ok(extra) => objects.extend(extra),
             Err(e) => return fail(0, WireError::from(&e)),
         }
-        let mut fence = match self.claimed().await {
-            Ok(c) => c.map(|c| Fence::new(c.epoch, self.inner.opts.fence_lease)),
+        let mut fence = match self.fencing().fence(self.store().as_ref()).await {
+            Ok(f) => f,
             Err(e) => return fail(0, WireError::from(&e)),
         };
         let manifest = Manifest {
             version: MANIFEST_VERSION,
             library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
-            format: self.inner.format.name().to_owned(),
+            format: self.format().name().to_owned(),
             step: id.step,
             attempt: id.attempt.clone(),
             world_size: ctx.world_size as u32,
@@ -430,7 +400,7 @@ impl Checkpointer {
             meta,
             objects,
         };
-        let store = self.inner.store.as_ref();
+        let store = self.store().as_ref();
         let published = async {
             if let Some(f) = fence.as_mut() {
                 f.check(store).await?;
@@ -466,92 +436,5 @@ impl Checkpointer {
                 chunk_sweep_skipped: g.chunk_sweep_skipped,
             }),
         }
-    }
-
-    /// Rank 0: claim the epoch if not yet claimed; on the first save after
-    /// a claim on a root with an earlier epoch, how long to wait before
-    /// writing (the rest of the lease). Other ranks: `None`.
-    async fn fence_in(&self) -> Result<Option<u64>> {
-        let Some(c) = self.claimed().await? else {
-            return Ok(None);
-        };
-        if self
-            .inner
-            .fenced_in
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-            || !c.had_predecessor
-        {
-            return Ok(None);
-        }
-        let rest = self.inner.opts.fence_lease.saturating_sub(c.at.elapsed());
-        Ok(Some(rest.as_millis() as u64))
-    }
-
-    fn sweep(&self, fence: Option<Fence>) -> Sweep {
-        Sweep {
-            grace: self.inner.opts.gc_grace,
-            fence,
-        }
-    }
-
-    /// Run retention and GC now unless a save is writing (then the next commit does it).
-    async fn maybe_gc(
-        &self,
-        just_committed: &CheckpointId,
-        fence: Option<Fence>,
-    ) -> Option<GcReport> {
-        self.inner.opts.retention.keep_last?;
-        let _gate = self.inner.write_gate.clone().try_write_owned().ok()?;
-        let mut protected = self.inner.inflight.lock_unpoisoned().clone();
-        protected.insert(just_committed.clone());
-        match retention::collect(
-            self.inner.store.as_ref(),
-            &self.inner.opts.retention,
-            &self.inner.chunks,
-            &protected,
-            &mut self.sweep(fence),
-        )
-        .await
-        {
-            Ok(r) => Some(r),
-            Err(e) => {
-                tracing::warn!("garbage collection failed (will retry after the next commit): {e}");
-                None
-            }
-        }
-    }
-
-    /// Apply retention and delete garbage now, waiting for saves in flight to finish
-    /// writing. In a job of several ranks, call it on rank 0 only.
-    ///
-    /// A writer (fencing on) claims its epoch first if it has not, and fails
-    /// with [`Error::Fenced`], deleting nothing more, once a newer epoch has
-    /// claimed the root.
-    pub async fn gc(&self) -> Result<GcReport> {
-        if self.inner.opts.read_only {
-            return Err(Error::InvalidInput(
-                "cannot collect garbage: this checkpointer was opened read-only".into(),
-            ));
-        }
-        let fence = self
-            .claimed()
-            .await?
-            .map(|c| Fence::new(c.epoch, self.inner.opts.fence_lease));
-        let _gate = self.inner.write_gate.clone().write_owned().await;
-        let protected = self.inner.inflight.lock_unpoisoned().clone();
-        let report = retention::collect(
-            self.inner.store.as_ref(),
-            &self.inner.opts.retention,
-            &self.inner.chunks,
-            &protected,
-            &mut self.sweep(fence),
-        )
-        .await?;
-        self.inner.update_known(|k| {
-            for id in &report.retired {
-                k.remove(id);
-            }
-        });
-        Ok(report)
     }
 }
