@@ -97,7 +97,7 @@ impl Checkpointer {
     #[new]
     #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
                         staging_budget=None, busy="wait", format="native", coordinator=None,
-                        collective_timeout=600.0, read_only=false, fencing=true))]
+                        collective_timeout=600.0, read_only=false, fencing=true, gc_grace=60.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -114,7 +114,13 @@ impl Checkpointer {
         collective_timeout: f64,
         read_only: bool,
         fencing: bool,
+        gc_grace: f64,
     ) -> PyResult<Self> {
+        let gc_grace = Duration::try_from_secs_f64(gc_grace).map_err(|_| {
+            invalid(format!(
+                "gc_grace must be a number of seconds >= 0, not {gc_grace}"
+            ))
+        })?;
         if keep_last == Some(0) {
             return Err(invalid("keep_last must be at least 1"));
         }
@@ -139,6 +145,7 @@ impl Checkpointer {
             collective_timeout,
             read_only,
             fencing,
+            gc_grace,
             ..CheckpointerOptions::default()
         };
         let counting = Arc::new(CountingStore::new(ckpt_core::store::open_url(&url).py()?));

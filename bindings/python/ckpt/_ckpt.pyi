@@ -209,6 +209,7 @@ class Checkpointer:
         collective_timeout: float = 600.0,
         read_only: bool = False,
         fencing: bool = True,
+        gc_grace: float = 60.0,
     ) -> Self: ...
     @property
     def url(self) -> str: ...

@@ -162,6 +162,9 @@ class Checkpointer:
             export) must pass ``read_only=True`` so that it does not fence
             the job; its ``save`` and ``gc`` raise
             :class:`~ckpt.InvalidInputError`.
+        gc_grace: seconds during which garbage collection keeps chunks and
+            incomplete saves' data that nothing references: another process
+            (a save in flight elsewhere) may be writing them.
         fencing: ``False`` for a root that something other than the job
             manages, such as the memory tier's (its checkpoints are copied
             between roots, so they carry no epoch): this writer never claims
@@ -199,6 +202,7 @@ class Checkpointer:
         collective_timeout: float = 600.0,
         read_only: bool = False,
         fencing: bool = True,
+        gc_grace: float = 60.0,
     ) -> None:
         if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
@@ -219,6 +223,7 @@ class Checkpointer:
             collective_timeout=float(collective_timeout),
             read_only=bool(read_only),
             fencing=bool(fencing),
+            gc_grace=float(gc_grace),
         )
         self._coordinator = coordinator
         self._rng = rng
