@@ -631,3 +631,63 @@ async fn memtier_restarts_from_every_source_or_why_not() {
         "its scratch is removed"
     );
 }
+
+/// `gpu_bench.py` needs CUDA for its figures, but its structure (the peers of
+/// `peers.py`, the loop, the restores, the JSON the gpu experiment renders)
+/// runs on CPU with `--device cpu`: every method, a tiny model.
+#[test]
+fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
+    use ckpt_eval::experiments::gpu::{render, script_path, GpuResults};
+    let Some(py) = ckpt_eval::python::interpreter() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gpu.json");
+    let out = std::process::Command::new(py)
+        .arg(script_path())
+        .args([
+            "--device", "cpu", "--layers", "1", "--width", "64", "--seq", "16",
+        ])
+        .args([
+            "--batch", "2", "--vocab", "128", "--every", "2", "--rounds", "2",
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named") {
+        return; // no torch (or no ckpt package) in this interpreter
+    }
+    assert!(out.status.success(), "{stderr}");
+    let r: GpuResults = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let names: Vec<&str> = r.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "none",
+            "ckpt eager",
+            "ckpt lazy",
+            "torch.save",
+            "dcp.save",
+            "dcp.async_save",
+            "torch-checkpointing"
+        ]
+    );
+    for m in &r.methods[1..] {
+        if m.method == "torch-checkpointing" && m.error.is_some() {
+            continue; // not installed
+        }
+        assert_eq!(m.error, None, "{}", m.method);
+        assert!(m.restore_cold_s.unwrap() > 0.0, "{}", m.method);
+        assert!(m.durable_s.unwrap() > 0.0, "{}", m.method);
+    }
+    // The lazy pre-hook's and DCP's staging waits are timed, torch.save has none.
+    assert!(r.methods[2].step_wait_s.is_some() && r.methods[5].step_wait_s.is_some());
+    assert!(r.methods[3].step_wait_s.is_none());
+    let o = render(&r);
+    assert_eq!(o.tables[0].rows.len(), 7);
+    assert!(!o.targets.is_empty());
+}
