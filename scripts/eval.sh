@@ -32,7 +32,10 @@ if [ -n "${CKPT_EVAL_S3_URL:-}" ]; then features=$features,s3; fi
 if [ ! -x target/release/ckpt-eval ]; then
   echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package beside it (usually 5-6 min the first time on 2 cores) ..." >&2
 fi
-cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
+# Without the release profile's line tables: 15% less CPU for this build
+# (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
+# instead of 76; a panic's backtrace then names functions without lines.
+CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
 build_pid=$!
 if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh; then
   kill "$build_pid" 2>/dev/null || true
