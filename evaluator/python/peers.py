@@ -417,7 +417,13 @@ class Ckpt(Method):
     def load(self, step: int) -> None:
         import ckpt
 
-        cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
+        url = "file://" + os.path.abspath(self.dir)
+        try:
+            # A reader beside the saver, which saves again after: it must not
+            # claim the root's writer epoch (that would fence the saver).
+            cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False, read_only=True)
+        except TypeError:  # a ckpt without writer epochs
+            cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False)
         try:
             got = cp.load_latest(**self.state())
             if got != step:
