@@ -6,7 +6,8 @@
 #   - the ckpt Python package (bindings/) built and installed into .venv
 #   - Garage (S3-compatible server) from crates.io, cached in ~/.cargo/bin
 # CKPT_SKIP_GARAGE=1 leaves Garage out (only the S3 tests use it; eval.sh skips it),
-# CKPT_SKIP_BINDINGS=1 the Python package (eval.sh builds it after its first report).
+# CKPT_SKIP_BINDINGS=1 the Python package, CKPT_SKIP_PYTHON=1 the venv and the
+# package (eval.sh builds ckpt-eval, which needs neither, while the venv is made).
 # Each step says what it does, how long it usually takes the first time on a
 # 2-core machine, and how long it took.
 set -euo pipefail
@@ -39,6 +40,9 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { log "cargo not found: install Rust (rustup) first"; exit 1; }
 
+if [ "${CKPT_SKIP_PYTHON:-0}" = 1 ]; then
+  CKPT_SKIP_BINDINGS=1
+else
 # --- Python venv ---------------------------------------------------------------
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -53,6 +57,7 @@ if [ "$(cat .venv/.requirements 2>/dev/null)" != "$req_hash" ]; then
   echo "$req_hash" > .venv/.requirements
   done_step
 fi
+fi
 
 # --- The ckpt Python package (bindings/, PyO3 built by maturin) -----------------
 # Rebuilt and reinstalled into .venv only when a source it is made of changed.
@@ -62,7 +67,10 @@ bindings_hash=$(find bindings/src bindings/python core/src formats/src cli/src -
   | sha256sum | cut -c1-16)
 if [ "${CKPT_SKIP_BINDINGS:-0}" != 1 ] && [ "$(cat .venv/.ckpt-bindings 2>/dev/null)" != "$bindings_hash" ]; then
   begin "building and installing the ckpt Python package and its ckpt command (release build)" "4-6 min"
-  .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
+  # The wheel is stripped (pyproject.toml), so the release profile's line
+  # tables would be compiled for nothing (they cost ckpt-eval's release
+  # build 15% of its CPU time).
+  CARGO_PROFILE_RELEASE_DEBUG=0 .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
   echo "$bindings_hash" > .venv/.ckpt-bindings
   done_step
 fi

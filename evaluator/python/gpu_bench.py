@@ -14,7 +14,10 @@ about 70 ms a step on an H100 and runs in about three minutes.
 
 Per method, in this order: ``none`` (no checkpoint), ckpt eager and lazy,
 ``torch.save`` + fsync, ``dcp.save``, ``dcp.async_save`` with DCP's pinned
-``DefaultStager`` and torch-checkpointing's async save (when installed).
+``DefaultStager`` and torch-checkpointing's async save (when installed): the
+peers of ``peers.py``, as every benchmark of ckpt-eval measures them (any
+name of its ``MAKERS`` can be given to ``--methods``), ckpt keeping its last
+two checkpoints.
 
 - **Loop.** ``--rounds`` rounds of ``--every`` training steps without a
   checkpoint, then a save and ``--every`` steps; the slowdown is the second
@@ -38,14 +41,13 @@ Per method, in this order: ``none`` (no checkpoint), ckpt eager and lazy,
 
 Floors, same run, same bytes: the device-to-host copy of the whole state into
 page-locked memory, the host-to-device copy back, write + fsync of those bytes
-to one file, and its read with the page cache dropped.
+to one file, and its read with the page cache dropped (``peers.write_read_floor``).
 
 Without a CUDA device it writes ``{"skipped": reason}`` and exits 0.
 """
 
 from __future__ import annotations
 
-import abc
 import argparse
 import json
 import math
@@ -63,7 +65,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import drop_cache, fsync_path, fsync_written  # noqa: E402
+from peers import (  # noqa: E402
+    MAKERS, Ckpt, DcpAsync, Method, TorchCheckpointing, done, drop_cache, write_read_floor,
+)
 
 ALL = ["none", "ckpt eager", "ckpt lazy", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
 
@@ -169,7 +173,8 @@ class Trainer:
 
 
 def floors(tr: Trainer, work: str) -> Dict[str, float]:
-    """Device-to-host into locked memory, host-to-device, write + fsync, cold read."""
+    """Device-to-host into locked memory, host-to-device, and ``peers``'
+    write + fsync and cold read of those bytes."""
     ts = [t for t in tr.tensors().values()]
     total = sum(t.numel() * t.element_size() for t in ts)
     pin = torch.empty(total, dtype=torch.uint8, pin_memory=tr.device == "cuda")
@@ -191,68 +196,16 @@ def floors(tr: Trainer, work: str) -> Dict[str, float]:
             t.copy_(v, non_blocking=True)
         tr.sync()
         h2d = min(h2d, time.perf_counter() - t0)
-    path = os.path.join(work, "floor.bin")
-    mv = memoryview(pin.numpy())
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        for i in range(0, total, 64 << 20):
-            f.write(mv[i : i + (64 << 20)])
-        f.flush()
-        os.fsync(f.fileno())
-    write = time.perf_counter() - t0
-    drop_cache(path)
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        got = 0
-        while got < total:
-            n = f.readinto(mv[got : got + (64 << 20)])
-            if not n:
-                break
-            got += n
-    read = time.perf_counter() - t0
-    os.remove(path)
+    write, read, _ = write_read_floor(memoryview(pin.numpy()), os.path.join(work, "floor.bin"))
     del pin, views
     return {"d2h_s": d2h, "h2d_s": h2d, "write_fsync_s": write, "cold_read_s": read}
 
 
 # ---------------------------------------------------------------- methods
-
-
-class Method(abc.ABC):
-    """One way to checkpoint: ``save`` returns a function that blocks until durable."""
-
-    name = ""
-
-    def __init__(self, tr: Trainer, work: str) -> None:
-        self.tr, self.work = tr, work
-        os.makedirs(work, exist_ok=True)
-        self.step_wait: List[float] = []
-
-    def dir(self, step: int) -> str:
-        return os.path.join(self.work, f"step{step}")
-
-    @abc.abstractmethod
-    def save(self, step: int) -> Callable[[], None]:
-        """Start the save of ``step``."""
-
-    def before_step(self) -> None:
-        """What the loop must wait for before the next optimizer step."""
-
-    @abc.abstractmethod
-    def restore(self, step: int) -> None:
-        """Load ``step`` into the live model and optimizer."""
-
-    def prune(self, keep: int) -> None:
-        """Delete step directories other than ``keep`` (ckpt keeps its own)."""
-        for d in os.listdir(self.work):
-            if d.startswith("step") and d != f"step{keep}":
-                shutil.rmtree(os.path.join(self.work, d), ignore_errors=True)
-
-    def pinned(self) -> Optional[int]:
-        return None
-
-    def close(self) -> None:
-        pass
+#
+# The peers are ``peers.py``'s, as in every other benchmark; what differs on
+# a GPU is said here: ckpt keeps its last two checkpoints, its lazy step
+# pre-hook is timed, and its page-locked peak is reported.
 
 
 class NoCheckpoint(Method):
@@ -260,22 +213,25 @@ class NoCheckpoint(Method):
 
     name = "none"
 
-    def save(self, step: int) -> Callable[[], None]:
-        return lambda: None
+    def start(self, step: int) -> Callable[[], None]:
+        return done
 
-    def restore(self, step: int) -> None:
+    def load(self, step: int) -> None:
         pass
 
 
-class Ckpt(Method):
-    def __init__(self, tr: Trainer, work: str, lazy: bool) -> None:
-        super().__init__(tr, work)
-        import ckpt
+class GpuCkpt(Ckpt):
+    """ckpt on the device: lazy, the optimizer step pre-hook that orders the
+    step after the copies (on the device, no host wait) is timed; eager,
+    ``save`` returns once the copies have landed."""
 
-        self.name = "ckpt lazy" if lazy else "ckpt eager"
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(work), lazy=lazy, keep_last=2)
-        if lazy:
-            # Time the optimizer step pre-hook's wait (the fence of the copies).
+    def __init__(self, work: str, lazy: bool) -> None:
+        super().__init__(work, lazy=lazy, keep_last=2)
+        self.step_wait: List[float] = []
+
+    def open(self) -> None:
+        super().open()
+        if self.lazy:
             inner = self.cp._before_step
 
             def timed() -> None:
@@ -285,167 +241,25 @@ class Ckpt(Method):
 
             self.cp._before_step = timed
 
-    def save(self, step: int) -> Callable[[], None]:
-        h = self.cp.save(step, model=self.tr.model, optimizer=self.tr.opt)
-        return lambda: h.wait()
-
-    def restore(self, step: int) -> None:
-        got = self.cp.load_latest(model=self.tr.model, optimizer=self.tr.opt)
-        if got != step:
-            raise RuntimeError(f"{self.name}: restored step {got}, not {step}")
-
-    def prune(self, keep: int) -> None:
-        pass
+    def snapshot_wait(self) -> None:
+        pass  # the lazy pre-hook above; eager is done at return
 
     def pinned(self) -> Optional[int]:
         slabs = self.cp._slabs
         return None if slabs is None else slabs.peak_locked
 
-    def close(self) -> None:
-        self.cp.close()
 
-
-def _state(tr: Trainer) -> dict:
-    return {"model": tr.model.state_dict(), "optim": tr.opt.state_dict()}
-
-
-class TorchSave(Method):
-    name = "torch.save"
-
-    def save(self, step: int) -> Callable[[], None]:
-        os.makedirs(self.dir(step), exist_ok=True)
-        path = os.path.join(self.dir(step), "state.pt")
-        torch.save(_state(self.tr), path)
-        fsync_path(path)
-        return lambda: None
-
-    def restore(self, step: int) -> None:
-        sd = torch.load(os.path.join(self.dir(step), "state.pt"), weights_only=True, map_location="cpu")
-        self.tr.model.load_state_dict(sd["model"])
-        self.tr.opt.load_state_dict(sd["optim"])
-
-
-def _dcp_state(tr: Trainer) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(tr.model, tr.opt)
-    return {"model": msd, "optim": osd}
-
-
-class DcpSave(Method):
-    name = "dcp.save"
-
-    def save(self, step: int) -> Callable[[], None]:
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(_dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.dir(step), sync_files=True))
-        return lambda: None
-
-    def restore(self, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        sd = _dcp_state(self.tr)
-        dcp.load(sd, checkpoint_id=self.dir(step))
-        set_state_dict(self.tr.model, self.tr.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
-class DcpAsync(DcpSave):
-    name = "dcp.async_save"
-
-    def __init__(self, tr: Trainer, work: str) -> None:
-        super().__init__(tr, work)
-        import torch.distributed as dist
-        self.pg = dist.new_group(backend="gloo")
-        self.stager: Any = None
-        self.resp: Any = None
-        self.prev: Optional[Callable[[], None]] = None
-
-    def save(self, step: int) -> Callable[[], None]:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        if self.prev is not None:  # one upload at a time, as torchtitan does
-            self.prev()
-        # A stager is closed by the save that used it (torch 2.11): one per save.
-        if self.stager is not None:
-            self.stager.close()
-        self.stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                                   use_async_staging=True, use_non_blocking_copy=True))
-        resp = self.resp = dcp.async_save(
-            _dcp_state(self.tr), storage_writer=dcp.FileSystemWriter(self.dir(step), sync_files=True),
-            process_group=self.pg, async_stager=self.stager)
-        fut = resp.upload_completion if hasattr(resp, "upload_completion") else resp
-        self.prev = lambda: fut.result()
-        return self.prev
-
-    def before_step(self) -> None:
-        if self.resp is not None and hasattr(self.resp, "staging_completion"):
-            t0 = time.perf_counter()
-            self.resp.staging_completion.result()
-            self.step_wait.append(time.perf_counter() - t0)
-            self.resp = None
-
-    def close(self) -> None:
-        if self.stager is not None:
-            self.stager.close()
-
-
-class TorchCheckpointing(Method):
-    name = "torch-checkpointing"
-
-    def __init__(self, tr: Trainer, work: str) -> None:
-        super().__init__(tr, work)
-        self.m = self._manager(False)
-        self.staging = False
-
-    def _manager(self, for_load: bool) -> Any:
-        from torch_checkpointing import CheckpointManager, ItemSpec
-        from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
-        from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
-
-        spec = ItemSpec()
-        return CheckpointManager(CheckpointManager.Config(
-            items={"model": spec, "optim": spec}, pre_finalize_callback=fsync_written,
-            save=SyncCheckpointSaverConfig() if for_load else AsyncCheckpointSaverConfig(),
-            storage_config=LocalFileSystemStorageConfig(use_direct_io=False)))
-
-    def save(self, step: int) -> Callable[[], None]:
-        fut = self.m.save(self.dir(step), _dcp_state(self.tr))
-        self.staging = True
-        return (lambda: fut.result()) if fut is not None else (lambda: None)
-
-    def before_step(self) -> None:
-        if self.staging and self.m._staging_future is not None:
-            t0 = time.perf_counter()
-            self.m._staging_future.result()
-            self.step_wait.append(time.perf_counter() - t0)
-        self.staging = False
-
-    def restore(self, step: int) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        sd = _dcp_state(self.tr)
-        m = self._manager(True)
-        try:
-            m.load(self.dir(step), into=sd)
-        finally:
-            m.close()
-        set_state_dict(self.tr.model, self.tr.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-    def close(self) -> None:
-        self.m.close()
-
-
-def make(name: str, tr: Trainer, work: str) -> Method:
-    d = os.path.join(work, name.replace(" ", "_").replace(".", "_"))
+def make(name: str, work: str) -> Method:
+    """The method ``name``: the control, ckpt (``GpuCkpt``) or a peer of ``peers.MAKERS``."""
     if name == "none":
-        return NoCheckpoint(tr, d)
+        return NoCheckpoint(work)
     if name in ("ckpt eager", "ckpt lazy"):
-        return Ckpt(tr, d, lazy=name == "ckpt lazy")
-    cls = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async_save": DcpAsync,
-           "torch-checkpointing": TorchCheckpointing}[name]
-    return cls(tr, d)
+        return GpuCkpt(work, lazy=name == "ckpt lazy")
+    return MAKERS[name](work)
+
+
+#: Methods whose next optimizer step waits for their staging (``snapshot_wait``), timed.
+STAGED = (DcpAsync, TorchCheckpointing)
 
 
 # ---------------------------------------------------------------- measurement
@@ -484,6 +298,8 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     durable: List[float] = []
     waiters: List[threading.Thread] = []
     step = step0
+    # Waits of the first optimizer step after a save (ckpt lazy: its pre-hook's, every step).
+    waits: List[float] = m.step_wait if isinstance(m, GpuCkpt) else []
     rss = Rss()
 
     def wait_durable(fn: Callable[[], None], t0: float) -> None:
@@ -500,13 +316,13 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         t0 = time.perf_counter()
         if not isinstance(m, NoCheckpoint):
             step += 1
-            done = m.save(step)
+            durable_wait = m.start(step)
             stalls.append(time.perf_counter() - t0)
-            w = threading.Thread(target=wait_durable, args=(done, t0), daemon=True)
+            w = threading.Thread(target=wait_durable, args=(durable_wait, t0), daemon=True)
             w.start()
             waiters.append(w)
         for i in range(a.every):
-            _step(tr, m, i == 0)
+            _step(tr, m, i == 0, waits)
         tr.sync()
         with_ckpt.append(time.perf_counter() - t0)
     for w in waiters:
@@ -516,7 +332,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         "method": m.name,
         "stall_first_s": stalls[0] if stalls else None,
         "stall_later_s": statistics.median(stalls[1:]) if len(stalls) > 1 else None,
-        "step_wait_s": statistics.median(m.step_wait) if m.step_wait else None,
+        "step_wait_s": statistics.median(waits) if waits else None,
         # Steady state: the rounds after the first (whose save is the process's
         # first, with its one-time costs, reported apart as first_save_extra_s).
         "slowdown": _slowdown(plain[1:], with_ckpt[1:]) if a.rounds > 1 else _slowdown(plain, with_ckpt),
@@ -524,11 +340,11 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         "first_save_extra_s": (with_ckpt[0] - plain[0]) - (
             statistics.median(w - p for p, w in zip(plain[1:], with_ckpt[1:])) if a.rounds > 1 else 0.0),
         "rounds_s": [[p, w] for p, w in zip(plain, with_ckpt)],
-        "step_waits_s": list(m.step_wait),
+        "step_waits_s": list(waits),
         "durable_s": statistics.median(durable) if durable else None,
         "restore_warm_s": None,
         "restore_cold_s": None,
-        "pinned_peak_bytes": m.pinned(),
+        "pinned_peak_bytes": m.pinned() if isinstance(m, GpuCkpt) else None,
         "host_peak_bytes": host_peak,
         "error": None,
         "stalls_s": stalls,
@@ -539,15 +355,15 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     step += 1
     tr.sync()
     ref = tr.reference()
-    m.save(step)()
+    m.start(step)()
     m.prune(step)
     for kind in ("warm", "cold"):
         tr.scramble()
         if kind == "cold":
-            drop_cache(m.work)
+            drop_cache(m.dir)
         tr.sync()
         t0 = time.perf_counter()
-        m.restore(step)
+        m.load(step)
         tr.sync()
         out[f"restore_{kind}_s"] = time.perf_counter() - t0
         tr.check(ref, f"{m.name} ({kind})")
@@ -559,14 +375,17 @@ def _slowdown(plain: List[float], with_ckpt: List[float]) -> float:
     return (sum(with_ckpt) - sum(plain)) / sum(plain)
 
 
-def _step(tr: Trainer, m: Method, first: bool) -> None:
+def _step(tr: Trainer, m: Method, first: bool, waits: List[float]) -> None:
     """One training step; before the first optimizer step after a save, what the
-    method needs waited for (ckpt lazy's own hook does its part inside ``step``)."""
+    method needs waited for, timed into ``waits`` (ckpt lazy's own hook does its
+    part inside ``step``)."""
     with torch.autocast(tr.device, dtype=torch.bfloat16, enabled=tr.device == "cuda"):
         loss = tr.model(tr.x)
     loss.backward()
-    if first:
-        m.before_step()
+    if first and isinstance(m, STAGED):
+        t0 = time.perf_counter()
+        m.snapshot_wait()
+        waits.append(time.perf_counter() - t0)
     tr.opt.step()
     tr.opt.zero_grad(set_to_none=True)
 
@@ -658,8 +477,10 @@ def main() -> None:
         t0 = time.perf_counter()
         m = None
         try:
-            m = make(name, tr, os.path.join(a.dir, "runs"))
-            r = run_method(m, tr, a, step)
+            m = make(name, os.path.join(a.dir, "runs"))
+            m.prepare()
+            m.open()
+            r = run_method(m.bind(tr.model, tr.opt), tr, a, step)
         except Exception as e:  # noqa: BLE001 - report and go on with the next method
             traceback.print_exc()
             r = {"method": name, "error": f"{type(e).__name__}: {e}"}
@@ -669,7 +490,7 @@ def main() -> None:
                     m.close()
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
-                shutil.rmtree(m.work, ignore_errors=True)
+                shutil.rmtree(m.dir, ignore_errors=True)
         step += 1000
         res["methods"].append(r)
         print(f"[gpu] {name}: {time.perf_counter() - t0:.1f} s: {json.dumps(r)}", file=sys.stderr, flush=True)

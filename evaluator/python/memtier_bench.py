@@ -1,6 +1,7 @@
 """Restart from the memory tier against restart from local disk, in one run.
 
-    python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--shm /dev/shm] [--json OUT]
+    python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--ranks 2] [--s3-url URL] [--no-restores]
+                            [--shm /dev/shm] [--json OUT]
     torchrun --nproc-per-node 2 memtier_bench.py --dir D --loop [--steps 40] [--every 5] [--compute-ms 200] [--spin]
     torchrun --nproc-per-node 2 memtier_bench.py --dir D --peer [--gib 1.0] [--repeats 3]
 
@@ -18,16 +19,19 @@ checkpointer, as a restarted process would:
 - ``torch.load cold``: ``torch.load(weights_only=True)`` of the same state
   after the page cache is dropped, copied into the live tensors.
 
-Every restore is checked ``torch.equal`` to the saved state. Then each
-source once more as a restart: a fresh process is started (the failure),
-imports torch and ckpt, restores and takes a first step; the time from the
-start to that step is reported beside the restore within it. The figures
-are medians and the ratios are of medians of this run (the target: memory ≤
-0.3× disk cold). With the stall of a save to memory (C) and each source's
-restart time (R; the same C for every source, so only the restart differs),
-Young/Daly gives the interval sqrt(2 C M) and the goodput
-1 - C/T - (T/2 + R)/M for a mean time between failures M (``--mtbf-s``,
-default 4 h).
+Every restore is checked ``torch.equal`` to the saved state. Then the
+restart of a job of ``--ranks`` ranks (one per node; ``memtier_restart.py``)
+from each source, ``--gib`` GiB per rank: the time from the failure to the
+job's first training step, beside the restore within it, from the memory
+tier, from a peer node's replica after the last node was lost, from local
+disk cold, from S3 (given ``--s3-url``) and through ``torch.load`` cold,
+every restarted rank checked bitwise. The figures are medians and the
+ratios are of medians of this run (the target: memory ≤ 0.3× disk cold).
+With the stall of a save to memory (C) and each source's restart time (R;
+the same C for every source, so only the restart differs), Young/Daly gives
+the interval sqrt(2 C M) and the goodput 1 - C/T - (T/2 + R)/M for a mean
+time between failures M (``--mtbf-s``, default 4 h). ``--no-restores``
+leaves the in-process restores out (the restarts and the stall only).
 
 **Peer** (``--peer``, under torchrun, one rank per node): the restore of
 ``--gib`` GiB per rank by a fresh checkpointer from memory on every rank,
@@ -53,7 +57,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -61,8 +64,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-from benchlib import drop_cache, fsync_path  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memtier_restart import restarts  # noqa: E402
+from peers import drop_cache, fsync_path  # noqa: E402
 
 import ckpt  # noqa: E402
 from ckpt.memory import MemoryCheckpointer  # noqa: E402
@@ -108,17 +112,16 @@ def restore(args: argparse.Namespace) -> dict:
             warm.wait()
         warm.close()
         shutil.rmtree(shm / "warm0", ignore_errors=True)
-        cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
-        cp.save(1, state)
-        cp.close()
-        shapes = work / "shapes.json"
-        shapes.write_text(json.dumps({k: t.numel() for k, t in saved.items()}))
-        pt = work / "state.pt"
-        torch.save(saved, pt)
-        fsync_path(str(pt))
         times: dict = {"memory": [], "disk cold": [], "torch.load cold": []}
         dropped = "none"
-        for _ in range(args.repeats):
+        if not args.no_restores:
+            cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
+            cp.save(1, state)
+            cp.close()
+            pt = work / "state.pt"
+            torch.save(saved, pt)
+            fsync_path(str(pt))
+        for _ in range(0 if args.no_restores else args.repeats):
             scramble(state)
             t0 = time.perf_counter()
             cp = MemoryCheckpointer(disk.as_uri(), memory_dir=mem_dir, coordinate="none", durable_every=1)
@@ -145,71 +148,27 @@ def restore(args: argparse.Namespace) -> dict:
             times["torch.load cold"].append(time.perf_counter() - t0)
             del loaded
             check(state, saved, "torch.load cold")
-        restarts: dict = {k: [] for k in SOURCES}
-        for _ in range(args.repeats):
-            for source in SOURCES:
-                restarts[source].append(restart(args, source, disk, mem_dir, pt, shapes))
-        med = {k: statistics.median(v) for k, v in times.items()}
-        to_step = {k: statistics.median(r["to_first_step_s"] for r in v) for k, v in restarts.items()}
+        restart = restarts(work, args.shm, int(args.gib * 1024), args.ranks, args.repeats, args.s3_url)
+        to_step = restart["median_to_first_step_s"]
+        med = {k: statistics.median(v) for k, v in times.items() if v}
         stall = statistics.median(stalls[1:])
         gib = sum(t.numel() * 4 for t in saved.values()) / (1 << 30)
         return {
-            "restart_to_first_step_s": {k: [r["to_first_step_s"] for r in v] for k, v in restarts.items()},
-            "restart_restore_s": {k: [r["restore_s"] for r in v] for k, v in restarts.items()},
-            "median_restart_to_first_step_s": to_step,
-            "ratio_restart_memory_to_disk_cold": to_step["memory"] / to_step["disk cold"],
-            "memory_save_stall_s": stalls,
-            "mtbf_s": args.mtbf_s,
-            "goodput_young_daly": {k: goodput(stall, r, args.mtbf_s) for k, r in to_step.items()},
             "experiment": "restore",
             "gib": gib,
             "repeats": args.repeats,
+            "restart": restart,
+            "memory_save_stall_s": stalls,
+            "mtbf_s": args.mtbf_s,
+            "goodput_young_daly": {k: goodput(stall, r, args.mtbf_s) for k, r in to_step.items()},
             "page_cache": dropped,
             "seconds": times,
             "median_s": med,
-            "ratio_memory_to_disk_cold": med["memory"] / med["disk cold"],
-            "ratio_memory_to_torch_load_cold": med["memory"] / med["torch.load cold"],
+            "ratio_memory_to_disk_cold": med["memory"] / med["disk cold"] if med else None,
+            "ratio_memory_to_torch_load_cold": med["memory"] / med["torch.load cold"] if med else None,
         }
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-
-
-SOURCES = ("memory", "disk cold", "torch.load cold")
-
-
-def child(args: argparse.Namespace) -> None:
-    """A restarted process: start, restore from one source, take a first step."""
-    torch.set_num_threads(1)
-    shapes = json.loads(Path(args.shapes).read_text())
-    state = {k: torch.empty(n) for k, n in shapes.items()}
-    t0 = time.perf_counter()
-    if args.child == "memory":
-        cp = MemoryCheckpointer(args.disk, memory_dir=args.mem_dir, coordinate="none", durable_every=1)
-        assert cp.load_latest(state) == 1 and cp.last_source == "memory", cp.last_source
-    elif args.child == "disk cold":
-        assert ckpt.Checkpointer(args.disk).load_latest(state) == 1
-    else:
-        loaded = torch.load(args.pt, weights_only=True)
-        for k, t in loaded.items():
-            state[k].copy_(t)
-    restore_s = time.perf_counter() - t0
-    next(iter(state.values())).add_(1.0)  # the first training step
-    print(json.dumps({"restore_s": restore_s, "first_step_at": time.time()}), flush=True)
-
-
-def restart(args: argparse.Namespace, source: str, disk: Path, mem_dir: str, pt: Path, shapes: Path) -> dict:
-    """Seconds from the failure (a fresh process is started at once) to its first step."""
-    drop = "none"
-    if source == "disk cold":
-        drop = drop_cache(str(disk))
-    elif source == "torch.load cold":
-        drop = drop_cache(str(pt))
-    cmd = [sys.executable, __file__, "--dir", args.dir, "--child", source, "--disk", disk.as_uri(),
-           "--mem-dir", mem_dir, "--pt", str(pt), "--shapes", str(shapes)]
-    failed_at = time.time()
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
-    row = json.loads(out.strip().splitlines()[-1])
-    return {"to_first_step_s": row["first_step_at"] - failed_at, "restore_s": row["restore_s"], "page_cache": drop}
 
 
 def goodput(stall_s: float, restart_s: float, mtbf_s: float) -> dict:
@@ -363,15 +322,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--spin", action="store_true")
     p.add_argument("--mtbf-s", type=float, default=4 * 3600.0)
-    p.add_argument("--child", choices=SOURCES)
-    p.add_argument("--disk")
-    p.add_argument("--mem-dir")
-    p.add_argument("--pt")
-    p.add_argument("--shapes")
+    p.add_argument("--ranks", type=int, default=2, help="ranks (one per node) of the restarted job")
+    p.add_argument("--s3-url", help="also restart from S3 (credentials from the AWS_* variables)")
+    p.add_argument("--no-restores", action="store_true", help="the restarts and the stall only")
     args = p.parse_args()
-    if args.child:
-        child(args)
-        return
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     out = loop(args) if args.loop else peer(args) if args.peer else restore(args)
     if out.get("rank", 0) != 0:

@@ -37,10 +37,7 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
 import uuid
@@ -48,6 +45,9 @@ from pathlib import Path
 
 KINDS = ("node", "rank")
 STARTED = time.time()  # this process's start, before torch is imported
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from launch import finish_ranks, kill_ranks, start_ranks  # noqa: E402
 
 
 # ------------------------------------------------------------------ worker
@@ -126,23 +126,11 @@ def worker(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ driver
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_job(args: argparse.Namespace, durable: Path, shm: Path, out: Path, resume: bool) -> list:
-    port = str(free_port())
-    procs = []
-    for r in range(args.ranks):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r % args.ranks_per_node), WORLD_SIZE=str(args.ranks),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1")
-        cmd = [sys.executable, __file__, "--worker", "--url", durable.as_uri(), "--memory-dir", str(shm / "node{node}"),
-               "--out", str(out), "--ranks-per-node", str(args.ranks_per_node), "--steps", str(args.steps),
-               "--step-ms", str(args.step_ms)] + (["--resume"] if resume else [])
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    return procs
+    return start_ranks(__file__, ["--worker", "--url", durable.as_uri(), "--memory-dir", str(shm / "node{node}"),
+                                  "--out", str(out), "--ranks-per-node", str(args.ranks_per_node),
+                                  "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+                       + (["--resume"] if resume else []), args.ranks, args.ranks_per_node)
 
 
 def logged(out: Path, rank: int) -> dict:
@@ -172,8 +160,7 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
         deadline = time.monotonic() + 180
         while len(logged(out, 0)) < after:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                for p in procs:
-                    p.kill()
+                kill_ranks(procs)
                 raise RuntimeError(f"episode {i}: the job ended before step {after}: "
                                    + "".join(p.stderr.read() or "" for p in procs)[-3000:])
             time.sleep(0.01)
@@ -184,19 +171,11 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
         else:
             node, victims = None, [rng.randrange(args.ranks)]
         killed_at = time.time()
-        for r in victims:
-            procs[r].send_signal(signal.SIGKILL)
-        for p in procs:  # the launcher tears the rest of the job down at once
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait()
+        kill_ranks(procs, first=victims)  # the launcher tears the rest of the job down at once
         if node is not None:
             shutil.rmtree(shm / f"node{node}", ignore_errors=True)
         logs = [logged(out, r) for r in range(args.ranks)]
-        procs = start_job(args, durable, shm, out, resume=True)
-        errs = [p.communicate(timeout=180)[1] for p in procs]
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"episode {i}: the restarted job failed: {''.join(errs)[-3000:]}")
+        finish_ranks(start_job(args, durable, shm, out, resume=True), 180, f"episode {i}: the restart")
         rows = [json.loads((out / f"resume-rank{r}.json").read_text()) for r in range(args.ranks)]
         start = rows[0]["start"]
         bitwise = all(row["start"] == start for row in rows) and start is not None and all(

@@ -23,7 +23,7 @@ import time
 
 __all__ = [
     "tree_pss", "settle", "Peak", "drop_cache", "drop_cache_ranks", "fsync_path", "fsync_tree",
-    "fsync_written", "tree_bytes", "rank", "world", "barrier", "broadcast", "floors",
+    "fsync_written", "tree_bytes", "rank", "world", "barrier", "broadcast", "floors", "write_read_floor",
     "Method", "timed_save", "Ckpt", "CkptAppState", "AppState", "TorchSave", "Safetensors",
     "DcpSave", "DcpAsync", "TorchCheckpointing", "dcp_state", "dcp_apply", "MAKERS",
 ]
@@ -249,20 +249,45 @@ def floors(tensors: dict, work: str, repeats: int = 1) -> dict:
     write, read, how = [], [], "none"
     back = torch.empty_like(flat)
     for _ in range(max(1, repeats)):
-        barrier()
-        t = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            f.write(memoryview(flat.numpy()))
-            os.fsync(f.fileno())
-        write.append(time.perf_counter() - t)
-        how = drop_cache_ranks(path)
-        t = time.perf_counter()
-        with open(path, "rb", buffering=0) as f:
-            f.readinto(memoryview(back.numpy()))
-        read.append(time.perf_counter() - t)
+        w, r, how = write_read_floor(memoryview(flat.numpy()), path, into=memoryview(back.numpy()))
+        write.append(w)
+        read.append(r)
         assert torch.equal(back, flat)
-        os.remove(path)
     return {"memcpy_s": min(copy), "write_fsync_s": min(write), "read_cold_s": min(read), "cache_drop": how}
+
+
+#: The pieces the floors write and read in (one call moves at most 2 GiB on Linux).
+FLOOR_PIECE = 64 << 20
+
+
+def write_read_floor(buf: memoryview, path: str, into: memoryview | None = None) -> tuple:
+    """Write + fsync of ``buf`` to one new file at ``path``, then the read of
+    that file with the page cache dropped (every rank together) into
+    ``into`` (``buf`` itself if not given), both in pieces of ``FLOOR_PIECE``;
+    the file is removed. Returns (write s, read s, how the cache was dropped)."""
+    buf = buf.cast("B")
+    into = buf if into is None else into.cast("B")
+    total = len(buf)
+    barrier()
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        at = 0
+        while at < total:
+            at += f.write(buf[at : at + FLOOR_PIECE])
+        os.fsync(f.fileno())
+    write = time.perf_counter() - t
+    how = drop_cache_ranks(path)
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        at = 0
+        while at < total:
+            n = f.readinto(into[at : at + FLOOR_PIECE])
+            if not n:
+                raise OSError(f"{path}: {at} of {total} bytes read back")
+            at += n
+    read = time.perf_counter() - t
+    os.remove(path)
+    return write, read, how
 
 
 # ---------------------------------------------------------------- methods
@@ -392,7 +417,13 @@ class Ckpt(Method):
     def load(self, step: int) -> None:
         import ckpt
 
-        cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False)
+        url = "file://" + os.path.abspath(self.dir)
+        try:
+            # A reader beside the saver, which saves again after: it must not
+            # claim the root's writer epoch (that would fence the saver).
+            cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False, read_only=True)
+        except TypeError:  # a ckpt without writer epochs
+            cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False)
         try:
             got = cp.load_latest(**self.state())
             if got != step:
@@ -551,7 +582,8 @@ class DcpSave(Method):
 
 class DcpAsync(DcpSave):
     """``dcp.async_save`` with its ``DefaultStager`` (pinned memory where CUDA
-    is), in a gloo group of its own for the background collectives."""
+    is), in a gloo group of its own for the background collectives; one
+    upload at a time (a save first waits for the previous one's)."""
 
     name = "dcp.async_save"
 
@@ -569,30 +601,46 @@ class DcpAsync(DcpSave):
         self.pg = dist.new_group(backend="gloo")  # its own group for the background collectives
         self.stager = None
         self.resp = None
+        self.upload = None
 
     def open(self) -> None:
+        super().open()
+        self.open_stager()
+
+    def open_stager(self) -> None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        super().open()
+        if self.stager is not None:
+            self.stager.close()
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
                                                    use_async_staging=True, use_non_blocking_copy=self.pinned))
 
     def start(self, step: int):
         import torch.distributed.checkpoint as dcp
 
+        if self.upload is not None:  # one upload at a time, as torchtitan does
+            self.upload()
+        ex = getattr(self.stager, "_staging_executor", None)
+        if ex is not None and getattr(ex, "_shutdown", False):
+            # Some torch versions (2.11) close a given stager with the save
+            # that used it: a fresh one for the next.
+            self.open_stager()
         resp = self.resp = dcp.async_save(
             dcp_state(self.model, self.opt),
             storage_writer=dcp.FileSystemWriter(self.step_dir(step), sync_files=True),
             process_group=self.pg, async_stager=self.stager)
-        if hasattr(resp, "upload_completion"):
-            return lambda: resp.upload_completion.result()
-        return lambda: resp.result()
+        fut = resp.upload_completion if hasattr(resp, "upload_completion") else resp
+        self.upload = lambda: fut.result()
+        return self.upload
 
     def snapshot_wait(self) -> None:
         if self.resp is not None and hasattr(self.resp, "staging_completion"):
             self.resp.staging_completion.result()
 
     def close(self) -> None:
+        if self.upload is not None:
+            self.upload()
+            self.upload = None
         if self.stager is not None:
             self.stager.close()
             self.stager = None

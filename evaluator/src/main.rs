@@ -65,7 +65,9 @@ fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("faults") {
         eprintln!(
             "the fault campaigns are their own command: source scripts/env.sh && \
-             cargo build --release -p ckpt-faults --features victim && ./target/release/ckpt-faults --help"
+             cargo build --release -p ckpt-faults --features victim && ./target/release/ckpt-faults --help\n\
+             (restart times by source, memory tier to torch.load: ckpt-eval memtier; \
+             restarts of the tch job after SIGKILLs: ckpt-eval recovery)"
         );
         return ExitCode::FAILURE;
     }

@@ -48,6 +48,11 @@ pub struct Common {
     /// No progress bars.
     #[arg(long, global = true)]
     pub quiet: bool,
+    /// Root URL on an S3 server (`s3://bucket/prefix`, credentials from the
+    /// AWS_* variables) for the experiments that use one (`s3`, and `memtier`'s
+    /// restart from S3); without it they leave S3 out.
+    #[arg(long, global = true, env = "CKPT_EVAL_S3_URL")]
+    pub s3_url: Option<String>,
 }
 
 impl Common {
@@ -71,6 +76,7 @@ impl Common {
             !self.quiet,
         );
         ctx.full = self.full;
+        ctx.s3_url = self.s3_url.clone();
         ctx.spec = StateSpec {
             model: self.model.clone(),
             mib: self.mib.unwrap_or(if self.full { 256 } else { 128 }),
@@ -156,6 +162,8 @@ suite! {
         "A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside its peers, and real training loops.";
     recovery: crate::experiments::recovery::Recovery => Recovery,
         "Restarts after SIGKILLs of a tch job (ckpt-faults) beside libtorch's serializer (needs fault_victim).";
+    memtier: crate::experiments::memtier::Memtier => Memtier,
+        "Restart to first step from the memory tier, a peer's replica, local disk, S3 and torch.load (evaluator/python/memtier_bench.py).";
     gpu: crate::experiments::gpu::Gpu => Gpu,
         "A model training on a CUDA device checkpointed by ckpt and its peers (evaluator/python/gpu_bench.py).";
     s3: crate::experiments::s3::S3 => S3,

@@ -63,6 +63,7 @@ fn the_suite_is_the_list_and_a_subcommand_runs_what_it_needs() {
             "sharded",
             "python",
             "recovery",
+            "memtier",
             "gpu",
             "s3"
         ]
@@ -455,12 +456,12 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     let r = ckpt_eval::suite::run(&c, &list).await;
     let errors: Vec<_> = r.errors().collect();
     assert!(errors.is_empty(), "{errors:?}");
-    // sharded and python need Python, left out above; gpu needs its script
+    // sharded, python and memtier need Python, left out above; gpu needs its script
     // (and a device); s3 needs a server, named by no URL here.
     let not_run: Vec<&str> = r.not_run().map(|(w, _)| w).collect();
     assert_eq!(
         not_run,
-        ["sharded", "python", "gpu", "s3"],
+        ["sharded", "python", "memtier", "gpu", "s3"],
         "{:?}",
         r.not_run().collect::<Vec<_>>()
     );
@@ -598,4 +599,95 @@ async fn recovery_restarts_or_why_not() {
     assert_eq!(out.targets.len(), 3);
     assert!(out.targets.iter().all(|x| x.met), "{:?}", out.targets);
     assert!(out.results["failures_total"].as_u64().unwrap() >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memtier_restarts_from_every_source_or_why_not() {
+    use ckpt_eval::experiments::memtier::Memtier;
+    use ckpt_eval::experiments::Experiment;
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let e = Memtier {
+        memtier_mib: Some(16),
+        memtier_repeats: Some(1),
+        memtier_episodes: Some(0),
+    };
+    if let Some(why) = e.unavailable(&c) {
+        assert!(c.python.is_none() || why.contains("import"), "{why}");
+        return;
+    }
+    let out = e.run(&c).await.unwrap();
+    let t = &out.tables[0];
+    assert_eq!(t.id, "memtier");
+    // No S3 URL: the four other sources, each restored bitwise from where it says.
+    assert_eq!(t.rows.len(), 4, "{t:?}");
+    assert_eq!(t.rows[1][6], "memory, peer");
+    assert_eq!(t.rows[2][3], "1.00", "disk cold is the baseline");
+    assert!(t.rows.iter().all(|r| r[7] == "1/1"), "{t:?}");
+    assert!(out.targets[0].met);
+    assert!(out.notes[0].contains("S3"), "{:?}", out.notes);
+    assert!(
+        !dir.path().join("memtier").exists(),
+        "its scratch is removed"
+    );
+}
+
+/// `gpu_bench.py` needs CUDA for its figures, but its structure (the peers of
+/// `peers.py`, the loop, the restores, the JSON the gpu experiment renders)
+/// runs on CPU with `--device cpu`: every method, a tiny model.
+#[test]
+fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
+    use ckpt_eval::experiments::gpu::{render, script_path, GpuResults};
+    let Some(py) = ckpt_eval::python::interpreter() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gpu.json");
+    let out = std::process::Command::new(py)
+        .arg(script_path())
+        .args([
+            "--device", "cpu", "--layers", "1", "--width", "64", "--seq", "16",
+        ])
+        .args([
+            "--batch", "2", "--vocab", "128", "--every", "2", "--rounds", "2",
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named") {
+        return; // no torch (or no ckpt package) in this interpreter
+    }
+    assert!(out.status.success(), "{stderr}");
+    let r: GpuResults = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let names: Vec<&str> = r.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "none",
+            "ckpt eager",
+            "ckpt lazy",
+            "torch.save",
+            "dcp.save",
+            "dcp.async_save",
+            "torch-checkpointing"
+        ]
+    );
+    for m in &r.methods[1..] {
+        if m.method == "torch-checkpointing" && m.error.is_some() {
+            continue; // not installed
+        }
+        assert_eq!(m.error, None, "{}", m.method);
+        assert!(m.restore_cold_s.unwrap() > 0.0, "{}", m.method);
+        assert!(m.durable_s.unwrap() > 0.0, "{}", m.method);
+    }
+    // The lazy pre-hook's and DCP's staging waits are timed, torch.save has none.
+    assert!(r.methods[2].step_wait_s.is_some() && r.methods[5].step_wait_s.is_some());
+    assert!(r.methods[3].step_wait_s.is_none());
+    let o = render(&r);
+    assert_eq!(o.tables[0].rows.len(), 7);
+    assert!(!o.targets.is_empty());
 }

@@ -13,6 +13,7 @@ pub mod formats;
 pub mod gpu;
 pub mod interference;
 pub mod interval;
+pub mod memtier;
 pub mod overhead;
 pub mod pytrain;
 pub mod recovery;
@@ -155,6 +156,8 @@ pub struct Ctx {
     pub full: bool,
     /// The model-shaped state of the experiments that share one.
     pub spec: StateSpec,
+    /// The S3 server's root URL the experiments that use S3 are given, if any.
+    pub s3_url: Option<String>,
     shared: tokio::sync::OnceCell<Arc<(State, Limits)>>,
     kept: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
 }
@@ -174,6 +177,7 @@ impl Ctx {
                 mix: DtypeMix::Fp32,
                 optimizer: true,
             },
+            s3_url: None,
             shared: tokio::sync::OnceCell::new(),
             kept: Mutex::new(Vec::new()),
         }

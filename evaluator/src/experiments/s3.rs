@@ -224,14 +224,10 @@ fn row(name: &str, save: &[f64], load: &[f64], raw: u64, objects: u64) -> S3Row 
     }
 }
 
-/// Options of the S3 experiment (on the shared state).
+/// The S3 experiment (on the shared state); its server is the suite's
+/// `--s3-url` ([`Ctx::s3_url`]).
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct S3 {
-    /// S3: root URL (`s3://bucket/prefix`, credentials from the AWS_* variables);
-    /// without it the S3 experiment does not run.
-    #[arg(long, env = "CKPT_EVAL_S3_URL")]
-    pub s3_url: Option<String>,
-}
+pub struct S3 {}
 
 #[async_trait::async_trait]
 impl Experiment for S3 {
@@ -243,7 +239,7 @@ impl Experiment for S3 {
         format!(
             "{} MiB to {} and back",
             ctx.spec.mib,
-            self.s3_url.as_deref().unwrap_or("")
+            ctx.s3_url.as_deref().unwrap_or("")
         )
     }
 
@@ -251,14 +247,14 @@ impl Experiment for S3 {
         20.0 * ctx.repeats as f64 * ctx.spec.mib as f64 / 1024.0
     }
 
-    fn unavailable(&self, _ctx: &Ctx) -> Option<String> {
-        unavailable(self.s3_url.as_deref())
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        unavailable(ctx.s3_url.as_deref())
     }
 
     async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let shared = ctx.state().await?;
         let r = S3Bench {
-            url: self.s3_url.clone().unwrap_or_default(),
+            url: ctx.s3_url.clone().unwrap_or_default(),
             repeats: ctx.repeats,
         }
         .run(&shared.0)

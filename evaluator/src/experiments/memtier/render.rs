@@ -1,0 +1,203 @@
+//! The report's view of the memory tier's results: restarts by source, the
+//! restores within a running process, the campaign, and the targets.
+
+use super::results::{MemtierResults, Restarts, BASELINE, SOURCES};
+use crate::experiments::{Output, Target};
+use crate::stats::Summary;
+use crate::table::{opt_ratio, secs, Table};
+
+/// Bound of the memory tier's in-process restore over local disk cold's
+/// (medians): the memory tier's issue.
+pub const RESTORE_BOUND: f64 = 0.3;
+
+/// A source's row label: who restores, from where.
+pub fn label(source: &str) -> &str {
+    match source {
+        "memory" => "ckpt memory tier, own copy",
+        "peer" => "ckpt memory tier, peer's replica (a node lost)",
+        "disk cold" => "ckpt local disk, cold",
+        "s3" => "ckpt S3",
+        "torch.load cold" => "torch.load, local disk, cold",
+        other => other,
+    }
+}
+
+fn summary(v: &[f64]) -> Option<Summary> {
+    (!v.is_empty()).then(|| Summary::of(v))
+}
+
+fn ratio(a: Option<&Summary>, b: Option<&Summary>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) if b.median > 0.0 => a.median / b.median,
+        _ => f64::NAN,
+    }
+}
+
+/// Restart to first step and restore within it, per source, in the table's order.
+fn restart_table(r: &Restarts, res: &MemtierResults) -> Table {
+    let b = &res.bench;
+    let stall = summary(b.memory_save_stall_s.get(1..).unwrap_or(&[]));
+    let mut t = Table::new(
+        "memtier",
+        format!(
+            "Memory tier: a {}-rank data-parallel job (one rank per node, {:.0} MiB of state each) restarted after a failure, from the failure to its first training step, by source; median [min-max] of {} restarts, the slowest rank's restore within it; ratios of medians to ckpt local disk cold in this run (page cache dropped by {}); goodput by Young/Daly for an MTBF of {:.1} h and a save stall to memory of {} s",
+            r.ranks,
+            r.mib_per_rank,
+            r.repeats,
+            r.page_cache,
+            b.mtbf_s / 3600.0,
+            stall.map_or_else(|| "?".into(), |s| format!("{:.3}", s.median)),
+        ),
+        &[
+            "source",
+            "restart s",
+            "restore s",
+            "restart / disk cold",
+            "restore / disk cold",
+            "goodput %",
+            "restored from",
+            "bitwise",
+        ],
+    );
+    let of = |source: &str, f: fn(&super::results::RestartRun) -> f64| {
+        r.runs
+            .get(source)
+            .and_then(|v| summary(&v.iter().map(f).collect::<Vec<_>>()))
+    };
+    let (base_restart, base_restore) = (
+        of(BASELINE, |x| x.to_first_step_s),
+        of(BASELINE, |x| x.restore_s),
+    );
+    for source in SOURCES {
+        let Some(runs) = r.runs.get(source) else {
+            continue;
+        };
+        let (restart, restore) = (
+            of(source, |x| x.to_first_step_s),
+            of(source, |x| x.restore_s),
+        );
+        let mut from: Vec<&str> = runs
+            .iter()
+            .flat_map(|x| x.sources.iter().map(String::as_str))
+            .collect();
+        from.sort_unstable();
+        from.dedup();
+        t.rows.push(vec![
+            label(source).to_owned(),
+            restart.as_ref().map_or_else(String::new, secs),
+            restore.as_ref().map_or_else(String::new, secs),
+            opt_ratio(ratio(restart.as_ref(), base_restart.as_ref())),
+            opt_ratio(ratio(restore.as_ref(), base_restore.as_ref())),
+            b.goodput_young_daly
+                .get(source)
+                .map_or_else(String::new, |g| format!("{:.3}", g.goodput * 100.0)),
+            from.join(", "),
+            format!(
+                "{}/{}",
+                runs.iter().filter(|x| x.bitwise).count(),
+                runs.len()
+            ),
+        ]);
+    }
+    t
+}
+
+/// The restores in a running process (a fresh checkpointer), if they ran.
+fn restore_table(res: &MemtierResults) -> Option<Table> {
+    let b = &res.bench;
+    let get = |k: &str| b.seconds.get(k).and_then(|v| summary(v));
+    let base = get(BASELINE)?;
+    let mut t = Table::new(
+        "memtier-restore",
+        format!(
+            "Memory tier: restore of {:.2} GiB in a running process by a fresh checkpointer, every restore checked equal; median [min-max] of {}; ratios of medians to ckpt local disk cold in this run (page cache dropped by {})",
+            b.gib,
+            base.n,
+            b.page_cache
+        ),
+        &["source", "restore s", "/ disk cold"],
+    );
+    for source in SOURCES {
+        if let Some(s) = get(source) {
+            t.rows.push(vec![
+                label(source).to_owned(),
+                secs(&s),
+                opt_ratio(ratio(Some(&s), Some(&base))),
+            ]);
+        }
+    }
+    Some(t)
+}
+
+/// The memory tier's restarts (and restores, and campaign) for the report.
+pub fn render(res: &MemtierResults) -> Output {
+    let mut out = Output::of(res);
+    let b = &res.bench;
+    let r = &b.restart;
+    out.tables.push(restart_table(r, res));
+    let runs: Vec<_> = r.runs.values().flatten().collect();
+    out.targets.push(Target::new(
+        "memory tier: restarts whose state was not restored bitwise",
+        runs.iter().filter(|x| !x.bitwise).count() as f64,
+        0.0,
+    ));
+    if let Some(t) = restore_table(res) {
+        let get = |k: &str| b.seconds.get(k).and_then(|v| summary(v));
+        out.tables.push(t);
+        out.targets.push(Target::new(
+            "memory tier: restore from memory / local disk cold (in process)",
+            ratio(get("memory").as_ref(), get(BASELINE).as_ref()),
+            RESTORE_BOUND,
+        ));
+    }
+    if let Some(c) = &res.campaign {
+        let mut t = Table::new(
+            "memtier-campaign",
+            format!(
+                "Memory tier fault campaign: {} episodes of a DDP job on simulated nodes ({} node failures, {} rank kills), every restart checked bitwise against what each rank logged; restart s from the kill to the slowest rank's first step, median [min-max]",
+                c.episodes, c.node_failures, c.rank_kills
+            ),
+            &[
+                "episodes",
+                "resumed bitwise",
+                "torn or undetected",
+                "from a peer's replica",
+                "steps lost, median [max]",
+                "restart s",
+                "restore s",
+            ],
+        );
+        let d = &c.episodes_detail;
+        let lost: Vec<f64> = d
+            .iter()
+            .filter_map(|e| e.steps_lost)
+            .map(|x| x as f64)
+            .collect();
+        let restart = summary(
+            &d.iter()
+                .map(|e| e.restart_to_first_step_s)
+                .collect::<Vec<_>>(),
+        );
+        let restore = summary(&d.iter().map(|e| e.restore_s).collect::<Vec<_>>());
+        t.rows.push(vec![
+            c.episodes.to_string(),
+            c.resumed_bitwise.to_string(),
+            c.torn_or_undetected.to_string(),
+            c.from_peer_replicas.to_string(),
+            summary(&lost).map_or_else(String::new, |s| format!("{:.0} [{:.0}]", s.median, s.max)),
+            restart.as_ref().map_or_else(String::new, secs),
+            restore.as_ref().map_or_else(String::new, secs),
+        ]);
+        out.tables.push(t);
+        out.targets.push(Target::new(
+            "memory tier campaign: episodes resumed torn or corrupt",
+            c.torn_or_undetected as f64,
+            0.0,
+        ));
+    }
+    if let Some(why) = &res.s3_not_run {
+        out.notes
+            .push(format!("memtier: restart from S3 not run: {why}"));
+    }
+    out
+}

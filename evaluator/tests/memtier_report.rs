@@ -1,0 +1,96 @@
+//! The memory-tier experiment's rendering of what its scripts wrote, from
+//! fixtures of their JSON, written by `memtier_bench.py` (a 2-rank job of
+//! 128 MiB per rank, 2 restarts per source, S3 on a Garage node on loopback)
+//! and `memtier_campaign.py` (2 episodes) on a busy 2-core machine.
+
+use ckpt_eval::experiments::memtier::render;
+use ckpt_eval::experiments::memtier::results::{BenchResults, CampaignResults, MemtierResults};
+
+fn read<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn results(campaign: bool) -> MemtierResults {
+    MemtierResults {
+        bench: read::<BenchResults>("memtier_bench.json"),
+        campaign: campaign.then(|| read::<CampaignResults>("memtier_campaign.json")),
+        s3_not_run: None,
+    }
+}
+
+#[test]
+fn restarts_by_source_as_ratios_to_local_disk_cold() {
+    let out = render(&results(false));
+    let t = &out.tables[0];
+    assert_eq!(t.id, "memtier");
+    assert!(
+        t.title.contains("2-rank") && t.title.contains("128 MiB") && t.title.contains("2 restarts"),
+        "{}",
+        t.title
+    );
+    // The save stall to memory Young/Daly is given: the median of the warm saves.
+    assert!(t.title.contains("0.022 s"), "{}", t.title);
+    let names: Vec<&str> = t.rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "ckpt memory tier, own copy",
+            "ckpt memory tier, peer's replica (a node lost)",
+            "ckpt local disk, cold",
+            "ckpt S3",
+            "torch.load, local disk, cold",
+        ]
+    );
+    // Medians of the two restarts, the ratios of medians to disk cold's.
+    assert_eq!(t.rows[0][1], "3.122 [1.472-4.772]");
+    assert_eq!(t.rows[0][3], "0.72");
+    assert_eq!(t.rows[1][4], "1.97", "the peer's restore over disk cold's");
+    assert_eq!(t.rows[2][3], "1.00");
+    assert_eq!(t.rows[3][4], "4.63", "S3's restore over disk cold's");
+    assert_eq!(t.rows[4][3], "0.97");
+    // Goodput in percent, where each rank restored from, every restart bitwise.
+    assert_eq!(t.rows[0][5], "99.802");
+    assert_eq!(t.rows[1][6], "memory, peer");
+    assert!(t.rows.iter().all(|r| r[7] == "2/2"), "{:?}", t.rows);
+    assert_eq!(out.targets[0].ratio, 0.0);
+    assert!(out.targets[0].met);
+    // The in-process restores: memory over disk cold, against the 0.3 bound.
+    let r = &out.tables[1];
+    assert_eq!(r.id, "memtier-restore");
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(r.rows[0][2], "0.65");
+    assert!((out.targets[1].ratio - 0.65).abs() < 0.01 && !out.targets[1].met);
+    assert!(out.notes.is_empty(), "{:?}", out.notes);
+    assert_eq!(out.results["bench"]["restart"]["ranks"], 2);
+}
+
+#[test]
+fn the_campaign_and_a_missing_s3_source() {
+    let mut res = results(true);
+    res.s3_not_run = Some("no S3 URL given".into());
+    res.bench.restart.runs.remove("s3");
+    let out = render(&res);
+    assert_eq!(out.tables[0].rows.len(), 4);
+    assert!(!out.tables[0].rows.iter().any(|r| r[0] == "ckpt S3"));
+    assert_eq!(
+        out.notes,
+        ["memtier: restart from S3 not run: no S3 URL given"]
+    );
+    let c = out.tables.last().unwrap();
+    assert_eq!(c.id, "memtier-campaign");
+    // 2 episodes, both bitwise, none torn, one from a peer's replica, 1 step lost.
+    assert_eq!(c.rows[0][..5], ["2", "2", "0", "1", "1 [1]"]);
+    let t = out.targets.last().unwrap();
+    assert!(t.what.contains("campaign") && t.met && t.ratio == 0.0);
+}
+
+#[test]
+fn a_restart_that_is_not_bitwise_misses_its_target() {
+    let mut res = results(false);
+    res.bench.restart.runs.get_mut("peer").unwrap()[1].bitwise = false;
+    let out = render(&res);
+    assert_eq!(out.tables[0].rows[1][7], "1/2");
+    assert_eq!(out.targets[0].ratio, 1.0);
+    assert!(!out.targets[0].met);
+}
