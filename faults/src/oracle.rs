@@ -82,7 +82,9 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
             Err(e) => Some(format!("manifest: {e}")),
             Ok(m)
                 if m.epoch < current
-                    && !listed.contains(&ckpt_core::layout::checkpoint_name(&id)) =>
+                    && listed
+                        .as_ref()
+                        .is_some_and(|l| !l.contains(&ckpt_core::layout::checkpoint_name(&id))) =>
             {
                 out.zombies.push(id);
                 continue;
@@ -137,8 +139,9 @@ pub async fn scan(root: &Path) -> ckpt_core::Result<Scan> {
 }
 
 /// The newest epoch claimed under a root (0: none) and the checkpoint names
-/// its claim lists, read from the claim files.
-fn newest_claim(root: &Path) -> (u64, BTreeSet<String>) {
+/// its claim lists, read from the claim files (`None`: no claim, or a damaged
+/// one, which says nothing: every committed checkpoint counts).
+fn newest_claim(root: &Path) -> (u64, Option<BTreeSet<String>>) {
     let newest = std::fs::read_dir(root.join("epochs"))
         .into_iter()
         .flatten()
@@ -150,7 +153,7 @@ fn newest_claim(root: &Path) -> (u64, BTreeSet<String>) {
         })
         .max();
     let Some((n, path)) = newest else {
-        return (0, BTreeSet::new());
+        return (0, None);
     };
     let listed = std::fs::read(path)
         .ok()
@@ -161,8 +164,7 @@ fn newest_claim(root: &Path) -> (u64, BTreeSet<String>) {
                     .filter_map(|s| s.as_str().map(str::to_owned))
                     .collect()
             })
-        })
-        .unwrap_or_default();
+        });
     (n, listed)
 }
 

@@ -243,3 +243,37 @@ async fn gc_keeps_young_unreferenced_chunks() -> Result<()> {
         .is_ok());
     Ok(())
 }
+
+/// A damaged claim (truncated, as a disk or a fault campaign may leave it)
+/// never stops a restart: it says nothing, so every committed checkpoint
+/// counts, and the next writer claims the epoch after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_claim_does_not_stop_a_restart() -> Result<()> {
+    let (dir, url) = temp_root();
+    let a = open(&url, opts(3)).await?;
+    a.save(1, &f32_state(2, 500, 1)).await?.wait().await?;
+    a.save(2, &f32_state(2, 500, 2)).await?.wait().await?;
+    let claim = dir.path().join("epochs/00000000000000000001.claim");
+    let bytes = std::fs::read(&claim)?;
+    std::fs::write(&claim, &bytes[..bytes.len() / 2])?;
+    let b = open(&url, opts(3)).await?;
+    let loaded = b.load_latest().await?.expect("step 2");
+    assert_eq!(loaded.id.step, 2);
+    assert_same(&loaded.state, &f32_state(2, 500, 2));
+    assert_eq!(b.claim().await?, Some(2));
+    // The old writer is fenced by the new claim as usual.
+    assert!(matches!(
+        a.save(3, &f32_state(2, 500, 3)).await?.wait().await,
+        Err(Error::Fenced { .. })
+    ));
+    b.save(3, &f32_state(2, 500, 33)).await?.wait().await?;
+    assert_eq!(
+        b.committed()
+            .await?
+            .iter()
+            .map(|i| i.step)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    Ok(())
+}

@@ -177,12 +177,27 @@ pub enum Verdict {
 
 impl EpochView {
     /// Read the newest claim of a root.
+    ///
+    /// A claim that is damaged (truncated, not a claim) says nothing about
+    /// which older checkpoints count: then every committed checkpoint counts,
+    /// as on a root without claims. A damaged claim can thus let a zombie's
+    /// checkpoint count, but never hides the job's own, and never stops a
+    /// restart. Storage errors are returned.
     pub async fn read(store: &dyn ObjectStore) -> Result<EpochView> {
         let current = current(store).await?;
         if current == 0 {
             return Ok(EpochView::default());
         }
-        let claim = read_claim(store, current).await?;
+        let claim = match read_claim(store, current).await {
+            Ok(c) => c,
+            Err(e) if e.is_damage() => {
+                tracing::warn!(
+                    "epoch claim {current} is unreadable ({e}); every committed checkpoint counts"
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
         Ok(EpochView { current, claim })
     }
 
@@ -363,7 +378,17 @@ impl Fence {
     /// claimed the root and its claim does not count the manifest of `id`
     /// (published too late: loads ignore it).
     pub async fn confirm(&mut self, store: &dyn ObjectStore, id: &CheckpointId) -> Result<()> {
-        match read_claim(store, self.epoch + 1).await? {
+        let next = match read_claim(store, self.epoch + 1).await {
+            // A newer claim exists but cannot be read: fenced all the same.
+            Err(e) if e.is_damage() => {
+                return Err(Error::Fenced {
+                    epoch: self.epoch,
+                    current: self.epoch + 1,
+                })
+            }
+            r => r?,
+        };
+        match next {
             None => {
                 self.checked = Some(Instant::now());
                 Ok(())

@@ -62,7 +62,9 @@ pub fn object_hashes(root: &Path) -> BTreeMap<String, usize> {
             if p.is_dir() {
                 // Commit records and writer-epoch claims hold times and
                 // random ids; the data is what must be the same.
-                if p.file_name().is_some_and(|n| n != "manifests" && n != "epochs") {
+                if p.file_name()
+                    .is_some_and(|n| n != "manifests" && n != "epochs")
+                {
                     walk(&p, out);
                 }
             } else if let Ok(bytes) = std::fs::read(&p) {
