@@ -5,14 +5,14 @@
 #
 # Order, for the first report's sake on a fresh machine: the Debian packages
 # first (ckpt-eval's build needs libhdf5, OpenMPI and libclang, not PyTorch: it
-# has no `torch` feature); then, at once, ckpt-eval's release build, the ckpt
-# Python package's (the Python experiments' ckpt rows; it needs only the
-# venv's maturin) and pip installing PyTorch and the rest (mostly download and
-# unpacking, which leave the cores to the builds). The two builds keep their
-# own target directories: they share only small crates (their tokio,
-# object_store and ckpt-core differ in features), so one directory would only
-# serialise them. Both are done before the suite starts (a build running
-# beside a benchmark would skew it). Garage (S3 tests only) is never built here.
+# has no `torch` feature), then ckpt-eval's release build in the background
+# while the venv is made (PyTorch's download and unpacking leave the cores
+# mostly idle), then the ckpt Python package (the Python experiments' ckpt
+# rows) in its own target directory beside the rest of that build: the two
+# builds share only small crates (their tokio, object_store and ckpt-core
+# differ in features), so one target directory would only serialise them.
+# Both are done before the suite starts (a build running beside a benchmark
+# would skew it). Garage (S3 tests only) is never built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -30,29 +30,15 @@ case " $* " in
 esac
 if [ -n "${CKPT_EVAL_S3_URL:-}" ]; then features=$features,s3; fi
 if [ ! -x target/release/ckpt-eval ]; then
-  echo "[eval] building ckpt-eval and the ckpt Python package (release) while the Python venv is made (usually 4-5 min the first time on 2 cores) ..." >&2
+  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package beside it (usually 5-6 min the first time on 2 cores) ..." >&2
 fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
 # instead of 76; a panic's backtrace then names functions without lines.
 CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
 build_pid=$!
-# The ckpt Python package needs only the venv's maturin, not PyTorch: it is
-# built while pip downloads and unpacks PyTorch (pip itself is upgraded
-# first, so that no pip is replaced under the other one). A no-op when the
-# package in .venv is current.
-bindings_pid=
-if [ "$help" = 0 ]; then
-  [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
-  if [ ! -x .venv/bin/maturin ]; then
-    .venv/bin/pip install -q --upgrade pip >/dev/null
-    .venv/bin/pip install -q "$(grep -E '^maturin' scripts/requirements.txt)"
-  fi
-  CARGO_TARGET_DIR="$PWD/target/py" CKPT_SKIP_GARAGE=1 CKPT_BINDINGS_ONLY=1 ./scripts/setup.sh >runs/setup-python-package.log 2>&1 &
-  bindings_pid=$!
-fi
 if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh; then
-  kill "$build_pid" $bindings_pid 2>/dev/null || true
+  kill "$build_pid" 2>/dev/null || true
   wait "$build_pid" 2>/dev/null || true
   exit 1
 fi
@@ -60,6 +46,12 @@ export CKPT_PYTHON="$PWD/.venv/bin/python"
 # What the `torch` feature (tch on the venv's libtorch) needs to run; sourced
 # once the venv exists.
 source scripts/env.sh
+bindings_pid=
+if [ "$help" = 0 ]; then
+  # A no-op when the package in .venv is current.
+  CARGO_TARGET_DIR="$PWD/target/py" CKPT_SKIP_GARAGE=1 ./scripts/setup.sh >runs/setup-python-package.log 2>&1 &
+  bindings_pid=$!
+fi
 if ! wait "$build_pid"; then
   echo "[eval] building ckpt-eval failed (runs/build-ckpt-eval.log):" >&2
   tail -20 runs/build-ckpt-eval.log >&2 || true

@@ -8,8 +8,6 @@
 # CKPT_SKIP_GARAGE=1 leaves Garage out (only the S3 tests use it; eval.sh skips it),
 # CKPT_SKIP_BINDINGS=1 the Python package, CKPT_SKIP_PYTHON=1 the venv and the
 # package (eval.sh builds ckpt-eval, which needs neither, while the venv is made).
-# CKPT_BINDINGS_ONLY=1 builds only the Python package into an existing venv
-# that has maturin (eval.sh builds it while pip installs PyTorch).
 # Each step says what it does, how long it usually takes the first time on a
 # 2-core machine, and how long it took.
 set -euo pipefail
@@ -44,8 +42,6 @@ command -v cargo >/dev/null || { log "cargo not found: install Rust (rustup) fir
 
 if [ "${CKPT_SKIP_PYTHON:-0}" = 1 ]; then
   CKPT_SKIP_BINDINGS=1
-elif [ "${CKPT_BINDINGS_ONLY:-0}" = 1 ]; then
-  [ -x .venv/bin/maturin ] || { log "CKPT_BINDINGS_ONLY=1 needs .venv with maturin"; exit 1; }
 else
 # --- Python venv ---------------------------------------------------------------
 PY=${PYTHON:-python3}
