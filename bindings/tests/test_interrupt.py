@@ -11,9 +11,13 @@ from conftest import PYTHON, python_env
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import ckpt
+
+    # A runner that starts the suite in the background (no job control) leaves
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     cp = ckpt.Checkpointer(sys.argv[1], compression="zstd", level=22, rng=False)
     noise = np.random.default_rng(0).integers(0, 256, size=96 << 20, dtype=np.uint8)
