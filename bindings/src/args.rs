@@ -77,11 +77,21 @@ fn check_piece(name: &str, shape: &[u64], shard: Option<&Bound<'_, Shard>>) -> P
 /// tensor, of shape `shape`).
 #[pyclass(frozen, module = "ckpt._ckpt")]
 pub struct TensorSpec {
+    /// The tensor's name in the checkpoint.
+    #[pyo3(get)]
     pub(crate) name: String,
     pub(crate) dtype: DType,
+    /// Its shape (the piece's, for a piece of a sharded tensor).
+    #[pyo3(get)]
     pub(crate) shape: Vec<u64>,
+    /// Its bytes: a buffer, or a `SlabSlot`.
+    #[pyo3(get)]
     pub(crate) data: Py<PyAny>,
+    /// Whether `save` copies it before returning, even in lazy mode.
+    #[pyo3(get)]
     pub(crate) copy_now: bool,
+    /// Where the piece sits in the global tensor, or `None`.
+    #[pyo3(get)]
     pub(crate) shard: Option<Py<Shard>>,
 }
 
@@ -108,40 +118,10 @@ impl TensorSpec {
         })
     }
 
-    /// The tensor's name in the checkpoint.
-    #[getter]
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Its dtype (safetensors name, e.g. `"F32"`).
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype.name()
-    }
-
-    /// Its shape (the piece's, for a piece of a sharded tensor).
-    #[getter]
-    fn shape(&self) -> Vec<u64> {
-        self.shape.clone()
-    }
-
-    /// Its bytes: a buffer, or a `SlabSlot`.
-    #[getter]
-    fn data(&self, py: Python<'_>) -> Py<PyAny> {
-        self.data.clone_ref(py)
-    }
-
-    /// Whether `save` copies it before returning, even in lazy mode.
-    #[getter]
-    fn copy_now(&self) -> bool {
-        self.copy_now
-    }
-
-    /// Where the piece sits in its global tensor, or `None`.
-    #[getter]
-    fn shard(&self, py: Python<'_>) -> Option<Py<Shard>> {
-        self.shard.as_ref().map(|s| s.clone_ref(py))
     }
 
     /// The same tensor with other bytes or another `copy_now`.
@@ -153,7 +133,7 @@ impl TensorSpec {
             shape: self.shape.clone(),
             data: data.unwrap_or_else(|| self.data.clone_ref(py)),
             copy_now: copy_now.unwrap_or(self.copy_now),
-            shard: self.shard(py),
+            shard: self.shard.as_ref().map(|s| s.clone_ref(py)),
         }
     }
 
@@ -184,10 +164,18 @@ impl TensorSpec {
 /// buffer of exactly its bytes.
 #[pyclass(frozen, module = "ckpt._ckpt")]
 pub struct LoadTarget {
+    /// The tensor's name in the checkpoint.
+    #[pyo3(get)]
     pub(crate) name: String,
     pub(crate) dtype: DType,
+    /// The box's shape.
+    #[pyo3(get)]
     pub(crate) shape: Vec<u64>,
+    /// The writable buffer the box is read into.
+    #[pyo3(get)]
     pub(crate) dest: Py<PyAny>,
+    /// Where the box sits in the global tensor, or `None`.
+    #[pyo3(get)]
     pub(crate) shard: Option<Py<Shard>>,
 }
 
@@ -225,34 +213,10 @@ impl LoadTarget {
         })
     }
 
-    /// The tensor's name in the checkpoint.
-    #[getter]
-    fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The dtype expected in the checkpoint.
     #[getter]
     fn dtype(&self) -> &'static str {
         self.dtype.name()
-    }
-
-    /// The box's shape.
-    #[getter]
-    fn shape(&self) -> Vec<u64> {
-        self.shape.clone()
-    }
-
-    /// The writable buffer the box is read into.
-    #[getter]
-    fn dest(&self, py: Python<'_>) -> Py<PyAny> {
-        self.dest.clone_ref(py)
-    }
-
-    /// Where the box sits in the global tensor, or `None`.
-    #[getter]
-    fn shard(&self, py: Python<'_>) -> Option<Py<Shard>> {
-        self.shard.as_ref().map(|s| s.clone_ref(py))
     }
 
     fn __repr__(&self) -> String {
