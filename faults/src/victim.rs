@@ -151,6 +151,14 @@ pub fn start(
     r.finish()
 }
 
+/// Send `sig` to a child of this process that is not reaped yet; true when
+/// it was delivered.
+pub fn send_signal(pid: u32, sig: i32) -> bool {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours; the
+    // pid is a child not yet waited for, so it cannot have been reused.
+    unsafe { libc::kill(pid as libc::pid_t, sig) == 0 }
+}
+
 /// A start of the job in progress.
 pub struct Running {
     child: Child,
@@ -242,8 +250,7 @@ impl Running {
             self.watched = Instant::now();
             self.last = Instant::now();
         }
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) == 0 }
+        send_signal(self.child.id(), sig)
     }
 
     /// Supervise until the job's output ends, or (with [`Stop::Freeze`]) until
@@ -302,11 +309,7 @@ impl Running {
                             }
                             Stop::Freeze { delay_us, .. } => {
                                 std::thread::sleep(Duration::from_micros(delay_us));
-                                // SAFETY: kill(2) on our own child's pid.
-                                let stopped = unsafe {
-                                    libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) == 0
-                                };
-                                if stopped {
+                                if send_signal(self.child.id(), libc::SIGSTOP) {
                                     return;
                                 }
                             }
@@ -317,13 +320,11 @@ impl Running {
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Stop::FreezeOnSilence { ms } = stop {
-                        if self.trained && self.last.elapsed() >= Duration::from_millis(ms) {
-                            // SAFETY: kill(2) on our own child's pid.
-                            if unsafe {
-                                libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) == 0
-                            } {
-                                return;
-                            }
+                        if self.trained
+                            && self.last.elapsed() >= Duration::from_millis(ms)
+                            && send_signal(self.child.id(), libc::SIGSTOP)
+                        {
+                            return;
                         }
                     }
                     if let Stop::OnSilence { ms } = stop {

@@ -91,7 +91,7 @@ pub fn episode(
     let claims_before = claims(root);
 
     // Resume the old incarnation once the new one has claimed the root.
-    let pid = old.pid() as libc::pid_t;
+    let pid = old.pid();
     let watch_root = root.to_owned();
     let watcher = std::thread::spawn(move || {
         let t = Instant::now();
@@ -100,9 +100,8 @@ pub fn episode(
         }
         let claimed = claims(&watch_root) > claims_before;
         std::thread::sleep(Duration::from_millis(wake_ms));
-        // SAFETY: kill(2) on the old incarnation's pid, a child of this process
-        // that is not reaped before `finish` below.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
+        // The old incarnation is not reaped before `finish` below.
+        victim::send_signal(pid, libc::SIGCONT);
         claimed
     });
     let new = victim::start(job, root, out, report, &[], &[], Stop::Never)?;
