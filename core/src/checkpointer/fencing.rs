@@ -2,13 +2,13 @@
 //! the lease its first save waits out, and whether a newer epoch fenced it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use object_store::ObjectStore;
 
 use crate::error::{Error, Result};
-use crate::layout::epoch::{self, ClaimStrength, Claimed, Fence};
+use crate::layout::epoch::{self, ClaimStrength, Claimed, Fence, ManifestEpochs};
 use crate::sync::MutexExt;
 
 /// The fencing state of a checkpointer, shared by its clones.
@@ -29,6 +29,8 @@ pub(crate) struct Fencing {
     /// Set once the first save after the claim decided whether to wait out
     /// the lease.
     fenced_in: AtomicBool,
+    /// The epochs of the manifests this checkpointer has judged.
+    epochs: Arc<ManifestEpochs>,
 }
 
 impl Fencing {
@@ -42,7 +44,14 @@ impl Fencing {
             claimed: tokio::sync::Mutex::new(None),
             fenced: Mutex::new(None),
             fenced_in: AtomicBool::new(false),
+            epochs: Arc::default(),
         }
+    }
+
+    /// The epochs of the manifests this checkpointer has judged (listings
+    /// and GC read each manifest once for its epoch).
+    pub fn manifest_epochs(&self) -> &Arc<ManifestEpochs> {
+        &self.epochs
     }
 
     /// The epoch claimed, claiming the next one of `store` first if none is

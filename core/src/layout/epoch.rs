@@ -27,7 +27,8 @@
 //! its claim, so no delete of an old writer can land after it relies on what
 //! is stored.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::TryStreamExt;
@@ -39,6 +40,7 @@ use crate::error::{Error, Result};
 use crate::layout::catalog;
 use crate::layout::paths;
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// Folder of epoch claims.
 pub const EPOCHS: &str = "epochs";
@@ -219,13 +221,32 @@ impl EpochView {
     }
 }
 
+/// The epochs of the manifests already read. A published manifest never
+/// changes and its id is never reused, so each is read once for its epoch.
+#[derive(Debug, Default)]
+pub struct ManifestEpochs(Mutex<HashMap<CheckpointId, u64>>);
+
+impl ManifestEpochs {
+    /// The epoch of `id`'s manifest: remembered, or read (and remembered).
+    pub async fn of(&self, store: &dyn ObjectStore, id: &CheckpointId) -> Result<u64> {
+        if let Some(e) = self.0.lock_unpoisoned().get(id) {
+            return Ok(*e);
+        }
+        let e = catalog::read_manifest(store, id).await?.epoch;
+        self.0.lock_unpoisoned().insert(id.clone(), e);
+        Ok(e)
+    }
+}
+
 /// The committed checkpoints that count under `view`, oldest first, and the
-/// zombies among the rest. Reads the manifests that the newest claim does not
-/// list (those committed since); an unreadable one counts as valid here (a
-/// load then finds it damaged, and GC keeps its chunks).
+/// zombies among the rest. Needs the epochs of the manifests that the newest
+/// claim does not list (those committed since), from `seen` or read; an
+/// unreadable manifest counts as valid here (a load then finds it damaged,
+/// and GC keeps its chunks).
 pub async fn partition_committed(
     store: &dyn ObjectStore,
     view: &EpochView,
+    seen: &ManifestEpochs,
 ) -> Result<(Vec<CheckpointId>, Vec<CheckpointId>)> {
     let ids = catalog::committed(store).await?;
     let mut valid = Vec::with_capacity(ids.len());
@@ -235,8 +256,8 @@ pub async fn partition_committed(
             valid.push(id);
             continue;
         }
-        match catalog::read_manifest(store, &id).await {
-            Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => zombies.push(id),
+        match seen.of(store, &id).await {
+            Ok(e) if view.judge(&id, e) == Verdict::Zombie => zombies.push(id),
             Ok(_) | Err(_) => valid.push(id),
         }
     }
@@ -250,8 +271,6 @@ pub struct Claimed {
     pub epoch: u64,
     /// When it was claimed (this process's clock).
     pub at: Instant,
-    /// How.
-    pub strength: ClaimStrength,
     /// False when the root had no earlier epoch: no older writer can be
     /// deleting, so the first save need not wait out the lease.
     pub had_predecessor: bool,
@@ -269,7 +288,7 @@ pub async fn claim_next(
     for _ in 0..CLAIM_TRIES {
         let view = EpochView::read(store).await?;
         // The checkpoints valid now are those the new claim keeps valid.
-        let (valid, _) = partition_committed(store, &view).await?;
+        let (valid, _) = partition_committed(store, &view, &ManifestEpochs::default()).await?;
         let epoch = view.current + 1;
         let claim = Claim {
             version: CLAIM_VERSION,
@@ -312,7 +331,6 @@ pub async fn claim_next(
                 return Ok(Claimed {
                     epoch,
                     at,
-                    strength,
                     had_predecessor: view.current > 0,
                 });
             }

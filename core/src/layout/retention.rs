@@ -8,6 +8,7 @@
 //! writer whose epoch is over deletes nothing ([`Sweep::fence`]).
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::TryStreamExt;
@@ -18,7 +19,7 @@ use crate::error::Result;
 use crate::failpoint;
 use crate::layout::catalog;
 use crate::layout::chunks::ChunkIndex;
-use crate::layout::epoch::{self, EpochView, Fence};
+use crate::layout::epoch::{self, EpochView, Fence, ManifestEpochs};
 use crate::layout::paths::{self, CHUNKS, DATA};
 use crate::model::CheckpointId;
 
@@ -90,6 +91,9 @@ pub struct Sweep {
     /// deleted nothing after the fence closed, once a newer epoch claims the root.
     /// `None`: an unfenced collector (a root no writer claimed).
     pub fence: Option<Fence>,
+    /// The epochs of manifests already read (kept between rounds by whoever
+    /// collects again).
+    pub epochs: Arc<ManifestEpochs>,
 }
 
 /// Apply a retention policy and sweep garbage.
@@ -112,7 +116,7 @@ pub async fn collect(
 ) -> Result<GcReport> {
     let mut report = GcReport::default();
     let view = EpochView::read(store).await?;
-    let (valid, zombies) = epoch::partition_committed(store, &view).await?;
+    let (valid, zombies) = epoch::partition_committed(store, &view, &sweep.epochs).await?;
     let (kept, mut retired) = retention.partition(&valid);
     retired.extend(zombies.into_iter().filter(|id| !protected.contains(id)));
     let now_ms = SystemTime::now()

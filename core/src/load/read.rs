@@ -84,7 +84,8 @@ impl Checkpointer {
     pub async fn committed(&self) -> Result<Vec<CheckpointId>> {
         let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
-        Ok(epoch::partition_committed(store, &view).await?.0)
+        let seen = self.fencing().manifest_epochs();
+        Ok(epoch::partition_committed(store, &view, seen).await?.0)
     }
 
     /// The manifest of a checkpoint.

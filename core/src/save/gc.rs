@@ -16,6 +16,7 @@ impl Checkpointer {
         Sweep {
             grace: self.options().gc_grace,
             fence,
+            epochs: self.fencing().manifest_epochs().clone(),
         }
     }
 

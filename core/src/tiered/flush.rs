@@ -326,6 +326,7 @@ async fn durable_retention(tiers: &Tiers) {
     let mut sweep = Sweep {
         grace: tiers.opts.durable_grace,
         fence: (epoch > 0).then(|| Fence::new(epoch, DURABLE_LEASE)),
+        epochs: tiers.durable_epochs.clone(),
     };
     if let Err(e) = retention::collect(
         tiers.durable.as_ref(),

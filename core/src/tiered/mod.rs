@@ -185,6 +185,8 @@ pub(crate) struct Tiers {
     /// The newest writer epoch among the manifests flushed: durable retention
     /// runs fenced by it (a fenced writer's flusher deletes nothing there).
     writer_epoch: std::sync::atomic::AtomicU64,
+    /// The epochs of the durable tier's manifests its retention has judged.
+    durable_epochs: Arc<crate::layout::epoch::ManifestEpochs>,
 }
 
 impl Tiers {
@@ -215,6 +217,7 @@ impl TieredCheckpointStore {
             gate: Arc::new(RwLock::new(())),
             durable_chunks: tokio::sync::OnceCell::new(),
             writer_epoch: std::sync::atomic::AtomicU64::new(0),
+            durable_epochs: Arc::default(),
         };
         TieredCheckpointStore {
             tiers: Arc::new(tiers),
