@@ -615,13 +615,21 @@ class DcpAsync(DcpSave):
         self.stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
                                                    use_async_staging=True, use_non_blocking_copy=self.pinned))
 
+    def _stager_closed(self) -> bool:
+        """True when a save closed the stager: its executor shut down, or its
+        state-dict stager's copy dispatch cleared (what ``close`` does)."""
+        ex = getattr(self.stager, "_staging_executor", None)
+        if ex is not None and getattr(ex, "_shutdown", False):
+            return True
+        inner = getattr(self.stager, "_state_dict_stager", None)
+        return inner is not None and not getattr(inner, "_deepcopy_dispatch", True)
+
     def start(self, step: int):
         import torch.distributed.checkpoint as dcp
 
         if self.upload is not None:  # one upload at a time, as torchtitan does
             self.upload()
-        ex = getattr(self.stager, "_staging_executor", None)
-        if ex is not None and getattr(ex, "_shutdown", False):
+        if self._stager_closed():
             # Some torch versions (2.11) close a given stager with the save
             # that used it: a fresh one for the next.
             self.open_stager()
