@@ -22,6 +22,15 @@ GARAGE="${GARAGE:-$(command -v garage || echo "$HOME/.cargo/bin/garage")}"
 
 log() { printf '[garage] %s\n' "$*" >&2; }
 g() { "$GARAGE" -c "$CFG" "$@"; }
+# Admin commands right after start can race the node's own startup: retry a few times.
+g_retry() {
+  local i
+  for i in $(seq 1 10); do
+    g "$@" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  g "$@"
+}
 
 running() {
   [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null
@@ -83,10 +92,19 @@ EOF
     sleep 0.2
   done
   [ -n "$node" ] || { log "server did not answer in 20 s"; stop; exit 1; }
+  # `node id` can answer from the key file the server writes before its RPC
+  # listener is up; wait until a real RPC round trip (`status`) succeeds.
+  local up=""
+  for _ in $(seq 1 100); do
+    running || { log "server exited; log:"; tail -20 "$DIR/garage.log" >&2; exit 1; }
+    if g status >/dev/null 2>&1; then up=1; break; fi
+    sleep 0.2
+  done
+  [ -n "$up" ] || { log "RPC did not answer in 20 s; log:"; tail -20 "$DIR/garage.log" >&2; stop; exit 1; }
 
-  g layout assign -z dc1 -c 1G "${node%%@*}" >/dev/null
-  g layout apply --version 1 >/dev/null
-  g bucket create "$BUCKET" >/dev/null
+  g_retry layout assign -z dc1 -c 1G "${node%%@*}" >/dev/null
+  g_retry layout apply --version 1 >/dev/null
+  g_retry bucket create "$BUCKET" >/dev/null
   local key_out key_id secret
   key_out=$(g key create ckpt-test-key)
   key_id=$(printf '%s\n' "$key_out" | awk -F': *' '/Key ID/ {print $2; exit}' | tr -d ' ')
