@@ -74,15 +74,19 @@ class Flattened:
 class _Where:
     """Where a value sits in the saved tree (``$['model']['fc.weight']``), for
     error messages: formatted only when a message needs it, not at every node
-    of every save (which showed in the stall of saves with many tensors)."""
+    of every save (which showed in the stall of saves with many tensors).
+    ``key``, if given, is one more step below ``path`` (so a mapping's tensors
+    need no list of their own)."""
 
-    __slots__ = ("path",)
+    __slots__ = ("path", "key")
 
-    def __init__(self, path: List[str]) -> None:
+    def __init__(self, path: List[str], key: Any = None) -> None:
         self.path = path
+        self.key = key
 
     def __str__(self) -> str:
-        return "$" + "".join(f"[{p!r}]" for p in self.path)
+        path = self.path if self.key is None else self.path + [str(self.key)]
+        return "$" + "".join(f"[{p!r}]" for p in path)
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
@@ -104,12 +108,25 @@ class _Flattener:
         self._dtensor = _dtensor_type()
 
     def name_for(self, path: List[str]) -> str:
-        base = ".".join(path) or "tensor"
+        return self.unique(".".join(path))
+
+    def unique(self, base: str) -> str:
+        """``base`` (``tensor`` if empty), or ``base#1``, ``base#2``, ... if taken."""
+        base = base or "tensor"
         name, n = base, 1
         while name in self.names:
             name, n = f"{base}#{n}", n + 1
         self.names.add(name)
         return name
+
+    def leaf(self, obj: Any, base: str, where: _Where, lazy_ptrs: Optional[Set[int]]) -> Any:
+        """A tensor that is not a DTensor, named ``base`` (made unique)."""
+        # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
+        copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
+        dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
+        name = self.unique(base)
+        self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
+        return TensorRef(name)
 
     def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
         # The common kinds first, by exact type: a save walks every node of
@@ -123,12 +140,7 @@ class _Flattener:
         if tensor is not None and isinstance(obj, tensor):
             if self._dtensor is not None and isinstance(obj, self._dtensor):
                 return self.walk_dtensor(obj, path, lazy_ptrs, _Where(path))
-            # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
-            copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
-            dtype, shape, buf, copy_now = self.exporter.export(obj, _Where(path), copy_now)
-            name = self.name_for(path)
-            self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
-            return TensorRef(name)
+            return self.leaf(obj, ".".join(path), _Where(path), lazy_ptrs)
         if kind is dict or isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
         if kind is list or kind is tuple:
@@ -169,13 +181,24 @@ class _Flattener:
 
     def walk_mapping(self, obj: Mapping[Any, Any], path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
         items = {}
+        # Most values of a state dict are plain tensors (exactly torch.Tensor:
+        # a module's detached parameters, an optimizer's state); they are taken
+        # here, without a call of walk or a path of their own each.
+        tensor = self._tensor
+        prefix = ".".join(path) + "." if path else ""
         for k, v in obj.items():
             kk = type(k)
             if kk is not str and kk is not int:
                 raise InvalidInputError(f"{_Where(path)}: dict keys must be str or int, not {kk.__name__}")
             if k == TAG:
                 raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
-            items[k] = v if type(v) in _PLAIN else self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
+            kv = type(v)
+            if kv in _PLAIN:
+                items[k] = v
+            elif kv is tensor and tensor is not None:
+                items[k] = self.leaf(v, prefix + str(k), _Where(path, k), lazy_ptrs)
+            else:
+                items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
         meta = getattr(obj, "_metadata", None)
         if isinstance(obj, OrderedDict) or meta is not None:
             encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
