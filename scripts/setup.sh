@@ -70,7 +70,11 @@ if [ "${CKPT_SKIP_BINDINGS:-0}" != 1 ] && [ "$(cat .venv/.ckpt-bindings 2>/dev/n
   # The wheel is stripped (pyproject.toml), so the release profile's line
   # tables would be compiled for nothing (they cost ckpt-eval's release
   # build 15% of its CPU time).
-  CARGO_PROFILE_RELEASE_DEBUG=0 .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
+  # CKPT_MATURIN_FEATURES: extra cargo features of the extension (eval.sh's
+  # `eval-build`, see bindings/Cargo.toml).
+  extra=${CKPT_MATURIN_FEATURES:+--features $CKPT_MATURIN_FEATURES}
+  CARGO_PROFILE_RELEASE_DEBUG=0 MATURIN_PEP517_ARGS="${MATURIN_PEP517_ARGS:-} $extra" \
+    .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./bindings
   echo "$bindings_hash" > .venv/.ckpt-bindings
   done_step
 fi
