@@ -593,9 +593,13 @@ class Checkpointer:
 
 
 def _cuda_ready() -> bool:
-    """True when torch has initialised CUDA (so CUDA tensors can occur)."""
+    """True when torch has initialised CUDA (so CUDA tensors can occur).
+
+    ``is_initialized`` alone: it implies a device, and it is a flag, while
+    ``is_available`` asks the driver each time (half a millisecond of every
+    save's stall on a machine without one)."""
     torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch is not None and torch.cuda.is_initialized()
 
 
 #: In lazy mode, CPU tensors smaller than this are copied at once when the save

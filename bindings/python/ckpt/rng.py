@@ -30,7 +30,8 @@ class RNGState:
         torch = sys.modules.get("torch")
         if torch is not None:
             state["torch"] = torch.get_rng_state()
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # (initialised implies available; is_available asks the driver each time)
+            if torch.cuda.is_initialized():
                 state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
