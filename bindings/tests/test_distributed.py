@@ -298,6 +298,81 @@ def test_a_failed_or_late_collective_fails_the_save_typed_and_breaks_the_coordin
         assert ckpt.Checkpointer(url, coordinate="none").steps() == []
 
 
+class ThreadJob:
+    """Ranks of one job as threads of this process: the coordinator protocol
+    (``all_gather``, ``broadcast``) over a barrier, so two real checkpointers
+    of one root save together as ranks 0 and 1."""
+
+    def __init__(self, world: int) -> None:
+        import threading
+
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.slots: list = [None] * world
+
+    def member(self, rank: int) -> "ThreadRank":
+        return ThreadRank(self, rank)
+
+
+class ThreadRank:
+    def __init__(self, job: ThreadJob, rank: int) -> None:
+        self.job, self.rank, self.world_size = job, rank, job.world
+
+    def all_gather(self, data: bytes) -> list:
+        self.job.slots[self.rank] = bytes(data)
+        self.job.barrier.wait()
+        out = list(self.job.slots)
+        self.job.barrier.wait()
+        return out
+
+    def broadcast(self, data: bytes, root: int) -> bytes:
+        if self.rank == root:
+            self.job.slots[root] = bytes(data)
+        self.job.barrier.wait()
+        out = self.job.slots[root]
+        self.job.barrier.wait()
+        return out
+
+
+def save_as_ranks(url: str, states: list, step: int = 1) -> list:
+    """Each rank (a thread) saves its state at ``step``; each one's outcome: None or the exception."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    job = ThreadJob(len(states))
+
+    def rank(r: int) -> Optional[BaseException]:
+        cp = ckpt.Checkpointer(url, coordinate=job.member(r), rng=False, collective_timeout=60)
+        try:
+            cp.save(step, **states[r]).wait()
+            return None
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            return e
+        finally:
+            try:
+                cp.close()
+            except Exception:  # noqa: BLE001 - the save's failure, already returned
+                pass
+
+    with ThreadPoolExecutor(len(states)) as pool:
+        return list(pool.map(rank, range(len(states))))
+
+
+def test_ranks_that_save_different_metadata_fail_the_save_on_every_rank(url: str) -> None:
+    w = torch.arange(4.0)
+    # A rank's own plain value: only rank 0's would be stored, and rank 1 would load it.
+    got = save_as_ranks(url, [{"w": w, "extra": {"rank": 0}}, {"w": w, "extra": {"rank": 1}}])
+    assert all(isinstance(e, ckpt.InvalidInputError) for e in got), got
+    assert "rank(s) [1] differs from rank 0's" in str(got[0]) and str(got[0]) == str(got[1])
+    # Another tree of tensor names on rank 1: refused the same way.
+    got = save_as_ranks(url, [{"w": w}, {"v": w}], step=2)
+    assert all(isinstance(e, ckpt.InvalidInputError) for e in got), got
+    assert ckpt.Checkpointer(url, coordinate="none").steps() == []
+    # The same tree and values on both ranks: one checkpoint, loadable as saved.
+    assert save_as_ranks(url, [{"w": w, "extra": {"epoch": 3}}] * 2, step=3) == [None, None]
+    back = ckpt.Checkpointer(url, coordinate="none").read(3).state
+    assert torch.equal(back["w"], w) and back["extra"] == {"epoch": 3}
+
+
 def test_bad_coordination_arguments_are_typed_errors(url: str) -> None:
     with pytest.raises(ckpt.InvalidInputError, match="coordinate must be"):
         ckpt.Checkpointer(url, coordinate="nccl")

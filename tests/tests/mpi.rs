@@ -153,6 +153,28 @@ fn a_full_disk_on_one_rank_is_a_storage_error_on_every_rank() {
     assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));
 }
 
+/// A rank whose metadata differs from rank 0's (only rank 0's is stored, and
+/// every rank would load it) fails the save on every rank, before anything is
+/// written; the previous checkpoint stays the latest.
+#[test]
+fn a_rank_with_metadata_of_its_own_fails_the_save_on_every_rank() {
+    let (_dir, url) = temp_root();
+    ok(&mpirun(3, &["save", &url, "1"]), "first save");
+    let out = mpirun(3, &["save", &url, "2", "--own-meta-rank", "2"]);
+    assert!(!out.status.success());
+    let reports = lines(&out);
+    assert_eq!(reports.len(), 3, "{reports:?}");
+    for r in &reports {
+        assert!(
+            matches!(r, RankReport::SaveFailed { error, .. } if error == "invalid"),
+            "{r:?}"
+        );
+    }
+    let out = mpirun(2, &["load", &url]);
+    ok(&out, "load");
+    assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));
+}
+
 /// `ckpt export` of a checkpoint 4 ranks saved: sharded tensors come out whole,
 /// replicated ones once, as the checkpoint loads in one process.
 #[test]

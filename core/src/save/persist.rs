@@ -68,6 +68,12 @@ struct PlanMsg {
     /// the fencing lease), after which every rank lists the stored chunks again.
     #[serde(default)]
     fence_in_ms: Option<u64>,
+    /// A digest of this rank's metadata. Only rank 0's reaches the manifest,
+    /// and every rank loads it, so another rank's that differs would be lost
+    /// without a word (a rank's own values, another tree of tensor names):
+    /// the save fails on every rank instead.
+    #[serde(default)]
+    meta_digest: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -95,6 +101,29 @@ struct GcSummary {
     incomplete_removed: Vec<(u64, String)>,
     chunks_deleted: u64,
     chunk_sweep_skipped: bool,
+}
+
+/// A digest of a rank's metadata, to compare across ranks (`PlanMsg::meta_digest`).
+fn meta_digest(meta: &Value) -> String {
+    match serde_json::to_vec(meta) {
+        Ok(bytes) => blake3::hash(&bytes).to_hex().to_string(),
+        // Not encodable: the commit reports it; nothing to compare.
+        Err(_) => String::new(),
+    }
+}
+
+/// The ranks whose metadata digest differs from rank 0's, if any (ranks that
+/// sent none, being older or alone, are not compared).
+fn differing_meta(plans: &[PlanMsg]) -> Option<Vec<usize>> {
+    let first = plans.first()?.meta_digest.as_deref()?;
+    let ranks: Vec<usize> = plans
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, m)| m.meta_digest.as_deref().is_some_and(|d| d != first))
+        .map(|(r, _)| r)
+        .collect();
+    (!ranks.is_empty()).then_some(ranks)
 }
 
 async fn gather_json<T: Serialize + DeserializeOwned>(
@@ -154,9 +183,11 @@ impl Checkpointer {
                 })
                 .map_err(WireError::from),
             fence_in_ms,
+            meta_digest: (coord.world_size() > 1).then(|| meta_digest(&job.meta)),
         };
         let plans = gather_json(coord, &msg, timeout, "plan").await?;
         let fence_in = plans.first().and_then(|m| m.fence_in_ms);
+        let meta_mismatch = differing_meta(&plans);
         let mut holdings = Vec::with_capacity(plans.len());
         let mut failed = None;
         for (r, m) in plans.into_iter().enumerate() {
@@ -179,6 +210,15 @@ impl Checkpointer {
         let tensors = local?;
         if let Some((r, e)) = failed {
             return Err(e.into_error(&format!("rank {r} could not snapshot: ")));
+        }
+        if let Some(ranks) = meta_mismatch {
+            return Err(Error::InvalidInput(format!(
+                "step {}: the metadata of rank(s) {ranks:?} differs from rank 0's; a checkpoint \
+                 stores rank 0's alone and every rank loads it, so every rank must save the same \
+                 metadata (the same tree of names and plain values); keep a rank's own data in \
+                 tensors of names of its own",
+                id.step
+            )));
         }
         if let Some(ms) = fence_in {
             // An older writer deletes nothing later than half a lease after it

@@ -169,6 +169,9 @@ struct SaveFaults {
     /// This rank's store fails with ENOSPC.
     #[arg(long)]
     enospc_rank: Option<usize>,
+    /// This rank saves metadata of its own (another value than rank 0's).
+    #[arg(long)]
+    own_meta_rank: Option<usize>,
 }
 
 async fn save(
@@ -204,7 +207,15 @@ async fn save(
         // This rank's disk is full: its share fails as a local store fails with ENOSPC.
         ckpt_core::failpoint::set("save.before_data", "enospc");
     }
-    let r = match cp.save(step, state(step, rank, world)).await {
+    let mut st = state(step, rank, world);
+    if faults.own_meta_rank == Some(rank) {
+        st = st.with_meta(Value::map([
+            ("step", Value::Int(step as i64)),
+            ("world", Value::Int(world as i64)),
+            ("rank", Value::Int(rank as i64)),
+        ]));
+    }
+    let r = match cp.save(step, st).await {
         Ok(h) => h.wait().await,
         Err(e) => Err(e),
     };
@@ -216,6 +227,7 @@ async fn save(
                 ckpt_core::Error::Storage(_) => "storage",
                 ckpt_core::Error::Timeout(_) => "timeout",
                 ckpt_core::Error::Internal(_) => "internal",
+                ckpt_core::Error::InvalidInput(_) => "invalid",
                 _ => "other",
             };
             print_line(&RankReport::SaveFailed {
@@ -223,7 +235,7 @@ async fn save(
                 error: kind.to_owned(),
                 errno: e.os_errno(),
             });
-            if faults.enospc_rank.is_some() {
+            if faults.enospc_rank.is_some() || faults.own_meta_rank.is_some() {
                 // The save failed in order on every rank: let every rank report
                 // before any exits (mpirun ends the job at the first exit).
                 use ckpt_core::Coordinator;
