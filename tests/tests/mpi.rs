@@ -170,6 +170,14 @@ fn a_rank_with_metadata_of_its_own_fails_the_save_on_every_rank() {
             "{r:?}"
         );
     }
+    // Every rank says why (the ranks meet once more before they exit, in an
+    // all-gather of empty messages).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("rank(s) [2] differs from rank 0's").count(),
+        3,
+        "{stderr}"
+    );
     let out = mpirun(2, &["load", &url]);
     ok(&out, "load");
     assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));

@@ -105,6 +105,11 @@ fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<
             .checked_add(l)
             .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
     }
+    if total == 0 {
+        // Every rank sent nothing (a barrier): OpenMPI refuses a gather into an
+        // empty buffer (MPI_ERR_ARG, fatal), and there is nothing to move.
+        return Ok(vec![Vec::new(); size]);
+    }
     let mut buf = vec![0u8; total as usize];
     {
         let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
