@@ -97,7 +97,8 @@ impl Checkpointer {
     #[new]
     #[pyo3(signature = (url, *, keep_last=None, keep_every=None, compression=None, level=3, lazy=false,
                         staging_budget=None, busy="wait", format="native", coordinator=None,
-                        collective_timeout=600.0, read_only=false, fencing=true, gc_grace=60.0))]
+                        collective_timeout=600.0, read_only=false, fencing=true, gc_grace=60.0,
+                        direct_io=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -115,6 +116,7 @@ impl Checkpointer {
         read_only: bool,
         fencing: bool,
         gc_grace: f64,
+        direct_io: Option<bool>,
     ) -> PyResult<Self> {
         let gc_grace = Duration::try_from_secs_f64(gc_grace).map_err(|_| {
             invalid(format!(
@@ -148,7 +150,15 @@ impl Checkpointer {
             gc_grace,
             ..CheckpointerOptions::default()
         };
-        let counting = Arc::new(CountingStore::new(ckpt_core::store::open_url(&url).py()?));
+        // Local directories: large puts with O_DIRECT unless `direct_io=False`
+        // (None: the default, on); CKPT_DIRECT_IO still overrides either.
+        let mut store_opts = ckpt_core::store::StoreOptions::default();
+        if direct_io == Some(false) {
+            store_opts.local_dir.direct_min_bytes = None;
+        }
+        let counting = Arc::new(CountingStore::new(
+            ckpt_core::store::open_url_with(&url, &store_opts).py()?,
+        ));
         let caps = ckpt_core::store::Capabilities::of_url(&url);
         let mut builder = ckpt_formats::builder(url)
             .store(counting.clone())

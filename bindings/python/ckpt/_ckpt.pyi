@@ -210,6 +210,7 @@ class Checkpointer:
         read_only: bool = False,
         fencing: bool = True,
         gc_grace: float = 60.0,
+        direct_io: Optional[bool] = None,
     ) -> Self: ...
     @property
     def url(self) -> str: ...

@@ -165,6 +165,11 @@ class Checkpointer:
         gc_grace: seconds during which garbage collection keeps chunks and
             incomplete saves' data that nothing references: another process
             (a save in flight elsewhere) may be writing them.
+        direct_io: local directories write large objects (1 MiB or more)
+            with ``O_DIRECT``, past the page cache, unless ``False`` (the
+            default ``None`` is on; a file system that refuses ``O_DIRECT``,
+            such as tmpfs, gets buffered writes). The environment variable
+            ``CKPT_DIRECT_IO=0|1`` overrides it.
         fencing: ``False`` for a root that something other than the job
             manages, such as the memory tier's (its checkpoints are copied
             between roots, so they carry no epoch): this writer never claims
@@ -203,11 +208,14 @@ class Checkpointer:
         read_only: bool = False,
         fencing: bool = True,
         gc_grace: float = 60.0,
+        direct_io: Optional[bool] = None,
     ) -> None:
         if isinstance(collective_timeout, bool) or not isinstance(collective_timeout, (int, float)):
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
         if not collective_timeout > 0:
             raise InvalidInputError(f"collective_timeout must be positive, not {collective_timeout!r}")
+        if direct_io is not None and not isinstance(direct_io, bool):
+            raise InvalidInputError(f"direct_io must be True, False or None, not {direct_io!r}")
         coordinator = _resolve(coordinate, process_group, collective_timeout)
         self._native = _ckpt.Checkpointer(
             url,
@@ -224,6 +232,7 @@ class Checkpointer:
             read_only=bool(read_only),
             fencing=bool(fencing),
             gc_grace=float(gc_grace),
+            direct_io=direct_io,
         )
         self._coordinator = coordinator
         self._rng = rng
