@@ -26,6 +26,15 @@ pub fn interpreter() -> Option<PathBuf> {
     .find(|p| p.exists())
 }
 
+/// A file of the source tree this binary was built from (`relative` to
+/// `evaluator/`), or the path the environment variable `env` gives instead.
+pub fn source_path(env: &str, relative: &str) -> PathBuf {
+    std::env::var_os(env).map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join(relative),
+        PathBuf::from,
+    )
+}
+
 /// The peers, floors, cache dropping and memory sampling every Python
 /// benchmark script imports (`peers.py`), written next to each.
 pub const PEERS: &str = include_str!("../python/peers.py");

@@ -127,6 +127,11 @@ pub fn memory_root(tag: &str) -> String {
     )
 }
 
+/// The steps of the checkpoints `cp` counts as committed, oldest first.
+pub async fn committed_steps(cp: &Checkpointer) -> ckpt_core::Result<Vec<u64>> {
+    Ok(cp.committed().await?.iter().map(|i| i.step).collect())
+}
+
 /// Open a native-format checkpointer with small chunks (so tests span many chunks).
 pub async fn open_small_chunks(url: &str) -> Checkpointer {
     let mut opts = ckpt_core::CheckpointerOptions::default();

@@ -31,13 +31,7 @@ async fn skip_policy_skips_when_the_budget_is_spent() {
     // Once the first is done, the budget is free again.
     let (_v3, cap3) = mutable_state(1, 100_000, 3);
     cp.save(3, cap3).await.unwrap().wait().await.unwrap();
-    let steps: Vec<u64> = cp
-        .committed()
-        .await
-        .unwrap()
-        .iter()
-        .map(|i| i.step)
-        .collect();
+    let steps = committed_steps(&cp).await.unwrap();
     assert_eq!(steps, vec![1, 3]);
 }
 
@@ -77,13 +71,7 @@ async fn a_persist_error_surfaces_on_the_handle_and_on_the_next_save() {
         .wait()
         .await
         .unwrap();
-    let steps: Vec<u64> = cp
-        .committed()
-        .await
-        .unwrap()
-        .iter()
-        .map(|i| i.step)
-        .collect();
+    let steps = committed_steps(&cp).await.unwrap();
     assert_eq!(
         steps,
         vec![3, 5],

@@ -92,13 +92,7 @@ async fn retention_and_gc_keep_every_needed_chunk() {
         states.push(s);
     }
     cp.flush().await;
-    let kept: Vec<u64> = cp
-        .committed()
-        .await
-        .unwrap()
-        .iter()
-        .map(|i| i.step)
-        .collect();
+    let kept = committed_steps(&cp).await.unwrap();
     assert_eq!(kept, vec![4, 8, 9]);
     for step in &kept {
         let loaded = cp.load_step(*step).await.unwrap();

@@ -35,6 +35,23 @@ fn ok(out: &Output, what: &str) {
     );
 }
 
+/// The job failed, and every one of its `n` ranks reported a failure that `what` accepts.
+fn every_rank_failed(out: &Output, n: usize, what: impl Fn(&RankReport) -> bool) {
+    assert!(!out.status.success());
+    let reports = lines(out);
+    assert_eq!(reports.len(), n, "{reports:?}");
+    for r in &reports {
+        assert!(what(r), "{r:?}");
+    }
+}
+
+/// Two ranks load the root, and both get step 1.
+fn step_1_is_the_latest(url: &str) {
+    let out = mpirun(2, &["load", url]);
+    ok(&out, "load");
+    assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));
+}
+
 #[test]
 fn n_ranks_save_m_ranks_load() {
     for (n, m) in [(1, 4), (4, 1), (2, 4), (4, 2)] {
@@ -139,18 +156,12 @@ fn a_full_disk_on_one_rank_is_a_storage_error_on_every_rank() {
     let (_dir, url) = temp_root();
     ok(&mpirun(3, &["save", &url, "1"]), "first save");
     let out = mpirun(3, &["save", &url, "2", "--enospc-rank", "1"]);
-    assert!(!out.status.success());
-    let reports = lines(&out);
-    assert_eq!(reports.len(), 3, "{reports:?}");
-    for r in &reports {
-        assert!(
-            matches!(r, RankReport::SaveFailed { error, errno: Some(28), .. } if error == "storage"),
-            "{r:?}"
-        );
-    }
-    let out = mpirun(2, &["load", &url]);
-    ok(&out, "load");
-    assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));
+    every_rank_failed(
+        &out,
+        3,
+        |r| matches!(r, RankReport::SaveFailed { error, errno: Some(28), .. } if error == "storage"),
+    );
+    step_1_is_the_latest(&url);
 }
 
 /// A rank whose metadata differs from rank 0's (only rank 0's is stored, and
@@ -161,15 +172,11 @@ fn a_rank_with_metadata_of_its_own_fails_the_save_on_every_rank() {
     let (_dir, url) = temp_root();
     ok(&mpirun(3, &["save", &url, "1"]), "first save");
     let out = mpirun(3, &["save", &url, "2", "--own-meta-rank", "2"]);
-    assert!(!out.status.success());
-    let reports = lines(&out);
-    assert_eq!(reports.len(), 3, "{reports:?}");
-    for r in &reports {
-        assert!(
-            matches!(r, RankReport::SaveFailed { error, .. } if error == "invalid"),
-            "{r:?}"
-        );
-    }
+    every_rank_failed(
+        &out,
+        3,
+        |r| matches!(r, RankReport::SaveFailed { error, .. } if error == "invalid"),
+    );
     // Every rank says why (the ranks meet once more before they exit, in an
     // all-gather of empty messages).
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -178,9 +185,7 @@ fn a_rank_with_metadata_of_its_own_fails_the_save_on_every_rank() {
         3,
         "{stderr}"
     );
-    let out = mpirun(2, &["load", &url]);
-    ok(&out, "load");
-    assert!(loaded_steps(&out).iter().all(|s| *s == Some(1)));
+    step_1_is_the_latest(&url);
 }
 
 /// `ckpt export` of a checkpoint 4 ranks saved: sharded tensors come out whole,

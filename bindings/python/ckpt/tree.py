@@ -195,7 +195,7 @@ class _Flattener:
             kv = type(v)
             if kv in _PLAIN:
                 items[k] = v
-            elif kv is tensor and tensor is not None:
+            elif kv is tensor:  # (never when torch is not imported: no type is None)
                 items[k] = self.leaf(v, prefix + str(k), _Where(path, k), lazy_ptrs)
             else:
                 items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)

@@ -105,8 +105,10 @@ struct GcSummary {
 
 /// A digest of a rank's metadata, to compare across ranks (`PlanMsg::meta_digest`).
 fn meta_digest(meta: &Value) -> String {
-    match serde_json::to_vec(meta) {
-        Ok(bytes) => blake3::hash(&bytes).to_hex().to_string(),
+    // Encoded straight into the hasher, without a buffer of the encoding.
+    let mut hasher = blake3::Hasher::new();
+    match serde_json::to_writer(&mut hasher, meta) {
+        Ok(()) => hasher.finalize().to_hex().to_string(),
         // Not encodable: the commit reports it; nothing to compare.
         Err(_) => String::new(),
     }

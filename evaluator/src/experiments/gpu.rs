@@ -131,10 +131,7 @@ pub struct GpuResults {
 /// Where the script is: `CKPT_EVAL_GPU_SCRIPT`, else `evaluator/python/` of
 /// the source tree this binary was built from.
 pub fn script_path() -> PathBuf {
-    std::env::var_os("CKPT_EVAL_GPU_SCRIPT").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("python/gpu_bench.py"),
-        PathBuf::from,
-    )
+    crate::python::source_path("CKPT_EVAL_GPU_SCRIPT", "python/gpu_bench.py")
 }
 
 impl Gpu {

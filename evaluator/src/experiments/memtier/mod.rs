@@ -45,10 +45,7 @@ pub struct Memtier {
 /// The directory of the scripts: `CKPT_EVAL_MEMTIER_DIR`, else
 /// `evaluator/python/` of the source tree this binary was built from.
 pub fn script_dir() -> PathBuf {
-    std::env::var_os("CKPT_EVAL_MEMTIER_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
-        PathBuf::from,
-    )
+    crate::python::source_path("CKPT_EVAL_MEMTIER_DIR", "python")
 }
 
 impl Memtier {
