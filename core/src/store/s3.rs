@@ -134,6 +134,7 @@ pub fn open(opts: &S3Options) -> Result<Arc<dyn ObjectStore>> {
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
 
     S3Options::check_env()?;
+    install_tls_provider();
     if opts.max_concurrency == 0 {
         return Err(Error::InvalidInput(
             "S3 max_concurrency must be at least 1".into(),
@@ -176,6 +177,17 @@ pub fn open(opts: &S3Options) -> Result<Arc<dyn ObjectStore>> {
     } else {
         Arc::new(PrefixStore::new(limited, opts.prefix.as_str()))
     })
+}
+
+/// Make `ring` the process's TLS provider, which the HTTP client needs (it is
+/// built without one of its own, see `core/Cargo.toml`). A provider that the
+/// application installed first is kept.
+#[cfg(feature = "s3")]
+fn install_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer leaves theirs, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 /// Open an S3 store: this build has no S3 support.
