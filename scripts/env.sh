@@ -20,3 +20,12 @@ for _ckpt_torch_lib in "$_ckpt_root"/.venv/lib/python3*/site-packages/torch/lib;
   fi
 done
 unset _ckpt_root _ckpt_torch_lib
+# zstd: link Debian's libzstd (libzstd-dev, which setup.sh installs) instead of
+# compiling zstd's C sources in every build (25 s of a core in a release build
+# of ckpt-eval, 7% of its CPU). Crates built without this environment (a user's
+# `cargo add ckpt-core`) keep zstd-sys's own static build. Given here so that
+# every build of the repository's scripts agrees: a change would rebuild
+# everything above zstd-sys.
+if [ -z "${ZSTD_SYS_USE_PKG_CONFIG+x}" ] && pkg-config --exists libzstd 2>/dev/null; then
+  export ZSTD_SYS_USE_PKG_CONFIG=1
+fi

@@ -23,7 +23,9 @@ case " $* " in
 esac
 mkdir -p runs
 CKPT_SKIP_GARAGE=1 CKPT_SKIP_PYTHON=1 ./scripts/setup.sh
-export PATH="$PWD/.venv/bin:$HOME/.cargo/bin:$PATH"
+# The build environment every script shares (zstd from Debian's libzstd; the
+# `torch` feature's libtorch once the venv exists), before the first build.
+source scripts/env.sh
 # S3 support is always built (the `s3` experiment runs given an S3 URL): the
 # Python package has it anyway, and the two builds share those crates.
 features=mpi,hdf5,s3
@@ -40,9 +42,7 @@ if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh; then
   wait "$build_pid" 2>/dev/null || true
   exit 1
 fi
-export CKPT_PYTHON="$PWD/.venv/bin/python"
-# What the `torch` feature (tch on the venv's libtorch) needs to run; sourced
-# once the venv exists.
+# Again, now that the venv exists: libtorch's directory for the `torch` feature.
 source scripts/env.sh
 bindings_pid=
 if [ "$help" = 0 ]; then
