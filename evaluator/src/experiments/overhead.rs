@@ -265,17 +265,19 @@ pub struct Overhead {
     /// Overhead: checkpoint every this many steps [default: 4].
     #[arg(long)]
     pub every: Option<u64>,
-    /// Overhead: emulated compute per step, milliseconds [default: 200].
+    /// Overhead: emulated compute per step, milliseconds [default: 100, about
+    /// an accelerator step of a mid-sized model; --full: 200].
     #[arg(long)]
     pub compute_ms: Option<u64>,
 }
 
 impl Overhead {
-    fn bench(&self) -> OverheadBench {
+    fn bench(&self, ctx: &Ctx) -> OverheadBench {
+        let compute_ms = self.compute_ms.unwrap_or(if ctx.full { 200 } else { 100 });
         OverheadBench {
             steps: self.steps.unwrap_or(8),
             every: self.every.unwrap_or(4).max(1),
-            compute: Duration::from_millis(self.compute_ms.unwrap_or(200)),
+            compute: Duration::from_millis(compute_ms),
         }
     }
 
@@ -285,7 +287,7 @@ impl Overhead {
             return Ok(r);
         }
         let shared = ctx.state().await?;
-        let r = self.bench().run(ctx, &shared.0).await?;
+        let r = self.bench(ctx).run(ctx, &shared.0).await?;
         ctx.keep(r.clone());
         Ok(r)
     }
@@ -298,7 +300,7 @@ impl Experiment for Overhead {
     }
 
     fn about(&self, ctx: &Ctx) -> String {
-        let b = self.bench();
+        let b = self.bench(ctx);
         format!(
             "{} steps of {} ms, a checkpoint every {}, {} MiB",
             b.steps,
@@ -309,7 +311,7 @@ impl Experiment for Overhead {
     }
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        let b = self.bench();
+        let b = self.bench(ctx);
         let setups = if ctx.python.is_some() { 6.0 } else { 4.0 };
         // Per run: the emulated compute, and about 3 s per GiB saved (62 s for
         // 3 repeats of 256 MiB on a busy 2-core machine).
