@@ -3,12 +3,13 @@
 # runs/, on the same disk as the repo). Installs what it needs first.
 # Extra arguments go to ckpt-eval, e.g. `./scripts/eval.sh --repeats 5`.
 #
-# Order, for the first report's sake on a fresh machine: the Debian packages
-# first (ckpt-eval's build needs libhdf5, OpenMPI and libclang, not PyTorch: it
-# has no `torch` feature), then ckpt-eval's release build in the background
-# while the venv is made (PyTorch's download and unpacking leave the cores
-# mostly idle), then the ckpt Python package (the Python experiments' ckpt
-# rows) in the same target directory with the `eval-build` feature, which
+# Order, for the first report's sake on a fresh machine: the venv in the
+# background from the start (PyTorch's download needs no Debian package), the
+# Debian packages meanwhile (ckpt-eval's build needs libhdf5, OpenMPI and
+# libclang, not PyTorch: it has no `torch` feature), then ckpt-eval's release
+# build, beside what is left of the venv's making, then the ckpt Python
+# package (the Python experiments' ckpt rows) in the same target directory
+# with the `eval-build` feature, which
 # gives the crates both share the same features: the package's build then
 # compiles only its own crates (PyO3, the extension, the ckpt command), about
 # 30 crate builds instead of 280. Both are done before the suite starts (a
@@ -22,7 +23,14 @@ case " $* " in
   *" -h "*|*" --help "*|*" help "*) help=1 ;;
 esac
 mkdir -p runs
-CKPT_SKIP_GARAGE=1 CKPT_SKIP_PYTHON=1 ./scripts/setup.sh
+# The venv (PyTorch's download) needs none of the Debian packages: it is made
+# while they install, and while ckpt-eval builds.
+CKPT_SKIP_APT=1 CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh &
+venv_pid=$!
+if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_PYTHON=1 ./scripts/setup.sh; then
+  kill "$venv_pid" 2>/dev/null || true
+  exit 1
+fi
 # The build environment every script shares (zstd from Debian's libzstd; the
 # `torch` feature's libtorch once the venv exists), before the first build.
 source scripts/env.sh
@@ -30,14 +38,14 @@ source scripts/env.sh
 # Python package has it anyway, and the two builds share those crates.
 features=mpi,hdf5,s3
 if [ ! -x target/release/ckpt-eval ]; then
-  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it (usually 5-7 min the first time on 2 cores) ..." >&2
+  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it (usually 4-5 min the first time on 2 cores) ..." >&2
 fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
 # instead of 76; a panic's backtrace then names functions without lines.
 CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
 build_pid=$!
-if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh; then
+if ! wait "$venv_pid"; then
   kill "$build_pid" 2>/dev/null || true
   wait "$build_pid" 2>/dev/null || true
   exit 1

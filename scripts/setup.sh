@@ -6,7 +6,8 @@
 #   - the ckpt Python package (bindings/) built and installed into .venv
 #   - Garage (S3-compatible server) from crates.io, cached in ~/.cargo/bin
 # CKPT_SKIP_GARAGE=1 leaves Garage out (only the S3 tests use it; eval.sh skips it),
-# CKPT_SKIP_BINDINGS=1 the Python package, CKPT_SKIP_PYTHON=1 the venv and the
+# CKPT_SKIP_APT=1 the Debian packages (eval.sh makes the venv while another
+# setup.sh installs them), CKPT_SKIP_BINDINGS=1 the Python package, CKPT_SKIP_PYTHON=1 the venv and the
 # package (eval.sh builds ckpt-eval, which needs neither, while the venv is made).
 # Each step says what it does, how long it usually takes the first time on a
 # 2-core machine, and how long it took.
@@ -24,6 +25,7 @@ done_step() { log "  done in $((SECONDS - _step_start)) s"; }
 # libzstd-dev: zstd-sys links it instead of compiling zstd (scripts/env.sh).
 APT_PACKAGES=(libhdf5-dev hdf5-tools libopenmpi-dev openmpi-bin libclang-dev clang pkg-config g++ libzstd-dev)
 missing=()
+[ "${CKPT_SKIP_APT:-0}" = 1 ] && APT_PACKAGES=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
