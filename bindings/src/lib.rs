@@ -102,6 +102,27 @@ fn decode_tree(py: Python<'_>, data: &[u8]) -> PyResult<Py<PyAny>> {
     value::from_value(py, &v)
 }
 
+/// The manifest of one checkpoint made of the manifests (stored form, in rank
+/// order) that several ranks committed alone for the same step (see
+/// `ckpt_core::layout::merge`). Every part is verified as a load would; the
+/// memory tier loads such a checkpoint into a job of another shape.
+#[pyfunction]
+fn merge_manifests<'py>(
+    py: Python<'py>,
+    parts: Vec<Vec<u8>>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let decoded = parts
+        .iter()
+        .enumerate()
+        .map(|(r, b)| ckpt_core::layout::Manifest::decode(b, &format!("rank {r}'s manifest")))
+        .collect::<ckpt_core::Result<Vec<_>>>()
+        .map_err(errors::to_py)?;
+    let merged = ckpt_core::layout::merge::merge_ranks(&decoded)
+        .and_then(|m| m.encode())
+        .map_err(errors::to_py)?;
+    Ok(pyo3::types::PyBytes::new(py, &merged))
+}
+
 /// Set how many CPU-heavy jobs of checkpointing (hashing, compression,
 /// verification) may run at once in this process; returns the previous value.
 #[pyfunction]
@@ -139,6 +160,7 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_threads, m)?)?;
     m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(merge_manifests, m)?)?;
     m.add_function(wrap_pyfunction!(export::export, m)?)?;
     m.add_function(wrap_pyfunction!(export::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

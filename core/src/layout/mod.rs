@@ -17,6 +17,7 @@ pub(crate) mod catalog;
 pub(crate) mod chunks;
 pub mod epoch;
 pub(crate) mod manifest;
+pub mod merge;
 pub(crate) mod paths;
 pub(crate) mod retention;
 
