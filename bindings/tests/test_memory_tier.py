@@ -64,8 +64,32 @@ def test_a_node_keeps_only_the_roots_of_its_own_ranks(tmp_path: Path, shm: Path)
         (node / stale / "chunks").mkdir(parents=True)
     (node / "notes").mkdir()
     cp = MemoryCheckpointer((tmp_path / "d").as_uri(), memory_dir=str(shm / "node{node}"), coordinate="none")
+    # Kept until load_latest has looked for checkpoints of another job shape in them.
+    assert sorted(p.name for p in node.iterdir()) == ["notes", "rank0", "rank5", "replica7"]
+    assert cp.load_latest() is None
     cp.close()
     assert sorted(p.name for p in node.iterdir()) == ["notes", "rank0"]
+
+
+def test_manifests_that_cannot_be_merged_are_typed_errors(tmp_path: Path) -> None:
+    import torch
+
+    from ckpt import _ckpt
+
+    def manifest(name: str, w: "torch.Tensor") -> bytes:
+        cp = ckpt.Checkpointer((tmp_path / name).as_uri(), coordinate="none")
+        cp.save(7, model={"w": w}).wait()
+        return next((tmp_path / name / "manifests").iterdir()).read_bytes()
+
+    a, b = manifest("a", torch.ones(4)), manifest("b", torch.ones(5))
+    merged = _ckpt.merge_manifests([a, a])
+    assert merged.startswith(b"ckpt-manifest 1 ")
+    with pytest.raises(ckpt.InvalidInputError, match="different dtypes, shapes or placements"):
+        _ckpt.merge_manifests([a, b])
+    with pytest.raises(ckpt.CorruptError):
+        _ckpt.merge_manifests([a, a[:-1]])
+    with pytest.raises(ckpt.InvalidInputError):
+        _ckpt.merge_manifests([])
 
 
 def test_one_process_saves_to_memory_and_durable_and_restores_from_memory(tmp_path: Path, shm: Path) -> None:
@@ -118,8 +142,10 @@ def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(tmp_path: Pa
         cp.close()
 
 
-def launch(durable: Path, memory: Path, out: Path, extra: List[str], mpi: bool = False) -> List[Dict]:
-    """Run one job of WORLD ranks to its end; return each rank's report."""
+def launch(durable: Path, memory: Path, out: Path, extra: List[str], mpi: bool = False, world: int = WORLD,
+           per_node: int = PER_NODE) -> List[Dict]:
+    """Run one job of ``world`` ranks to its end; return each rank's report."""
+    WORLD, PER_NODE = world, per_node  # noqa: N806 - the job's shape, as below
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     args = [WORKER, durable.as_uri(), str(memory / "node{node}"), str(out), "--ranks-per-node", str(PER_NODE)]
@@ -187,6 +213,42 @@ def test_a_lost_node_resumes_bitwise_from_memory_and_the_peers_replica(
     # retention kept at most two checkpoints per rank in memory.
     for r in (2, 3):
         assert len(list((shm / "node1" / f"rank{r}" / "manifests").iterdir())) <= 2
+
+
+def test_fewer_ranks_resume_from_the_old_jobs_merged_memory_checkpoints(tmp_path: Path, shm: Path) -> None:
+    """Four ranks on two nodes save; node 1 is lost; two ranks (one per node)
+    resume from memory: the old ranks' checkpoints merged, what node 1 lacks
+    fetched from node 0."""
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    node_failure(shm, 1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"], world=2, per_node=1)
+    assert [(r["start"], r["source"]) for r in rows] == [(4, "memory, merged")] * 2
+    # The model and Adam state (the same on every rank: DDP), and old ranks 0
+    # and 1's random generators for new ranks 0 and 1.
+    resumed_bitwise(first[:2], rows, 4)
+    assert all(r["warnings"] == [] for r in rows)
+    # The old job's roots are gone; the new job's ranks saved and replicated.
+    assert sorted(p.name for p in (shm / "node0").iterdir() if not p.name.startswith(".")) == ["rank0", "replica1"]
+    assert sorted(p.name for p in (shm / "node1").iterdir() if not p.name.startswith(".")) == ["rank1", "replica0"]
+
+
+def test_more_ranks_resume_from_the_old_jobs_merged_memory_checkpoints(tmp_path: Path, shm: Path) -> None:
+    """Two ranks (one per node) save; four (two per node) resume from memory.
+    Ranks that the old job did not have keep their generators, and say so."""
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"], world=2, per_node=1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
+    assert [(r["start"], r["source"]) for r in rows] == [(4, "memory, merged")] * WORLD
+    resumed_bitwise(first, rows[:2], 4)
+    for r in rows[2:]:
+        assert r["loaded"]["digest"] == first[0]["saved"]["4"]["digest"]
+        assert len(r["warnings"]) == 1 and "no RNG state for rank" in r["warnings"][0], r["warnings"]
+    # Resumed again, same shape: each rank's own copy, as saved by this job.
+    again = launch(durable, shm, tmp_path / "c", ["--steps", "6"])
+    assert [(r["start"], r["source"]) for r in again] == [(5, "memory")] * WORLD
+    for r, (a, b) in enumerate(zip(rows, again)):
+        assert b["loaded"] == a["saved"]["5"], f"rank {r}"
 
 
 def test_a_damaged_memory_copy_is_skipped_for_the_peers_replica(tmp_path: Path, shm: Path) -> None:
@@ -272,25 +334,36 @@ def test_a_peer_that_does_not_answer_is_given_up_and_the_durable_tier_goes_on(tm
     )
 
 
+def fsdp_job(tmp_path: Path, shm: Path, out: Path, nproc: int, *extra: str) -> List[Dict]:
+    """One job of ``nproc`` FSDP2 ranks, one per node, under real torchrun."""
+    out.mkdir(parents=True)
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), FSDP_WORKER, (tmp_path / "durable").as_uri(),
+           str(shm / "node{node}"), str(out), "--ranks-per-node", "1", *extra]
+    p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=LIMIT)
+    assert p.returncode == 0, p.stdout[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
 def test_fsdp2_shards_resume_from_memory_and_the_peers_replica_under_torchrun(tmp_path: Path, shm: Path) -> None:
     """Two nodes of one rank each, FSDP2 shards of uneven sizes, real torchrun."""
-
-    def job(out: Path, *extra: str) -> List[Dict]:
-        out.mkdir(parents=True)
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), FSDP_WORKER, (tmp_path / "durable").as_uri(),
-               str(shm / "node{node}"), str(out), "--ranks-per-node", "1", *extra]
-        p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=LIMIT)
-        assert p.returncode == 0, p.stdout[-6000:]
-        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-
-    first = job(tmp_path / "a", "--steps", "5", "--stop-at", "3")
+    first = fsdp_job(tmp_path, shm, tmp_path / "a", 2, "--steps", "5", "--stop-at", "3")
     node_failure(shm, 1)
-    rows = job(tmp_path / "b", "--steps", "5")
+    rows = fsdp_job(tmp_path, shm, tmp_path / "b", 2, "--steps", "5")
     assert [(r["start"], r["source"]) for r in rows] == [(3, "memory"), (3, "peer")]
     for r in rows:
         assert r["loaded"] == first[0]["saved"]["3"]  # the full state, as PyTorch gathers it
+
+
+def test_fsdp2_shards_reshard_from_memory_onto_more_ranks(tmp_path: Path, shm: Path) -> None:
+    """Saved by two FSDP2 ranks, resumed by three from the memory tier: each
+    new shard is cut from pieces of both old ranks."""
+    first = fsdp_job(tmp_path, shm, tmp_path / "a", 2, "--steps", "5", "--stop-at", "3")
+    rows = fsdp_job(tmp_path, shm, tmp_path / "b", 3, "--steps", "5")
+    assert [(r["start"], r["source"]) for r in rows] == [(3, "memory, merged")] * 3
+    for r in rows:
+        assert r["loaded"] == first[0]["saved"]["3"]
 
 
 @pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
@@ -301,6 +374,16 @@ def test_under_mpirun_a_lost_node_resumes_from_the_peers_replica(tmp_path: Path,
     rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"], mpi=True)
     assert [r["start"] for r in rows] == [4] * WORLD
     assert [r["source"] for r in rows] == ["memory", "memory", "peer", "peer"]
+    resumed_bitwise(first, rows, 4)
+
+
+@pytest.mark.skipif(not have_mpi4py(), reason="needs mpi4py and mpirun")
+def test_under_mpirun_fewer_ranks_resume_from_the_merged_memory_checkpoints(tmp_path: Path, shm: Path) -> None:
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"], mpi=True)
+    node_failure(shm, 1)
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"], mpi=True, world=2, per_node=1)
+    assert [(r["start"], r["source"]) for r in rows] == [(4, "memory, merged")] * 2
     resumed_bitwise(first, rows, 4)
 
 

@@ -86,11 +86,13 @@ def plan(
     targets: List[Tuple[str, Any]],
     rng: bool,
     stage: Any = None,
+    rank: Optional[int] = None,
 ) -> Restore:
     """Step 1: destinations for every tensor the targets (and, with ``rng``,
     this rank's own state) need, checked against the checkpoint's table.
 
-    ``stage``: where CUDA tensors land on the host (:class:`ckpt.cuda.HostStage`)."""
+    ``stage``: where CUDA tensors land on the host (:class:`ckpt.cuda.HostStage`);
+    ``rank``: whose own state to read (default: the checkpointer's rank)."""
     meta, table = native.contents(step, attempt)
     layout = Layout.of(meta)
     rp = RestorePlan(table, layout.numpy_names, stage)
@@ -101,7 +103,7 @@ def plan(
         live, hint = live_state(target)
         values[key] = rp.value(layout.state[key], live, key, hint)
     own: Optional[Dict[str, _own.Loaded]] = None
-    rank = native.rank
+    rank = native.rank if rank is None else rank
     if rng and _own.name(rank) in table:
         own = {}
         for name, info in table.items():

@@ -103,6 +103,36 @@ class MemoryRoot:
     def manifest_key(step: int, attempt: str) -> str:
         return f"{MANIFESTS}/{step:020}-{attempt}{MANIFEST_EXT}"
 
+    def body(self, step: int, attempt: str) -> Dict[str, Any]:
+        """A checkpoint's manifest body (JSON, after the header line), unverified."""
+        raw = (self.path / self.manifest_key(step, attempt)).read_bytes()
+        body: Dict[str, Any] = json.loads(raw[raw.index(b"\n") + 1 :])
+        return body
+
+    def identity(self, step: int, attempt: str) -> Optional[Tuple[int, int]]:
+        """Which rank of how many saved a checkpoint (recorded by the memory
+        tier's saves); ``None`` when unreadable or not recorded."""
+        try:
+            info = _tagged(_tagged(self.body(step, attempt).get("meta"), "ckpt"), "memory")
+            rank, ranks = _tagged(info, "rank"), _tagged(info, "ranks")
+        except (OSError, ValueError):
+            return None
+        if isinstance(rank, dict) and isinstance(ranks, dict):
+            r, n = rank.get("v"), ranks.get("v")
+            if type(r) is int and type(n) is int and 0 <= r < n:
+                return r, n
+        return None
+
+    def steps_of(self, rank: int, ranks: int) -> List[int]:
+        """The committed steps saved by rank ``rank`` of a job of ``ranks``
+        (or that do not say: saved before the tier recorded it)."""
+        out = []
+        for step, attempt in sorted(self.committed().items()):
+            ident = self.identity(step, attempt)
+            if ident is None or ident == (rank, ranks):
+                out.append(step)
+        return out
+
     def objects(self, step: int, attempt: str) -> List[Tuple[str, int]]:
         """Every object of a checkpoint with its length, the manifest last.
         Raises ``OSError``/``ValueError`` when it cannot."""
@@ -113,22 +143,7 @@ class MemoryRoot:
         """The objects a checkpoint's manifest references, from its JSON body
         (after the header line): the chunks of chunked tensors, then the
         per-checkpoint objects it lists."""
-        raw = (self.path / self.manifest_key(step, attempt)).read_bytes()
-        body = json.loads(raw[raw.index(b"\n") + 1 :])
-        keys: List[str] = []
-        seen = set()
-        for t in body.get("tensors", []):
-            layout = t.get("layout", {})
-            for c in layout.get("chunks", []) if layout.get("kind") == "chunks" else []:
-                k = f"chunks/{c['hash']}"
-                if k not in seen:
-                    seen.add(k)
-                    keys.append(k)
-        for k in body.get("objects", []):
-            if k not in seen:
-                seen.add(k)
-                keys.append(k)
-        return keys
+        return [k for k, _ in chunk_objects(self.body(step, attempt))]
 
     def pin(self, step: int, attempt: str, into: Path) -> Optional[List[Tuple[str, int]]]:
         """Hard-link every object of a checkpoint under ``into`` (same keys), so
@@ -196,6 +211,35 @@ class MemoryRoot:
         """Retention by the engine's own GC: the newest ``keep``, and no chunk
         or leftover that no kept manifest references."""
         _ckpt.Checkpointer(self.url, keep_last=keep, fencing=False).gc()
+
+
+def _tagged(value: Any, key: str) -> Any:
+    """``key``'s value in a map as a manifest stores metadata (``{"t": "map",
+    "v": [[key, value], ...]}``), or ``None``."""
+    if isinstance(value, dict) and value.get("t") == "map" and isinstance(value.get("v"), list):
+        for pair in value["v"]:
+            if isinstance(pair, list) and len(pair) == 2 and pair[0] == key:
+                return pair[1]
+    return None
+
+
+def chunk_objects(body: Dict[str, Any]) -> List[Tuple[str, int]]:
+    """The objects a manifest body references with their stored lengths (-1
+    for a per-checkpoint object, whose length it does not record)."""
+    out: List[Tuple[str, int]] = []
+    seen = set()
+    for t in body.get("tensors", []):
+        layout = t.get("layout", {})
+        for c in layout.get("chunks", []) if layout.get("kind") == "chunks" else []:
+            k = f"chunks/{c['hash']}"
+            if k not in seen:
+                seen.add(k)
+                out.append((k, int(c["stored"])))
+    for k in body.get("objects", []):
+        if k not in seen:
+            seen.add(k)
+            out.append((k, -1))
+    return out
 
 
 def write_object(root: MemoryRoot, key: str, data: Any) -> Optional[Dict[str, Any]]:

@@ -242,6 +242,11 @@ class Checkpointer:
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
         self._staging_budget = staging_budget
         self._busy = busy
+        # Whose own state (RNG) this checkpointer saves and restores, and of how
+        # many ranks: its own rank, but the memory tier's per-rank roots
+        # (ckpt.memory) save alone on behalf of a rank of the job.
+        self._own_rank: Optional[int] = None
+        self._own_ranks: Optional[int] = None
 
     # ------------------------------------------------------------------ saving
 
@@ -285,7 +290,8 @@ class Checkpointer:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         entries = self._entries(state, named)
         self._reap()
-        prefix = _own.name(self.rank)
+        me, ranks = self._own_identity()
+        prefix = _own.name(me)
         local = {"rng": RNGState()} if self._rng else None
         flat = flatten(entries, self.lazy, self._exporter(), local, prefix)
         info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
@@ -294,8 +300,11 @@ class Checkpointer:
             # travels as a tensor of its own (see ckpt._own).
             if any(t.name == prefix for t in flat.tensors):
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
-            flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, self.rank))
-            info["local"] = {"ranks": self.world_size}
+            flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
+            info["local"] = {"ranks": ranks}
+        if self._own_rank is not None:
+            # A memory-tier root: which rank of how many saved it (ckpt.memory).
+            info["memory"] = {"rank": me, "ranks": ranks}
         meta = {"ckpt": info, "state": flat.tree}
         device = flat.device
         ready = None
@@ -477,6 +486,12 @@ class Checkpointer:
 
     # ---------------------------------------------------------------- helpers
 
+    def _own_identity(self) -> Tuple[int, int]:
+        """The rank whose own state this checkpointer keeps, and the job's ranks."""
+        if self._own_rank is None or self._own_ranks is None:
+            return self.rank, self.world_size
+        return self._own_rank, self._own_ranks
+
     def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]:
         entries: Dict[str, Any] = {}
         if state is not None:
@@ -524,7 +539,8 @@ class Checkpointer:
         error: Optional[BaseException] = None
         restore: Optional[_load.Restore] = None
         try:
-            restore = _load.plan(self._native, step, attempt, targets, self._rng, self._host_stage())
+            me = self._own_identity()[0]
+            restore = _load.plan(self._native, step, attempt, targets, self._rng, self._host_stage(), me)
             self._native.load_into(step, attempt, restore.plan.requests)
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -538,12 +554,12 @@ class Checkpointer:
                 return verdict, wrote
             raise verdict
         assert restore is not None  # no rank failed, this one included
-        _load.apply(restore, state, targets, self.rank, self._rng)
+        _load.apply(restore, state, targets, self._own_identity()[0], self._rng)
         return None, wrote
 
     def _checkpoint(self, loaded: _load.Loaded, framework: Optional[str]) -> Checkpoint:
         step, attempt = loaded[0], loaded[1]
-        state, skipped = _load.read(loaded, framework, self.rank)
+        state, skipped = _load.read(loaded, framework, self._own_identity()[0])
         return Checkpoint(step, attempt, state, skipped)
 
     def _reap(self) -> None:

@@ -43,13 +43,19 @@ the durable tier. So every rank agrees on the step, and memory checkpoints
 newer than it are dropped (they belong to a timeline that is not resumed).
 
 Call ``load_latest`` at start-up on every rank, also for a fresh start: it
-drops memory checkpoints that a new run would otherwise collide with. The
-first rank of each node removes the roots of ranks that do not belong on
-it (a job of another shape ran there before).
+drops memory checkpoints that a new run would otherwise collide with. Then
+the first rank of each node removes the roots of ranks that do not belong on
+it (a job of another shape ran there before, and was resumed from or not).
 
-Limits: a memory checkpoint is one rank's state, so a restart from memory
-needs the same number of ranks and the same sharding; any other job shape
-(N to M) loads from the durable tier. A full memory tier (ENOSPC on tmpfs)
+**Another job shape.** A memory checkpoint is one rank's state, and records
+which rank of how many saved it. A job restarted with another number of
+ranks, or other nodes, merges the old job's per-rank checkpoints of the
+newest step that every old rank still has somewhere (its own copy or its
+replica), fetching what its node lacks from a rank that holds it, and loads
+the merged checkpoint as any other: sharded (FSDP2/DTensor) state reshards,
+each old rank's random generators go to the new rank of the same number
+(:mod:`ckpt._memreshape`; :attr:`last_source` is ``"memory, merged"``). The
+old job's roots are then removed. A full memory tier (ENOSPC on tmpfs)
 fails that memory save; every rank learns it and :meth:`wait` raises it as a
 :class:`~ckpt.StorageError` with the errno; the durable saves go on.
 """
@@ -69,6 +75,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import errors as errs
+from . import _memreshape as reshape
 from ._memtier import MemoryRoot, Topology, describe, rebuild, write_object
 from ._load import is_damage
 from .checkpointer import Checkpointer
@@ -148,8 +155,7 @@ class MemoryCheckpointer:
         me, topo = self.topology.rank, self.topology
         incoming = self.node_dir / f".incoming{me}"
         shutil.rmtree(incoming, ignore_errors=True)  # a dead process's temporary files
-        if me % topo.ranks_per_node == 0:
-            self._remove_strangers()
+        shutil.rmtree(self.node_dir / f".merged{me}", ignore_errors=True)
         self.own = MemoryRoot(self.node_dir / f"rank{me}", incoming)
         self.replica: Optional[MemoryRoot] = None
         if replicate and topo.nodes > 1:
@@ -161,6 +167,10 @@ class MemoryCheckpointer:
         self.memory = Checkpointer(
             self.own.url, keep_last=keep_in_memory, coordinate="none", fencing=False, **mem_options
         )
+        # It saves alone, on behalf of this rank of the job (its own state, its
+        # identity in the manifest: what a job of another shape merges by).
+        self.memory._own_rank, self.memory._own_ranks = me, topo.world_size
+        self._mem_options = mem_options
         self.durable_every = durable_every
         self.keep_in_memory = keep_in_memory
         self._saves = 0
@@ -171,7 +181,8 @@ class MemoryCheckpointer:
         self._thread = threading.Thread(target=self._run, name="ckpt-memory-tier", daemon=True)
         self._thread.start()
         #: Where the last :meth:`load_latest` read this rank's state from:
-        #: ``"memory"``, ``"peer"`` (a replica), ``"durable"`` or ``None``.
+        #: ``"memory"``, ``"peer"`` (a replica), ``"memory, merged"`` (the
+        #: checkpoints of a job of another shape), ``"durable"`` or ``None``.
         self.last_source: Optional[str] = None
         #: Seconds each replication took on this rank (its thread), newest last.
         self.replication_seconds: List[float] = []
@@ -272,10 +283,19 @@ class MemoryCheckpointer:
             warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
             durable = []
         mine = {
-            "own": sorted(self.own.committed()),
-            "held": sorted(self.replica.committed()) if self.replica is not None else [],
+            "own": self.own.steps_of(topo.rank, topo.world_size),
+            "held": self.replica.steps_of(topo.source(), topo.world_size) if self.replica is not None else [],
             "durable": durable[-1] if durable else None,
+            "inventory": reshape.inventory(self.node_dir, self.own.incoming),
         }
+        try:
+            return self._load_latest(state, named, mine)
+        finally:
+            if topo.rank % topo.ranks_per_node == 0:
+                self._remove_strangers()
+
+    def _load_latest(self, state: Any, named: Dict[str, Any], mine: Dict[str, Any]) -> Optional[int]:
+        topo = self.topology
         try:
             if self._broken:
                 raise RuntimeError("the link failed earlier")
@@ -295,6 +315,11 @@ class MemoryCheckpointer:
                     self._forget_newer(step)
                     self.last_source = source
                     return step
+            # Checkpoints of a job of another shape (N ranks then, M now).
+            found = reshape.load(self, state, named, everyone, newest_durable)
+            if found is not None:
+                self.last_source = "memory, merged"
+                return found
         except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
             warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
         resumed = self.durable.load_latest(state, **named)

@@ -1,0 +1,232 @@
+"""The memory tier's restart into a job of another shape (N ranks saved, M
+load): the N per-rank checkpoints of one step merged into one, on every rank.
+
+Each rank of the N-rank job kept its state as a checkpoint of its own (its
+root ``rank<r>``, and the replica ``replica<r>`` on the next node), recording
+which rank of how many saved it. The restarted job of M ranks (any M, any
+ranks per node):
+
+1. gathers what every node holds (:func:`inventory`), and takes the newest
+   step whose every old rank has a copy on some node, unless the durable tier
+   has a newer one;
+2. gathers the N manifests (each from one rank that holds it);
+3. on every rank, links the objects its own node holds into a merged root
+   (``<memory_dir>/.merged<rank>``), and fetches the others over the tier's
+   link, each from one rank that holds it: a ring of M-1 shifts, one object
+   each way per round, chunks that some old rank shares with another (data
+   parallel replicas) only once;
+4. writes the merged manifest last (``ckpt._ckpt.merge_manifests``: pieces of
+   sharded tensors with their offsets, one copy of each replica, the old
+   ranks' own states side by side), and loads it as any checkpoint: each rank
+   reads the pieces that overlap its shards, verified (blake3), and its own
+   RNG state when the old job had its rank;
+5. agrees with every rank: if one could not, all go on to the next older step,
+   then to the durable tier. After a merged restart, the old job's roots on
+   this node are removed (their shape is not this job's).
+
+Every rank fetches what its node lacks, so a merged restart moves up to the
+whole state to every node: it is for restarts after the shape changed, not
+the common case (same shape, own copy in memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from . import _ckpt
+from ._load import is_damage
+from ._memtier import MemoryRoot, chunk_objects, describe, write_object
+from .checkpointer import Checkpointer
+from .errors import CheckpointError
+
+#: ``(old rank, old world size, step, root name)``
+Entry = Tuple[int, int, int, str]
+
+_ROOT = re.compile(r"^(rank|replica)[0-9]+$")
+
+
+def inventory(node_dir: Path, incoming: Path) -> List[Entry]:
+    """Every memory checkpoint this node holds that records its saver."""
+    out: List[Entry] = []
+    try:
+        names = sorted(p.name for p in node_dir.iterdir() if _ROOT.match(p.name))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        root = MemoryRoot(node_dir / name, incoming)
+        for step, attempt in sorted(root.committed().items()):
+            ident = root.identity(step, attempt)
+            if ident is not None:
+                out.append((ident[0], ident[1], step, name))
+    return out
+
+
+def load(mc: Any, state: Any, named: Dict[str, Any], everyone: List[Dict[str, Any]], newest_durable: Optional[int]) -> Optional[int]:
+    """Restore the newest merged checkpoint into ``mc``'s job (see the module
+    docs); its step on every rank, or ``None``. ``mc`` is the
+    :class:`~ckpt.memory.MemoryCheckpointer`, ``everyone`` what each rank
+    told at its ``load_latest``."""
+    topo = mc.topology
+    # (step, old world size, old rank) -> the ranks whose node holds a copy, and in which root
+    held: Dict[Tuple[int, int, int], Dict[int, str]] = {}
+    for q, e in enumerate(everyone):
+        for r, n, step, root in e["inventory"]:
+            held.setdefault((int(step), int(n), int(r)), {})[q] = str(root)
+    shapes = {(s, n) for s, n, _ in held}
+    complete = sorted((s, n) for s, n in shapes if all((s, n, r) in held for r in range(n)))
+    for step, n in reversed(complete):
+        if newest_durable is not None and step < newest_durable:
+            break
+        if n == topo.world_size and all(len(held[(step, n, r)]) > 0 and _same_shape(topo, held[(step, n, r)], r) for r in range(n)):
+            continue  # the job's own shape: the plain path tried it already
+        if _merge_and_load(mc, step, n, held, state, named):
+            return step
+    return None
+
+
+def _same_shape(topo: Any, holders: Dict[int, str], r: int) -> bool:
+    """True when old rank ``r``'s copy is where this job keeps rank ``r``'s."""
+    return holders.get(r) == f"rank{r}" or holders.get(topo.holder(r)) == f"replica{r}"
+
+
+def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int], Dict[int, str]], state: Any, named: Dict[str, Any]) -> bool:
+    topo = mc.topology
+    me, world = topo.rank, topo.world_size
+    nodes_of = {r: {topo.node(q) for q in held[(step, n, r)]} for r in range(n)}
+    server = {r: min(held[(step, n, r)]) for r in range(n)}
+    # The manifests, each sent by its server.
+    mine = {}
+    for r in range(n):
+        if server[r] == me:
+            root = MemoryRoot(mc.node_dir / held[(step, n, r)][me], mc.own.incoming)
+            attempt = root.committed()[step]
+            mine[str(r)] = (root.path / root.manifest_key(step, attempt)).read_bytes().hex()
+    manifests: Dict[int, bytes] = {}
+    for part in mc._gather(mine):
+        manifests.update({int(r): bytes.fromhex(h) for r, h in part.items()})
+    bodies = {r: json.loads(manifests[r][manifests[r].index(b"\n") + 1 :]) for r in range(n)}
+    # What each object is and who serves it; what this node lacks.
+    local_roots = sorted({held[(step, n, r)][q] for r in range(n) for q in held[(step, n, r)] if topo.node(q) == topo.node()})
+    wants: Dict[int, List[Tuple[str, int]]] = {}
+    links: Dict[str, Path] = {}
+    taken: Set[str] = set()
+    for r in range(n):
+        for key, size in chunk_objects(bodies[r]):
+            if key in taken:
+                continue
+            taken.add(key)
+            if topo.node() in nodes_of[r]:
+                path = _find(mc.node_dir, local_roots, key)
+                if path is not None:
+                    links[key] = path
+                    continue
+            if server[r] != me:  # else it is lost here too: the load finds it damaged
+                wants.setdefault(server[r], []).append((key, size))
+    everyone_wants = [{int(q): [tuple(x) for x in w] for q, w in d.items()} for d in mc._gather({str(q): w for q, w in wants.items()})]
+    merged = MemoryRoot(mc.node_dir / f".merged{me}", mc.own.incoming)
+    shutil.rmtree(merged.path, ignore_errors=True)
+    try:
+        failure = _build(mc, merged, links, everyone_wants, manifests, n, step, local_roots)
+        outcome: Dict[str, Any] = {"status": "damaged"} if failure else _load_merged(mc, merged, step, state, named)
+        if failure:
+            warnings.warn(f"ckpt: merging the memory checkpoints of step {step} failed ({failure}); trying older ones", stacklevel=4)
+        if any(o["status"] != "ok" for o in mc._agree(outcome)):
+            return False
+    finally:
+        shutil.rmtree(merged.path, ignore_errors=True)
+    # The old job's roots on this node: another shape, of no use to this job.
+    for root in (mc.own, mc.replica):
+        if root is not None:
+            shutil.rmtree(root.path, ignore_errors=True)
+            root.path.mkdir(parents=True, exist_ok=True)
+    return True
+
+
+def _read(path: Path) -> bytearray:
+    try:
+        with open(path, "rb") as f:
+            buf = bytearray(os.fstat(f.fileno()).st_size)
+            return buf if f.readinto(buf) == len(buf) else bytearray()
+    except OSError:
+        return bytearray()  # the receiver sees the wrong length
+
+
+def _find(node_dir: Path, roots: List[str], key: str) -> Optional[Path]:
+    for name in roots:
+        p = node_dir / name / key
+        if p.is_file():
+            return p
+    return None
+
+
+def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
+           manifests: Dict[int, bytes], n: int, step: int, local_roots: List[str]) -> Optional[str]:
+    """Fill ``merged`` (links, then fetched objects, the manifest last); the
+    failure, described, or ``None``. The ring runs to its end on every rank,
+    whatever fails here, so the ranks stay in step on the link."""
+    topo = mc.topology
+    me, world = topo.rank, topo.world_size
+    failure: Optional[str] = None
+    merged.path.mkdir(parents=True, exist_ok=True)
+    for key, src in links.items():
+        dst = merged.path / key
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            try:
+                shutil.copyfile(src, dst)
+            except OSError as e:
+                failure = failure or f"{key}: {e}"
+    for k in range(1, world):
+        dst, src = (me + k) % world, (me - k) % world
+        outgoing = everyone_wants[dst].get(me, [])
+        incoming = everyone_wants[me].get(src, [])
+        rounds = max((len(everyone_wants[q].get((q - k) % world, [])) for q in range(world)), default=0)
+        for i in range(rounds):
+            data = bytearray()
+            if i < len(outgoing):
+                path = _find(mc.node_dir, local_roots, outgoing[i][0])
+                data = _read(path) if path is not None else bytearray()
+            got = mc._link.sendrecv(data, dst, src)
+            if i >= len(incoming) or failure is not None:
+                continue
+            key, size = incoming[i]
+            if size >= 0 and len(got) != size:
+                failure = f"{key}: {len(got)} bytes arrived from rank {src}, {size} expected"
+                continue
+            err = write_object(merged, key, got)
+            if err is not None:
+                failure = f"{key}: {err.get('msg')}"
+    if failure is not None:
+        return failure
+    try:
+        body = _ckpt.merge_manifests([manifests[r] for r in range(n)])
+        attempt = json.loads(body[body.index(b"\n") + 1 :])["attempt"]
+    except CheckpointError as e:
+        return str(e)
+    err = write_object(merged, MemoryRoot.manifest_key(step, attempt), body)
+    return None if err is None else str(err.get("msg"))
+
+
+def _load_merged(mc: Any, merged: MemoryRoot, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:
+    """Load the merged checkpoint as this rank of the job (its shards, its own
+    state); the outcome as :meth:`MemoryCheckpointer._agree` takes it."""
+    try:
+        cp = Checkpointer(merged.url, coordinate="none", fencing=False, read_only=True, **mc._mem_options)
+        cp._own_rank, cp._own_ranks = mc.topology.rank, mc.topology.world_size
+        cp.load(step, state, **named)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it
+        if not (isinstance(e, CheckpointError) and is_damage(e)):
+            return {"status": "error", "error": describe(e)}
+        warnings.warn(f"ckpt: the merged memory checkpoint of step {step} is damaged ({e})", stacklevel=4)
+        return {"status": "damaged"}
+    return {"status": "ok"}
