@@ -5,9 +5,10 @@
 #
 # Order, for the first report's sake on a fresh machine: the venv in the
 # background from the start (PyTorch's download needs no Debian package), the
-# Debian packages meanwhile (ckpt-eval's build needs libhdf5, OpenMPI and
-# libclang, not PyTorch: it has no `torch` feature), then ckpt-eval's release
-# build, beside what is left of the venv's making, then the ckpt Python
+# Debian packages meanwhile (ckpt-eval's build needs libhdf5, OpenMPI,
+# libclang and libzstd, not PyTorch: it has no `torch` feature) while
+# ckpt-eval's release build compiles what needs none of them, then the rest
+# of that build, beside what is left of the venv's making, then the ckpt Python
 # package (the Python experiments' ckpt rows) in the same target directory
 # with the `eval-build` feature, which
 # gives the crates both share the same features: the package's build then
@@ -27,12 +28,10 @@ mkdir -p runs
 # while they install, and while ckpt-eval builds.
 CKPT_SKIP_APT=1 CKPT_SKIP_GARAGE=1 CKPT_SKIP_BINDINGS=1 ./scripts/setup.sh &
 venv_pid=$!
-if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_PYTHON=1 ./scripts/setup.sh; then
-  kill "$venv_pid" 2>/dev/null || true
-  exit 1
-fi
-# The build environment every script shares (zstd from Debian's libzstd; the
-# `torch` feature's libtorch once the venv exists), before the first build.
+# The build environment every script shares (scripts/env.sh). zstd comes from
+# Debian's libzstd, which setup.sh installs: said now, so that the build that
+# starts before it is installed sees what the later one will.
+export ZSTD_SYS_USE_PKG_CONFIG=1
 source scripts/env.sh
 # S3 support is always built (the `s3` experiment runs given an S3 URL): the
 # Python package has it anyway, and the two builds share those crates.
@@ -43,7 +42,20 @@ fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
 # instead of 76; a panic's backtrace then names functions without lines.
-CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
+export CARGO_PROFILE_RELEASE_DEBUG=0
+# While the Debian packages install, everything that needs none of them is
+# compiled (most of the crates): this build goes on past the crates that need
+# them (--keep-going) and fails there, on a fresh machine; the one below,
+# once they are installed, waits for it (cargo's lock) and does the rest. Where
+# they are installed already, it is the whole build, and the next one finds
+# nothing to do.
+cargo build --release -q --keep-going -p ckpt-eval --features "$features" >runs/build-before-debian-packages.log 2>&1 &
+early_pid=$!
+if ! CKPT_SKIP_GARAGE=1 CKPT_SKIP_PYTHON=1 ./scripts/setup.sh; then
+  kill "$venv_pid" "$early_pid" 2>/dev/null || true
+  exit 1
+fi
+cargo build --release -q -p ckpt-eval --features "$features" >runs/build-ckpt-eval.log 2>&1 &
 build_pid=$!
 if ! wait "$venv_pid"; then
   kill "$build_pid" 2>/dev/null || true
