@@ -17,9 +17,12 @@ on S3. Then, per repeat and
 source, the failure: the page cache is dropped for the sources on disk, the
 last node's memory directory is wiped for ``peer`` (a replacement node),
 and a fresh job is started at once. Each rank imports torch and ckpt, joins
-the gloo group, restores step 1 from its source and takes a first step (an
-update of every tensor); the time to the slowest rank's first step is the
-restart, the slowest restore within it reported beside it. Sources:
+the gloo group, builds its live state (tensors allocated and written, as a
+model's initialisation writes its parameters), restores step 1 from its
+source and takes a first step (an update of every tensor); the time to the
+slowest rank's first step is the restart, the slowest restore within it
+(from ``load_latest``, or ``torch.load``, until the state is in place; the
+checkpointer is opened before) reported beside it. Sources:
 
 - ``memory``: ``MemoryCheckpointer.load_latest``, every rank from its own copy;
 - ``peer``: the same after the last node was lost: its rank fetches the
@@ -43,6 +46,7 @@ import shutil
 import statistics
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 STARTED = time.time()  # this process's start, before torch is imported
@@ -135,22 +139,26 @@ def restart_rank(a: argparse.Namespace) -> None:
     rank = dist.get_rank()
     out = Path(a.out)
     expected = json.loads((out / f"expected-rank{rank}.json").read_text())
-    state = {k: torch.empty(n) for k, n in expected["shapes"].items()}
+    # The live state as a restarted job has it before loading: allocated and
+    # initialised (its pages written), so the restore writes into memory that
+    # exists, whatever the source.
+    state = {k: torch.empty(n).fill_(0.0) for k, n in expected["shapes"].items()}
     ready = time.time()
-    t0 = time.perf_counter()
+    cp: Any = None
     if a.source in ("memory", "peer"):
         cp = memory_checkpointer(a)
-        step, source = cp.load_latest(state), cp.last_source
+    elif a.source != "torch.load cold":
+        cp = ckpt.Checkpointer(a.s3_url if a.source == "s3" else Path(a.disk).as_uri())
+    t0 = time.perf_counter()
+    if a.source == "torch.load cold":
+        loaded = torch.load(out / "state.pt", weights_only=True)
+        for k, t in loaded.items():
+            state[k].copy_(t)
+        del loaded
+        step, source = 1, "torch.load"
     else:
-        if a.source == "torch.load cold":
-            loaded = torch.load(out / "state.pt", weights_only=True)
-            for k, t in loaded.items():
-                state[k].copy_(t)
-            del loaded
-            step, source = 1, "torch.load"
-        else:
-            cp = ckpt.Checkpointer(a.s3_url if a.source == "s3" else Path(a.disk).as_uri())
-            step, source = cp.load_latest(state), a.source
+        step = cp.load_latest(state)
+        source = cp.last_source if a.source in ("memory", "peer") else a.source
     restore_s = time.perf_counter() - t0
     first_step(state)
     at = time.time()
