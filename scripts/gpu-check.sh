@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The CUDA checks in one run, for a machine with an NVIDIA GPU, Python and
+# PyTorch but no Rust toolchain. The ckpt extension comes as a wheel built
+# elsewhere (on the stable ABI, so one wheel serves any Python from 3.11):
+#
+#   cd bindings && maturin build --release -o ../wheels     # where Rust is
+#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick]    # on the GPU machine
+#
+# It installs the wheel into a private directory (no network, no other
+# package), then runs, each bounded in time and logged under OUT:
+#   1. the CUDA tests, bindings/tests/test_cuda.py (they skip without a GPU);
+#   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
+#      default size (a GPT-style model with about 4 GiB of model and optimizer
+#      state) with every method, its JSON in OUT/gpu-4g.json;
+#   3. unless --quick, the same with about 15 GiB of state (24 layers of 2048),
+#      ckpt lazy beside the control alone, in OUT/gpu-15g.json.
+# The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
+# runs the benchmark itself. Checkpoints go to $CKPT_GPU_SCRATCH (default:
+# runs/gpu-scratch, on the disk of the repository), removed afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+  sed -n '2,20p' "$0" >&2
+  exit 2
+fi
+wheel=$1 out=$2 quick=${3:-}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+site=$(mktemp -d)
+scratch=${CKPT_GPU_SCRATCH:-runs/gpu-scratch}
+trap 'rm -rf "$site" "$scratch"' EXIT
+"$py" -m pip install -q --no-index --no-deps --target "$site" "$wheel"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+"$py" - <<'EOF' | tee "$out/versions.txt"
+import ckpt, torch
+dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+print(f"ckpt {ckpt.__version__}, torch {torch.__version__}, {dev}")
+EOF
+cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))")
+status=0
+step() {  # step NAME SECONDS CMD...: run CMD bounded, its output in OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS rc=0
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  echo "[gpu-check] $name: exit $rc after $((SECONDS - t0)) s; last lines:" >&2
+  tail -4 "$out/$name.log" >&2
+  [ "$rc" = 0 ] || status=1
+}
+step test_cuda 900 "$py" -m pytest -q -p no:cacheprovider bindings/tests/test_cuda.py
+if [ "$cuda" != 1 ]; then
+  echo "[gpu-check] no CUDA device: the benchmark needs one (the CUDA tests skipped)" >&2
+  exit "$status"
+fi
+step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json"
+if [ "$quick" != "--quick" ]; then
+  step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
+    --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy"
+fi
+exit "$status"
