@@ -189,6 +189,7 @@ def resumed_bitwise(first: List[Dict], rows: List[Dict], step: int) -> None:
     and the state of every random generator (its own dropout masks)."""
     for r, (a, b) in enumerate(zip(first, rows)):
         assert b["loaded"] == a["saved"][str(step)], f"rank {r}"
+        assert b["frozen"], f"rank {r}"
 
 
 def test_a_lost_node_resumes_bitwise_from_memory_and_the_peers_replica(
@@ -249,6 +250,7 @@ def test_more_ranks_resume_from_the_old_jobs_merged_memory_checkpoints(tmp_path:
     assert [(r["start"], r["source"]) for r in again] == [(5, "memory")] * WORLD
     for r, (a, b) in enumerate(zip(rows, again)):
         assert b["loaded"] == a["saved"]["5"], f"rank {r}"
+        assert b["frozen"] and b["warnings"] == [], f"rank {r}"
 
 
 def test_a_damaged_memory_copy_is_skipped_for_the_peers_replica(tmp_path: Path, shm: Path) -> None:

@@ -98,7 +98,6 @@ def _same_shape(topo: Any, holders: Dict[int, str], r: int) -> bool:
 def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int], Dict[int, str]], state: Any, named: Dict[str, Any]) -> bool:
     topo = mc.topology
     me, world = topo.rank, topo.world_size
-    nodes_of = {r: {topo.node(q) for q in held[(step, n, r)]} for r in range(n)}
     server = {r: min(held[(step, n, r)]) for r in range(n)}
     # The manifests, each sent by its server.
     mine = {}
@@ -121,11 +120,10 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
             if key in taken:
                 continue
             taken.add(key)
-            if topo.node() in nodes_of[r]:
-                path = _find(mc.node_dir, local_roots, key)
-                if path is not None:
-                    links[key] = path
-                    continue
+            path = _find(mc.node_dir, local_roots, key)  # this old rank's copy, or another's
+            if path is not None:
+                links[key] = path
+                continue
             if server[r] != me:  # else it is lost here too: the load finds it damaged
                 wants.setdefault(server[r], []).append((key, size))
     everyone_wants = [{int(q): [tuple(x) for x in w] for q, w in d.items()} for d in mc._gather({str(q): w for q, w in wants.items()})]
@@ -141,10 +139,15 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
     finally:
         shutil.rmtree(merged.path, ignore_errors=True)
     # The old job's roots on this node: another shape, of no use to this job.
+    # The memory checkpointer listed its root's chunks when it opened: it is
+    # opened again on the emptied root, or its next save would count on
+    # chunks that are gone.
+    mc.memory.close()
     for root in (mc.own, mc.replica):
         if root is not None:
             shutil.rmtree(root.path, ignore_errors=True)
             root.path.mkdir(parents=True, exist_ok=True)
+    mc.memory = mc._open_memory()
     return True
 
 

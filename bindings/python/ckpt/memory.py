@@ -160,19 +160,10 @@ class MemoryCheckpointer:
         self.replica: Optional[MemoryRoot] = None
         if replicate and topo.nodes > 1:
             self.replica = MemoryRoot(self.node_dir / f"replica{topo.source()}", incoming)
-        mem_options = {k: v for k, v in options.items() if k not in ("keep_last", "keep_every")}
-        # The memory roots are the tier's own, and it copies checkpoints
-        # between them (replicas, restores): they carry no writer epochs, and
-        # an older incarnation is fenced on the durable root.
-        self.memory = Checkpointer(
-            self.own.url, keep_last=keep_in_memory, coordinate="none", fencing=False, **mem_options
-        )
-        # It saves alone, on behalf of this rank of the job (its own state, its
-        # identity in the manifest: what a job of another shape merges by).
-        self.memory._own_rank, self.memory._own_ranks = me, topo.world_size
-        self._mem_options = mem_options
-        self.durable_every = durable_every
+        self._mem_options = {k: v for k, v in options.items() if k not in ("keep_last", "keep_every")}
         self.keep_in_memory = keep_in_memory
+        self.memory = self._open_memory()
+        self.durable_every = durable_every
         self._saves = 0
         self._broken = False  # the link failed; no more replication
         self._errors: List[CheckpointError] = []
@@ -186,6 +177,20 @@ class MemoryCheckpointer:
         self.last_source: Optional[str] = None
         #: Seconds each replication took on this rank (its thread), newest last.
         self.replication_seconds: List[float] = []
+
+    def _open_memory(self) -> Checkpointer:
+        """The checkpointer of this rank's memory root. Its index of stored
+        chunks is listed here: a root emptied behind its back needs a new one."""
+        # The memory roots are the tier's own, and it copies checkpoints
+        # between them (replicas, restores): they carry no writer epochs, and
+        # an older incarnation is fenced on the durable root.
+        cp = Checkpointer(
+            self.own.url, keep_last=self.keep_in_memory, coordinate="none", fencing=False, **self._mem_options
+        )
+        # It saves alone, on behalf of this rank of the job (its own state, its
+        # identity in the manifest: what a job of another shape merges by).
+        cp._own_rank, cp._own_ranks = self.topology.rank, self.topology.world_size
+        return cp
 
     def _remove_strangers(self) -> None:
         """Remove the roots of ranks that no longer live on this node, or whose
