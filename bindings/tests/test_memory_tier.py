@@ -234,6 +234,23 @@ def test_fewer_ranks_resume_from_the_old_jobs_merged_memory_checkpoints(tmp_path
     assert sorted(p.name for p in (shm / "node1").iterdir() if not p.name.startswith(".")) == ["rank1", "replica0"]
 
 
+def test_a_damaged_copy_of_another_shape_is_skipped_for_an_older_merged_step(tmp_path: Path, shm: Path) -> None:
+    """After node 1 is lost, node 0 keeps the only copy of old rank 2's step 4;
+    its manifest fails verification, so the two-rank job merges step 3."""
+    durable = tmp_path / "durable"
+    first = launch(durable, shm, tmp_path / "a", ["--steps", "6", "--stop-at", "4", "--kill"])
+    node_failure(shm, 1)
+    (manifest,) = (shm / "node0" / "replica2" / "manifests").glob(f"{4:020}-*.manifest")
+    raw = manifest.read_bytes()
+    at = raw.index(b'"hash":"') + len(b'"hash":"')
+    manifest.write_bytes(raw[:at] + (b"0" if raw[at:at + 1] != b"0" else b"1") + raw[at + 1 :])
+    rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"], world=2, per_node=1)
+    assert [(r["start"], r["source"]) for r in rows] == [(3, "memory, merged")] * 2
+    resumed_bitwise(first[:2], rows, 3)
+    for r in rows:
+        assert [w for w in r["warnings"] if "step 4 cannot be merged" in w and "hash mismatch" in w], r["warnings"]
+
+
 def test_more_ranks_resume_from_the_old_jobs_merged_memory_checkpoints(tmp_path: Path, shm: Path) -> None:
     """Two ranks (one per node) save; four (two per node) resume from memory.
     Ranks that the old job did not have keep their generators, and say so."""

@@ -9,15 +9,17 @@ ranks per node):
 1. gathers what every node holds (:func:`inventory`), and takes the newest
    step whose every old rank has a copy on some node, unless the durable tier
    has a newer one;
-2. gathers the N manifests (each from one rank that holds it);
+2. gathers the N manifests (each from one rank that holds it) and merges
+   them (``ckpt._ckpt.merge_manifests``: every part verified; pieces of
+   sharded tensors with their offsets, one copy of each replica, the old
+   ranks' own states side by side). A step whose manifests cannot be merged
+   is skipped, on every rank alike (they merge the same bytes);
 3. on every rank, links the objects its own node holds into a merged root
    (``<memory_dir>/.merged<rank>``), and fetches the others over the tier's
    link, each from one rank that holds it: a ring of M-1 shifts, one object
    each way per round, chunks that some old rank shares with another (data
    parallel replicas) only once;
-4. writes the merged manifest last (``ckpt._ckpt.merge_manifests``: pieces of
-   sharded tensors with their offsets, one copy of each replica, the old
-   ranks' own states side by side), and loads it as any checkpoint: each rank
+4. writes the merged manifest last, and loads it as any checkpoint: each rank
    reads the pieces that overlap its shards, verified (blake3), and its own
    RNG state when the old job had its rank;
 5. agrees with every rank: if one could not, all go on to the next older step,
@@ -83,7 +85,7 @@ def load(mc: Any, state: Any, named: Dict[str, Any], everyone: List[Dict[str, An
     for step, n in reversed(complete):
         if newest_durable is not None and step < newest_durable:
             break
-        if n == topo.world_size and all(len(held[(step, n, r)]) > 0 and _same_shape(topo, held[(step, n, r)], r) for r in range(n)):
+        if n == topo.world_size and all(_same_shape(topo, held[(step, n, r)], r) for r in range(n)):
             continue  # the job's own shape: the plain path tried it already
         if _merge_and_load(mc, step, n, held, state, named):
             return step
@@ -109,9 +111,17 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
     manifests: Dict[int, bytes] = {}
     for part in mc._gather(mine):
         manifests.update({int(r): bytes.fromhex(h) for r, h in part.items()})
-    bodies = {r: json.loads(manifests[r][manifests[r].index(b"\n") + 1 :]) for r in range(n)}
+    # The same bytes on every rank: every rank merges, or fails, alike.
+    try:
+        merged_manifest = _ckpt.merge_manifests([manifests[r] for r in range(n)])
+    except CheckpointError as e:
+        warnings.warn(f"ckpt: the memory checkpoints of step {step} cannot be merged ({e}); trying older ones",
+                      stacklevel=4)
+        return False
+    bodies = {r: json.loads(manifests[r][manifests[r].index(b"\n") + 1 :]) for r in range(n)}  # verified
     # What each object is and who serves it; what this node lacks.
-    local_roots = sorted({held[(step, n, r)][q] for r in range(n) for q in held[(step, n, r)] if topo.node(q) == topo.node()})
+    here = topo.node()
+    local_roots = sorted({root for r in range(n) for q, root in held[(step, n, r)].items() if topo.node(q) == here})
     wants: Dict[int, List[Tuple[str, int]]] = {}
     links: Dict[str, Path] = {}
     taken: Set[str] = set()
@@ -126,11 +136,12 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
                 continue
             if server[r] != me:  # else it is lost here too: the load finds it damaged
                 wants.setdefault(server[r], []).append((key, size))
-    everyone_wants = [{int(q): [tuple(x) for x in w] for q, w in d.items()} for d in mc._gather({str(q): w for q, w in wants.items()})]
+    gathered = mc._gather({str(q): w for q, w in wants.items()})
+    everyone_wants = [{int(q): [(str(k), int(z)) for k, z in w] for q, w in d.items()} for d in gathered]
     merged = MemoryRoot(mc.node_dir / f".merged{me}", mc.own.incoming)
     shutil.rmtree(merged.path, ignore_errors=True)
     try:
-        failure = _build(mc, merged, links, everyone_wants, manifests, n, step, local_roots)
+        failure = _build(mc, merged, links, everyone_wants, merged_manifest, step, local_roots)
         outcome: Dict[str, Any] = {"status": "damaged"} if failure else _load_merged(mc, merged, step, state, named)
         if failure:
             warnings.warn(f"ckpt: merging the memory checkpoints of step {step} failed ({failure}); trying older ones", stacklevel=4)
@@ -169,7 +180,7 @@ def _find(node_dir: Path, roots: List[str], key: str) -> Optional[Path]:
 
 
 def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
-           manifests: Dict[int, bytes], n: int, step: int, local_roots: List[str]) -> Optional[str]:
+           manifest: bytes, step: int, local_roots: List[str]) -> Optional[str]:
     """Fill ``merged`` (links, then fetched objects, the manifest last); the
     failure, described, or ``None``. The ring runs to its end on every rank,
     whatever fails here, so the ranks stay in step on the link."""
@@ -209,12 +220,8 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
                 failure = f"{key}: {err.get('msg')}"
     if failure is not None:
         return failure
-    try:
-        body = _ckpt.merge_manifests([manifests[r] for r in range(n)])
-        attempt = json.loads(body[body.index(b"\n") + 1 :])["attempt"]
-    except CheckpointError as e:
-        return str(e)
-    err = write_object(merged, MemoryRoot.manifest_key(step, attempt), body)
+    attempt = json.loads(manifest[manifest.index(b"\n") + 1 :])["attempt"]
+    err = write_object(merged, MemoryRoot.manifest_key(step, attempt), manifest)
     return None if err is None else str(err.get("msg"))
 
 
