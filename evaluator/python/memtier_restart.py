@@ -27,6 +27,11 @@ checkpointer is opened before) reported beside it. Sources:
 - ``memory``: ``MemoryCheckpointer.load_latest``, every rank from its own copy;
 - ``peer``: the same after the last node was lost: its rank fetches the
   replica its peer node keeps;
+- ``memory, fewer ranks``: a job of one rank fewer (one node fewer) restarts
+  from the memory tier: the saved ranks' memory checkpoints merged
+  (``ckpt._memreshape``), what its nodes lack fetched; the memory tier is put
+  back as saved afterwards (untimed), since the merged restart removes the
+  old job's roots;
 - ``disk cold``: ``ckpt.Checkpointer(<local disk>).load_latest``, page cache dropped;
 - ``s3``: ``ckpt.Checkpointer(<S3 URL>).load_latest``;
 - ``torch.load cold``: ``torch.load(weights_only=True)`` of that file,
@@ -57,7 +62,9 @@ from peers import drop_cache  # noqa: E402
 
 PIECE = 16 << 20
 #: Every source, in the table's order; ``s3`` only with an S3 URL.
-SOURCES = ("memory", "peer", "disk cold", "s3", "torch.load cold")
+SOURCES = ("memory", "peer", "memory, fewer ranks", "disk cold", "s3", "torch.load cold")
+#: The source restarted by one rank fewer than saved (a job of another shape).
+FEWER = "memory, fewer ranks"
 
 
 def make_state(nbytes: int) -> dict:
@@ -145,7 +152,7 @@ def restart_rank(a: argparse.Namespace) -> None:
     state = {k: torch.empty(n).fill_(0.0) for k, n in expected["shapes"].items()}
     ready = time.time()
     cp: Any = None
-    if a.source in ("memory", "peer"):
+    if a.source in ("memory", "peer", FEWER):
         cp = memory_checkpointer(a)
     elif a.source != "torch.load cold":
         cp = ckpt.Checkpointer(a.s3_url if a.source == "s3" else Path(a.disk).as_uri())
@@ -158,11 +165,11 @@ def restart_rank(a: argparse.Namespace) -> None:
         step, source = 1, "torch.load"
     else:
         step = cp.load_latest(state)
-        source = cp.last_source if a.source in ("memory", "peer") else a.source
+        source = cp.last_source if a.source in ("memory", "peer", FEWER) else a.source
     restore_s = time.perf_counter() - t0
     first_step(state)
     at = time.time()
-    if a.source in ("memory", "peer", "disk cold", "s3"):
+    if cp is not None:
         cp.close()
     row = {"rank": rank, "step": step, "source": source, "restore_s": restore_s, "ready_s": ready - STARTED,
            "first_step_at": at, "bitwise": step == 1 and digest(state) == expected["digest"]}
@@ -191,6 +198,7 @@ def restarts(work: Path, shm_root: str, mib: int, ranks: int, repeats: int, s3_u
     out.mkdir(parents=True)
     a = argparse.Namespace(disk=out / "durable", shm=Path(shm_root) / f"ckpt-restart-{uuid.uuid4().hex[:12]}",
                            mib=mib, s3_url=s3_url)
+    kept = Path(str(a.shm) + "-kept")
     sources = [s for s in SOURCES if s != "s3" or s3_url]
     me = os.path.abspath(__file__)
     rows: dict = {s: [] for s in sources}
@@ -205,15 +213,21 @@ def restarts(work: Path, shm_root: str, mib: int, ranks: int, repeats: int, s3_u
                     cache = drop_cache(str(a.disk))
                 elif source == "torch.load cold":
                     cache = drop_cache(str(out))
+                elif source == FEWER:
+                    shutil.rmtree(kept, ignore_errors=True)
+                    shutil.copytree(a.shm, kept)  # put back below: the merge removes the old roots
                 for f in out.glob("restart-rank*.json"):
                     f.unlink()
+                n = ranks - 1 if source == FEWER else ranks
                 failed_at = time.time()
-                finish_ranks(start_ranks(me, rank_args(a, "restart", out, source), ranks, 1), timeout,
+                finish_ranks(start_ranks(me, rank_args(a, "restart", out, source), n, 1), timeout,
                              f"the restart from {source}")
-                got = [json.loads((out / f"restart-rank{r}.json").read_text()) for r in range(ranks)]
-                if source in ("memory", "peer"):
-                    want = ["memory"] * ranks
-                    want[-1] = source
+                got = [json.loads((out / f"restart-rank{r}.json").read_text()) for r in range(n)]
+                if source == FEWER:
+                    shutil.rmtree(a.shm, ignore_errors=True)
+                    shutil.copytree(kept, a.shm)
+                if source in ("memory", "peer", FEWER):
+                    want = ["memory, merged"] * n if source == FEWER else ["memory"] * (n - 1) + [source]
                     if [g["source"] for g in got] != want:
                         raise RuntimeError(f"the restart from {source} restored from {[g['source'] for g in got]}")
                 rows[source].append({
@@ -225,6 +239,7 @@ def restarts(work: Path, shm_root: str, mib: int, ranks: int, repeats: int, s3_u
                 })
     finally:
         shutil.rmtree(a.shm, ignore_errors=True)
+        shutil.rmtree(kept, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
     med = {s: statistics.median(r["to_first_step_s"] for r in v) for s, v in rows.items()}
     return {

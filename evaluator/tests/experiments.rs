@@ -619,10 +619,14 @@ async fn memtier_restarts_from_every_source_or_why_not() {
     let out = e.run(&c).await.unwrap();
     let t = &out.tables[0];
     assert_eq!(t.id, "memtier");
-    // No S3 URL: the four other sources, each restored bitwise from where it says.
-    assert_eq!(t.rows.len(), 4, "{t:?}");
+    // No S3 URL: the five other sources, each restored bitwise from where it says.
+    assert_eq!(t.rows.len(), 5, "{t:?}");
     assert_eq!(t.rows[1][6], "memory, peer");
-    assert_eq!(t.rows[2][3], "1.00", "disk cold is the baseline");
+    assert_eq!(
+        t.rows[2][6], "memory, merged",
+        "one rank fewer, from memory"
+    );
+    assert_eq!(t.rows[3][3], "1.00", "disk cold is the baseline");
     assert!(t.rows.iter().all(|r| r[7] == "1/1"), "{t:?}");
     assert!(out.targets[0].met);
     assert!(out.notes[0].contains("S3"), "{:?}", out.notes);

@@ -1,7 +1,8 @@
 //! Memory tier: what a restart after a failure costs by the source it
 //! restores from, ckpt's memory tier (`ckpt.MemoryCheckpointer`: each rank's
 //! own copy in its node's `/dev/shm`, or its replica on the peer node after a
-//! node is lost) beside ckpt on local disk and on S3, and `torch.load`.
+//! node is lost, or, for a job of one rank fewer, the saved ranks' memory
+//! checkpoints merged) beside ckpt on local disk and on S3, and `torch.load`.
 //!
 //! It runs `evaluator/python/memtier_bench.py` in place with the venv's
 //! Python: a data-parallel job of two ranks (one per simulated node) saves
@@ -104,7 +105,7 @@ impl Experiment for Memtier {
     fn about(&self, ctx: &Ctx) -> String {
         let episodes = self.episodes(ctx);
         format!(
-            "restarts of a 2-rank job with {} MiB per rank from memory, a peer's replica, local disk{} and torch.load, {} each{}",
+            "restarts of a 2-rank job with {} MiB per rank from memory, a peer's replica, memory by one rank fewer, local disk{} and torch.load, {} each{}",
             self.mib(ctx),
             if ctx.s3_url.is_some() { ", S3" } else { "" },
             self.repeats(ctx),
@@ -118,8 +119,8 @@ impl Experiment for Memtier {
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
         // A job start is a few seconds (two processes importing torch on 2
-        // cores), five sources; a campaign episode two 4-rank starts.
-        let sources = if ctx.s3_url.is_some() { 5.0 } else { 4.0 };
+        // cores), six sources; a campaign episode two 4-rank starts.
+        let sources = if ctx.s3_url.is_some() { 6.0 } else { 5.0 };
         10.0 + 3.0 * sources * self.repeats(ctx) as f64
             + self.mib(ctx) as f64 / 100.0 * self.repeats(ctx) as f64
             + 25.0 * self.episodes(ctx) as f64

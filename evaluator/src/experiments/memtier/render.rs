@@ -15,6 +15,7 @@ pub fn label(source: &str) -> &str {
     match source {
         "memory" => "ckpt memory tier, own copy",
         "peer" => "ckpt memory tier, peer's replica (a node lost)",
+        "memory, fewer ranks" => "ckpt memory tier, restarted by one rank fewer (merged)",
         "disk cold" => "ckpt local disk, cold",
         "s3" => "ckpt S3",
         "torch.load cold" => "torch.load, local disk, cold",

@@ -7,7 +7,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Where a restart restores from, as the scripts name it, in the table's order.
-pub const SOURCES: [&str; 5] = ["memory", "peer", "disk cold", "s3", "torch.load cold"];
+pub const SOURCES: [&str; 6] = [
+    "memory",
+    "peer",
+    "memory, fewer ranks",
+    "disk cold",
+    "s3",
+    "torch.load cold",
+];
 
 /// The baseline every figure is a ratio to: ckpt on local disk, page cache dropped.
 pub const BASELINE: &str = "disk cold";
