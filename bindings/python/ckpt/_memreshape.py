@@ -33,7 +33,6 @@ the common case (same shape, own copy in memory).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -42,19 +41,18 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import _ckpt
-from ._load import is_damage
-from ._memtier import MemoryRoot, chunk_objects, describe, write_object
-from .checkpointer import Checkpointer
+from ._memtier import MemoryRoot, chunk_objects, load_outcome, manifest_body, write_object
 from .errors import CheckpointError
 
-#: ``(old rank, old world size, step, root name)``
-Entry = Tuple[int, int, int, str]
+#: ``(old rank, old world size, step, root name)``; the saver ``None`` for a
+#: checkpoint saved before the tier recorded it.
+Entry = Tuple[Optional[int], Optional[int], int, str]
 
 _ROOT = re.compile(r"^(rank|replica)[0-9]+$")
 
 
 def inventory(node_dir: Path, incoming: Path) -> List[Entry]:
-    """Every memory checkpoint this node holds that records its saver."""
+    """Every memory checkpoint this node holds, with its saver."""
     out: List[Entry] = []
     try:
         names = sorted(p.name for p in node_dir.iterdir() if _ROOT.match(p.name))
@@ -63,9 +61,8 @@ def inventory(node_dir: Path, incoming: Path) -> List[Entry]:
     for name in names:
         root = MemoryRoot(node_dir / name, incoming)
         for step, attempt in sorted(root.committed().items()):
-            ident = root.identity(step, attempt)
-            if ident is not None:
-                out.append((ident[0], ident[1], step, name))
+            r, n = root.identity(step, attempt) or (None, None)
+            out.append((r, n, step, name))
     return out
 
 
@@ -79,6 +76,8 @@ def load(mc: Any, state: Any, named: Dict[str, Any], everyone: List[Dict[str, An
     held: Dict[Tuple[int, int, int], Dict[int, str]] = {}
     for q, e in enumerate(everyone):
         for r, n, step, root in e["inventory"]:
+            if r is None or n is None:
+                continue  # its saver unknown: not for merging
             held.setdefault((int(step), int(n), int(r)), {})[q] = str(root)
     shapes = {(s, n) for s, n, _ in held}
     complete = sorted((s, n) for s, n in shapes if all((s, n, r) in held for r in range(n)))
@@ -107,7 +106,7 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
         if server[r] == me:
             root = MemoryRoot(mc.node_dir / held[(step, n, r)][me], mc.own.incoming)
             attempt = root.committed()[step]
-            mine[str(r)] = (root.path / root.manifest_key(step, attempt)).read_bytes().hex()
+            mine[str(r)] = root.read(root.manifest_key(step, attempt)).hex()
     manifests: Dict[int, bytes] = {}
     for part in mc._gather(mine):
         manifests.update({int(r): bytes.fromhex(h) for r, h in part.items()})
@@ -118,10 +117,11 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
         warnings.warn(f"ckpt: the memory checkpoints of step {step} cannot be merged ({e}); trying older ones",
                       stacklevel=4)
         return False
-    bodies = {r: json.loads(manifests[r][manifests[r].index(b"\n") + 1 :]) for r in range(n)}  # verified
+    bodies = {r: manifest_body(manifests[r]) for r in range(n)}  # verified by the merge
     # What each object is and who serves it; what this node lacks.
     here = topo.node()
-    local_roots = sorted({root for r in range(n) for q, root in held[(step, n, r)].items() if topo.node(q) == here})
+    local_roots = [MemoryRoot(mc.node_dir / name, mc.own.incoming) for name in
+                   sorted({name for r in range(n) for q, name in held[(step, n, r)].items() if topo.node(q) == here})]
     wants: Dict[int, List[Tuple[str, int]]] = {}
     links: Dict[str, Path] = {}
     taken: Set[str] = set()
@@ -130,9 +130,9 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
             if key in taken:
                 continue
             taken.add(key)
-            path = _find(mc.node_dir, local_roots, key)  # this old rank's copy, or another's
-            if path is not None:
-                links[key] = path
+            holder = _find(local_roots, key)  # this old rank's copy, or another's
+            if holder is not None:
+                links[key] = holder.path / key
                 continue
             if server[r] != me:  # else it is lost here too: the load finds it damaged
                 wants.setdefault(server[r], []).append((key, size))
@@ -162,25 +162,13 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
     return True
 
 
-def _read(path: Path) -> bytearray:
-    try:
-        with open(path, "rb") as f:
-            buf = bytearray(os.fstat(f.fileno()).st_size)
-            return buf if f.readinto(buf) == len(buf) else bytearray()
-    except OSError:
-        return bytearray()  # the receiver sees the wrong length
-
-
-def _find(node_dir: Path, roots: List[str], key: str) -> Optional[Path]:
-    for name in roots:
-        p = node_dir / name / key
-        if p.is_file():
-            return p
-    return None
+def _find(roots: List[MemoryRoot], key: str) -> Optional[MemoryRoot]:
+    """The first of ``roots`` that holds ``key``."""
+    return next((root for root in roots if (root.path / key).is_file()), None)
 
 
 def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
-           manifest: bytes, step: int, local_roots: List[str]) -> Optional[str]:
+           manifest: bytes, step: int, local_roots: List[MemoryRoot]) -> Optional[str]:
     """Fill ``merged`` (links, then fetched objects, the manifest last); the
     failure, described, or ``None``. The ring runs to its end on every rank,
     whatever fails here, so the ranks stay in step on the link."""
@@ -206,8 +194,8 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
         for i in range(rounds):
             data = bytearray()
             if i < len(outgoing):
-                path = _find(mc.node_dir, local_roots, outgoing[i][0])
-                data = _read(path) if path is not None else bytearray()
+                holder = _find(local_roots, outgoing[i][0])
+                data = holder.read(outgoing[i][0]) if holder is not None else bytearray()
             got = mc._link.sendrecv(data, dst, src)
             if i >= len(incoming) or failure is not None:
                 continue
@@ -220,7 +208,7 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
                 failure = f"{key}: {err.get('msg')}"
     if failure is not None:
         return failure
-    attempt = json.loads(manifest[manifest.index(b"\n") + 1 :])["attempt"]
+    attempt = manifest_body(manifest)["attempt"]
     err = write_object(merged, MemoryRoot.manifest_key(step, attempt), manifest)
     return None if err is None else str(err.get("msg"))
 
@@ -228,15 +216,7 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
 def _load_merged(mc: Any, merged: MemoryRoot, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:
     """Load the merged checkpoint as this rank of the job (its shards, its own
     state); the outcome as :meth:`MemoryCheckpointer._agree` takes it."""
-    try:
-        cp = Checkpointer(merged.url, coordinate="none", fencing=False, read_only=True, **mc._mem_options)
-        cp._own_rank, cp._own_ranks = mc.topology.rank, mc.topology.world_size
-        cp.load(step, state, **named)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as e:  # noqa: BLE001 - every rank must learn of it
-        if not (isinstance(e, CheckpointError) and is_damage(e)):
-            return {"status": "error", "error": describe(e)}
-        warnings.warn(f"ckpt: the merged memory checkpoint of step {step} is damaged ({e})", stacklevel=4)
-        return {"status": "damaged"}
-    return {"status": "ok"}
+    outcome, damage = load_outcome(lambda: mc._open_memory(merged, read_only=True).load(step, state, **named))
+    if damage is not None:
+        warnings.warn(f"ckpt: the merged memory checkpoint of step {step} is damaged ({damage})", stacklevel=4)
+    return outcome

@@ -12,10 +12,11 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ckpt
 from . import errors as errs
+from ._load import is_damage
 from .errors import CheckpointError, InvalidInputError, StorageError
 
 MANIFESTS = "manifests"
@@ -104,10 +105,8 @@ class MemoryRoot:
         return f"{MANIFESTS}/{step:020}-{attempt}{MANIFEST_EXT}"
 
     def body(self, step: int, attempt: str) -> Dict[str, Any]:
-        """A checkpoint's manifest body (JSON, after the header line), unverified."""
-        raw = (self.path / self.manifest_key(step, attempt)).read_bytes()
-        body: Dict[str, Any] = json.loads(raw[raw.index(b"\n") + 1 :])
-        return body
+        """A checkpoint's manifest body, unverified."""
+        return manifest_body((self.path / self.manifest_key(step, attempt)).read_bytes())
 
     def identity(self, step: int, attempt: str) -> Optional[Tuple[int, int]]:
         """Which rank of how many saved a checkpoint (recorded by the memory
@@ -122,16 +121,6 @@ class MemoryRoot:
             if type(r) is int and type(n) is int and 0 <= r < n:
                 return r, n
         return None
-
-    def steps_of(self, rank: int, ranks: int) -> List[int]:
-        """The committed steps saved by rank ``rank`` of a job of ``ranks``
-        (or that do not say: saved before the tier recorded it)."""
-        out = []
-        for step, attempt in sorted(self.committed().items()):
-            ident = self.identity(step, attempt)
-            if ident is None or ident == (rank, ranks):
-                out.append(step)
-        return out
 
     def objects(self, step: int, attempt: str) -> List[Tuple[str, int]]:
         """Every object of a checkpoint with its length, the manifest last.
@@ -211,6 +200,26 @@ class MemoryRoot:
         """Retention by the engine's own GC: the newest ``keep``, and no chunk
         or leftover that no kept manifest references."""
         _ckpt.Checkpointer(self.url, keep_last=keep, fencing=False).gc()
+
+
+def manifest_body(raw: bytes) -> Dict[str, Any]:
+    """The JSON body of a stored manifest (after its header line), unverified."""
+    body: Dict[str, Any] = json.loads(raw[raw.index(b"\n") + 1 :])
+    return body
+
+
+def load_outcome(load: Callable[[], Any]) -> Tuple[Dict[str, Any], Optional[CheckpointError]]:
+    """Run a load from a memory root; its outcome as every rank must learn it
+    (``ok``, ``damaged`` or ``error``, described), and the damage if damaged."""
+    try:
+        load()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it
+        if isinstance(e, CheckpointError) and is_damage(e):
+            return {"status": "damaged"}, e
+        return {"status": "error", "error": describe(e)}, None
+    return {"status": "ok"}, None
 
 
 def _tagged(value: Any, key: str) -> Any:

@@ -242,11 +242,10 @@ class Checkpointer:
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
         self._staging_budget = staging_budget
         self._busy = busy
-        # Whose own state (RNG) this checkpointer saves and restores, and of how
-        # many ranks: its own rank, but the memory tier's per-rank roots
+        # ``(rank, ranks)`` whose own state (RNG) this checkpointer saves and
+        # restores, when not its own: the memory tier's per-rank roots
         # (ckpt.memory) save alone on behalf of a rank of the job.
-        self._own_rank: Optional[int] = None
-        self._own_ranks: Optional[int] = None
+        self._acting_for: Optional[Tuple[int, int]] = None
 
     # ------------------------------------------------------------------ saving
 
@@ -302,7 +301,7 @@ class Checkpointer:
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
             info["local"] = {"ranks": ranks}
-        if self._own_rank is not None:
+        if self._acting_for is not None:
             # A memory-tier root: which rank of how many saved it (ckpt.memory).
             info["memory"] = {"rank": me, "ranks": ranks}
         meta = {"ckpt": info, "state": flat.tree}
@@ -488,9 +487,7 @@ class Checkpointer:
 
     def _own_identity(self) -> Tuple[int, int]:
         """The rank whose own state this checkpointer keeps, and the job's ranks."""
-        if self._own_rank is None or self._own_ranks is None:
-            return self.rank, self.world_size
-        return self._own_rank, self._own_ranks
+        return self._acting_for or (self.rank, self.world_size)
 
     def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]:
         entries: Dict[str, Any] = {}

@@ -76,8 +76,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import errors as errs
 from . import _memreshape as reshape
-from ._memtier import MemoryRoot, Topology, describe, rebuild, write_object
-from ._load import is_damage
+from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
 from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator
 from .errors import CheckpointError, InvalidInputError, StorageError
@@ -178,18 +177,20 @@ class MemoryCheckpointer:
         #: Seconds each replication took on this rank (its thread), newest last.
         self.replication_seconds: List[float] = []
 
-    def _open_memory(self) -> Checkpointer:
-        """The checkpointer of this rank's memory root. Its index of stored
-        chunks is listed here: a root emptied behind its back needs a new one."""
+    def _open_memory(self, root: Optional[MemoryRoot] = None, read_only: bool = False) -> Checkpointer:
+        """The checkpointer of a memory root, this rank's own by default. Its
+        index of stored chunks is listed here: a root emptied behind its back
+        needs a new one."""
         # The memory roots are the tier's own, and it copies checkpoints
         # between them (replicas, restores): they carry no writer epochs, and
         # an older incarnation is fenced on the durable root.
         cp = Checkpointer(
-            self.own.url, keep_last=self.keep_in_memory, coordinate="none", fencing=False, **self._mem_options
+            (root or self.own).url, keep_last=self.keep_in_memory, coordinate="none", fencing=False,
+            read_only=read_only, **self._mem_options,
         )
         # It saves alone, on behalf of this rank of the job (its own state, its
         # identity in the manifest: what a job of another shape merges by).
-        cp._own_rank, cp._own_ranks = self.topology.rank, self.topology.world_size
+        cp._acting_for = (self.topology.rank, self.topology.world_size)
         return cp
 
     def _remove_strangers(self) -> None:
@@ -287,11 +288,20 @@ class MemoryCheckpointer:
             # cannot, the durable load below says why).
             warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
             durable = []
+        inventory = reshape.inventory(self.node_dir, self.own.incoming)
+
+        def steps(root: Optional[MemoryRoot], rank: int) -> List[int]:
+            # Saved by rank ``rank`` of a job of this size (or saying nothing:
+            # saved before the tier recorded it).
+            name = None if root is None else root.path.name
+            return sorted(s for r, n, s, where in inventory if where == name and r in (None, rank)
+                          and n in (None, topo.world_size))
+
         mine = {
-            "own": self.own.steps_of(topo.rank, topo.world_size),
-            "held": self.replica.steps_of(topo.source(), topo.world_size) if self.replica is not None else [],
+            "own": steps(self.own, topo.rank),
+            "held": steps(self.replica, topo.source()),
             "durable": durable[-1] if durable else None,
-            "inventory": reshape.inventory(self.node_dir, self.own.incoming),
+            "inventory": inventory,
         }
         try:
             return self._load_latest(state, named, mine)
@@ -343,17 +353,12 @@ class MemoryCheckpointer:
         attempt = self.own.committed().get(step)
         if attempt is None:
             return {"status": "absent"}
-        try:
-            self.memory.load(step, state, **named)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # noqa: BLE001 - every rank must learn of it
-            if not (isinstance(e, CheckpointError) and is_damage(e)):
-                return {"status": "error", "error": describe(e)}
-            warnings.warn(f"ckpt: memory checkpoint of step {step} is damaged ({e}); trying its replica", stacklevel=4)
+        outcome, damage = load_outcome(lambda: self.memory.load(step, state, **named))
+        if damage is not None:
+            warnings.warn(f"ckpt: memory checkpoint of step {step} is damaged ({damage}); trying its replica",
+                          stacklevel=4)
             self.own.drop(step, attempt)
-            return {"status": "damaged"}
-        return {"status": "ok"}
+        return outcome
 
     def _agree(self, mine: Dict[str, Any]) -> List[Dict[str, Any]]:
         """Every rank's outcome; a failure that is not damage is raised on every rank."""
