@@ -140,6 +140,19 @@ impl HostSlab {
     }
 }
 
+#[pymethods]
+impl SlabSlot {
+    /// Which slot of its slab this is.
+    #[getter]
+    fn index(&self) -> usize {
+        self.index
+    }
+
+    fn __repr__(&self) -> String {
+        format!("SlabSlot({})", self.index)
+    }
+}
+
 /// A Python callable the snapshot calls (with the GIL) before it reads any
 /// tensor: it returns once the device-to-host copies have landed.
 #[derive(Debug)]

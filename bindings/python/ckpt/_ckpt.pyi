@@ -175,6 +175,9 @@ class HostSlab:
 class SlabSlot:
     """One slot of a :class:`HostSlab`, handed to ``save`` as a tensor's bytes."""
 
+    @property
+    def index(self) -> int: ...
+
 @final
 class SaveHandle:
     """A save in progress."""
