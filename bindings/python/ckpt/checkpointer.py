@@ -16,7 +16,7 @@ from ._load import META_VERSION, is_damage
 from .distributed import _agree, _resolve
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
 from .rng import RNGState
-from .tree import flatten
+from .tree import Flattened, flatten
 
 __all__ = ["Checkpointer", "SaveHandle", "Checkpoint"]
 
@@ -292,7 +292,29 @@ class Checkpointer:
         me, ranks = self._own_identity()
         prefix = _own.name(me)
         local = {"rng": RNGState()} if self._rng else None
-        flat = flatten(entries, self.lazy, self._exporter(), local, prefix)
+        exporter = self._exporter()
+        try:
+            handle, flat = self._save(step, entries, exporter, local, me, ranks, prefix)
+        except BaseException:
+            device = getattr(exporter, "device", None)
+            if device is not None:
+                device.abandon()  # nothing may still land in a slab the next save reuses
+            raise
+        if flat.device is not None:
+            flat.device.launch()  # lazy: the copies are queued in the background from now on
+        self._unwaited.append(handle)
+        if self.lazy:
+            self._pending.append(handle)
+            for obj in flat.stateful:
+                self._guard(obj)
+        return handle
+
+    def _save(
+        self, step: int, entries: Dict[str, Any], exporter: Any, local: Any, me: int, ranks: int, prefix: str
+    ) -> Tuple[SaveHandle, Flattened]:
+        """``save`` up to the engine's: the walk, the device copies' start, the
+        engine's save; returns the handle and the walk's result."""
+        flat = flatten(entries, self.lazy, exporter, local, prefix)
         info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
         if local is not None:
             # Only rank 0's metadata reaches the manifest: each rank's own tree
@@ -307,31 +329,25 @@ class Checkpointer:
         meta = {"ckpt": info, "state": flat.tree}
         device = flat.device
         ready = None
+        # Lazy mode: whether the step pre-hook must wait on the host for CPU
+        # tensors still copied in the background (CUDA copies are fenced on
+        # the GPU's stream instead).
+        host_lazy = False
         if device is not None:
             if self.lazy:
-                _small_now(flat.tensors)
-            slots = device.start(step, self.lazy)
-            flat.tensors = _into_slots(flat.tensors, slots)
+                host_lazy = _small_now(flat.tensors)
+            slots = device.start(step)
+            if slots is not None:
+                flat.tensors = _into_slots(flat.tensors, slots)
             if self.lazy:
                 ready = device.wait_landed
             else:
                 device.wait_landed()  # eager: the copy is complete when save returns
-        try:
-            native = self._native.save(step, flat.tensors, meta, ready)
-        except BaseException:
-            if device is not None:
-                device.wait_landed()  # nothing may still land in a slab the next save reuses
-            raise
-        handle = SaveHandle(native, device)
-        self._unwaited.append(handle)
-        if self.lazy:
-            # The step pre-hook waits on the host only for CPU tensors copied in
-            # the background; CUDA copies are fenced on the GPU's stream.
-            handle._host_lazy = any(not t.copy_now and not isinstance(t.data, _ckpt.SlabSlot) for t in flat.tensors)
-            self._pending.append(handle)
-            for obj in flat.stateful:
-                self._guard(obj)
-        return handle
+        elif self.lazy:
+            host_lazy = any(not t.copy_now for t in flat.tensors)
+        handle = SaveHandle(self._native.save(step, flat.tensors, meta, ready), device)
+        handle._host_lazy = host_lazy
+        return handle, flat
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until every snapshot in progress is copied (lazy mode): call it
@@ -586,7 +602,7 @@ class Checkpointer:
             from .cuda import SlabPool
 
             self._slabs = SlabPool(self._staging_budget, self._busy)
-        return Exporter(self._slabs)
+        return Exporter(self._slabs, self.lazy)
 
     def _host_stage(self) -> Any:
         """Where a restore's CUDA tensors land on the host: a slab of this
@@ -630,12 +646,24 @@ def _cuda_ready() -> bool:
 _SMALL = 64 << 10
 
 
-def _small_now(tensors: List[_ckpt.TensorSpec]) -> None:
+def _small_now(tensors: List[_ckpt.TensorSpec]) -> bool:
+    """Mark CPU tensors under ``_SMALL`` bytes to be copied at once; returns
+    whether a CPU tensor is still left to copy in the background."""
     from .cuda import Pending
 
+    deferred = False
     for i, t in enumerate(tensors):
-        if not t.copy_now and not isinstance(t.data, Pending) and _nbytes(t.data) < _SMALL:
+        if t.copy_now:
+            continue
+        data = t.data
+        kind = type(data)
+        if kind is Pending or kind is _ckpt.SlabSlot:
+            continue
+        if _nbytes(data) < _SMALL:
             tensors[i] = t.replace(copy_now=True)
+        else:
+            deferred = True
+    return deferred
 
 
 def _nbytes(buf: Any) -> int:
@@ -644,9 +672,14 @@ def _nbytes(buf: Any) -> int:
 
 
 def _into_slots(tensors: List[_ckpt.TensorSpec], slots: List[_ckpt.SlabSlot]) -> List[_ckpt.TensorSpec]:
-    """The tensors with their pending CUDA bytes replaced by the slab slots they land in."""
+    """The tensors with their CUDA bytes (pending, or a slot of a guessed slab
+    that turned out not to fit) replaced by the slots they land in."""
     from .cuda import Pending
 
-    return [
-        t.replace(data=slots[t.data.index], copy_now=False) if type(t.data) is Pending else t for t in tensors
-    ]
+    out = []
+    for t in tensors:
+        kind = type(t.data)
+        if kind is Pending or kind is _ckpt.SlabSlot:
+            t = t.replace(data=slots[t.data.index], copy_now=False)
+        out.append(t)
+    return out

@@ -117,6 +117,9 @@ class _Slab:
         self.native = _ckpt.HostSlab(lens)
         self.nbytes: int = self.native.nbytes
         self.slots: List[Tuple[int, int]] = self.native.slots
+        #: The slot lengths, in order (the layout a save must have to use it).
+        self.lens: Tuple[int, ...] = tuple(lens)
+        self._slot_objs: Optional[List[_ckpt.SlabSlot]] = None
         self.host = (
             torch.frombuffer(self.native, dtype=torch.uint8) if self.nbytes else torch.empty(0, dtype=torch.uint8)
         )
@@ -139,6 +142,12 @@ class _Slab:
         self._views[i] = (key, v)
         return v
 
+    def slot_objs(self) -> List[_ckpt.SlabSlot]:
+        """Every slot as handed to ``save`` (made once: a loop saves into the same slots)."""
+        if self._slot_objs is None:
+            self._slot_objs = self.native.slot_list(list(range(len(self.slots))))
+        return self._slot_objs
+
     def free(self) -> bool:
         """Neither a save (the engine) nor copies still landing hold it."""
         if self.native.in_use():
@@ -160,6 +169,8 @@ class SlabPool:
         self._lock = threading.Lock()
         #: Most bytes page-locked at once.
         self.peak_locked = 0
+        #: The slot lengths of the last save (see :meth:`guess`).
+        self._layout: Optional[Tuple[int, ...]] = None
         weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses, self._get_locker)
 
     # -- what the copies use
@@ -179,8 +190,21 @@ class SlabPool:
 
     # -- slabs
 
+    def guess(self) -> Optional[_Slab]:
+        """A free, prepared slab with the last save's layout, or None. A loop
+        saves the same tensors each time, so a save can hand the engine this
+        slab's slots while it walks the state, and an eager one can start its
+        copies then, before the walk knows every length (:class:`DeviceCopy`)."""
+        if self._layout is None:
+            return None
+        for s in self._slabs:
+            if s.prepared and s.lens == self._layout and s.free():
+                return s
+        return None
+
     def take(self, lens: List[int], step: int) -> _Slab:
         """A free slab with these slot lengths: reused, else new within the budget."""
+        self._layout = tuple(lens)
         need = sum(lens)
         if self._budget is None:
             self._budget = 2 * need
@@ -314,78 +338,203 @@ class Pending:
 
 
 class DeviceCopy:
-    """The device-to-host copies of one save's CUDA tensors."""
+    """The device-to-host copies of one save's CUDA tensors.
 
-    def __init__(self, pool: SlabPool) -> None:
+    The walk of the state passes each tensor to :meth:`add`. When the pool has a free
+    slab with the last save's layout (:meth:`SlabPool.guess`: a training loop
+    saves the same tensors every time), each tensor gets that slab's slot at
+    once, as long as its length matches the slot's, and an eager save queues
+    the copies in batches while the walk goes on, so they overlap it. A
+    tensor that does not match ends the guess: the copies queued so far are
+    waited for, the slab is let go, and :meth:`start` lays out a slab from
+    the lengths (the first save of a loop, or a changed state).
+    """
+
+    def __init__(self, pool: SlabPool, lazy: bool = True) -> None:
         self._pool = pool
+        self._lazy = lazy
         self._srcs: List[torch.Tensor] = []
-        self._seen: Dict[Tuple[Any, ...], int] = {}
+        #: Index of the first tensor at each address (tied weights are copied once).
+        self._seen: Dict[int, int] = {}
         self.slab: Optional[_Slab] = None
         self._start: Dict[torch.device, Any] = {}
         self._events: List[Tuple[torch.device, Any]] = []
         self._launch: Optional[Future[None]] = None
+        self._launched = False
         self._fenced = False
+        #: While the walk adds tensors, the slab is this save's even before
+        #: copies are queued into it.
+        self._open = True
+        guess = pool.guess()
+        if guess is not None:
+            guess.owner = self
+        self._guess = guess
+        self._guess_slots = guess.slot_objs() if guess is not None else None
+        #: Eager saves into the guessed slab: indices not yet queued, by device.
+        self._batch: Dict[torch.device, List[int]] = {}
+        self._queued_early = 0
 
-    def add(self, t: torch.Tensor, now: bool) -> Pending:
+    def add(self, t: torch.Tensor, now: bool) -> Any:
         """Queue ``t`` (on a CUDA device); ``now``: it may change before the
-        optimizer step, so the copy starts from a clone taken on the current stream."""
+        optimizer step, so the copy starts from a clone taken on the current
+        stream. Returns what stands for its bytes: a slot of the guessed slab,
+        or a :class:`Pending` until :meth:`start`."""
         if now:
             t = t.detach().clone()
         else:
-            key = (t.data_ptr(), t.dtype, t.shape, t.stride())
-            i = self._seen.get(key)
-            if i is not None:  # the same memory again (a tied weight): one copy, one slot
-                return Pending(i)
-            self._seen[key] = len(self._srcs)
+            ptr = t.data_ptr()
+            j = self._seen.get(ptr)
+            if j is not None:
+                u = self._srcs[j]
+                if u.dtype == t.dtype and u.shape == t.shape and u.stride() == t.stride():
+                    # The same memory again (a tied weight): one copy, one slot.
+                    return self._guess_slots[j] if self._guess_slots is not None else Pending(j)
+            else:
+                self._seen[ptr] = len(self._srcs)
+        i = len(self._srcs)
         self._srcs.append(t)
-        return Pending(len(self._srcs) - 1)
+        slots = self._guess_slots
+        if slots is not None:
+            lens = self._guess.lens  # type: ignore[union-attr]
+            if i < len(lens) and lens[i] == t.nbytes:
+                if not self._lazy:
+                    batch = self._batch.setdefault(t.device, [])
+                    batch.append(i)
+                    if len(batch) >= _BATCH:
+                        self._queue_batch(t.device)
+                return slots[i]
+            self._drop_guess()
+        return Pending(i)
 
     def __len__(self) -> int:
         return len(self._srcs)
 
-    def start(self, step: int, lazy: bool) -> List[Any]:
-        """Choose the slab and queue the copies, ordered after the work queued so
-        far on the current streams; returns each tensor's slot, in order. In
-        lazy mode a background thread prepares a new slab and queues the copies
-        (which each take microseconds to queue), so this returns at once."""
-        lens = [t.numel() * t.element_size() for t in self._srcs]
-        slab = self._pool.take(lens, step)
-        slab.owner = self
-        self.slab = slab
-        for t in self._srcs:
-            if t.device not in self._start:
+    def _queue_batch(self, device: torch.device) -> None:
+        """Queue the copies of an eager save's batch into the guessed slab,
+        ordered after everything queued so far on the current stream (the
+        clones of buffers included)."""
+        idx = self._batch.pop(device, None)
+        slab = self._guess
+        if not idx or slab is None:
+            return
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(device))
+        self._start.setdefault(device, ev)
+        side = self._pool.stream(device)
+        side.wait_event(ev)
+        src = [self._srcs[i] for i in idx]
+        dst = [slab.view(i, t.dtype, t.shape) for i, t in zip(idx, src)]
+        with torch.no_grad(), torch.cuda.stream(side):
+            _copy_all(dst, src)
+        self._queued_early += len(idx)
+
+    def _drop_guess(self) -> None:
+        """The state differs from the last save's: wait for the copies queued
+        into the guessed slab, and let it go."""
+        slab = self._guess
+        self._guess, self._guess_slots, self._batch = None, None, {}
+        if slab is None:
+            return
+        if self._queued_early:
+            for device in self._start:
+                self._pool.stream(device).synchronize()
+            self._queued_early = 0
+        self._start = {}
+        slab.owner = None
+
+    def start(self, step: int) -> Optional[List[Any]]:
+        """Choose the slab and queue the copies (or what is left of them), ordered
+        after the work queued so far on the current streams. Returns each
+        tensor's slot, in order, or None when the walk already handed them out
+        (the guessed slab). In lazy mode the copies are queued by a background
+        thread once :meth:`launch` is called (after the engine took the save),
+        so this returns at once."""
+        slots: Optional[List[Any]] = None
+        if self._guess is not None and len(self._srcs) == len(self._guess.lens):
+            self.slab = self._guess
+        else:
+            self._drop_guess()
+            lens = [t.nbytes for t in self._srcs]
+            slab = self._pool.take(lens, step)
+            slab.owner = self
+            self.slab = slab
+            slots = slab.slot_objs()
+        # The copies' order: after what was queued before ``save`` on each
+        # device's current stream (this thread's: a launcher thread's differs).
+        for device in {t.device for t in self._srcs}:
+            if device not in self._start:
                 ev = torch.cuda.Event()
-                ev.record(torch.cuda.current_stream(t.device))
-                self._start[t.device] = ev
-        if lazy:
-            self._launch = self._pool.launcher().submit(self._queue)
+                ev.record(torch.cuda.current_stream(device))
+                self._start[device] = ev
+        self._open = False
+        if self._lazy:
+            self._launch = Future()
         else:
             self._queue()
-        return slab.native.slot_list(list(range(len(lens))))
+        return slots
+
+    def launch(self) -> None:
+        """Lazy mode: hand the queueing of the copies to the pool's background
+        thread (once). It prepares a new slab first (populate, page-lock)."""
+        if self._launch is None or self._launched:
+            return
+        self._launched = True
+        fut = self._launch
+
+        def run() -> None:
+            try:
+                self._queue()
+            except BaseException as e:  # noqa: BLE001 - the save's gate raises it
+                fut.set_exception(e)
+            else:
+                fut.set_result(None)
+
+        self._pool.launcher().submit(run)
+
+    def abandon(self) -> None:
+        """The save failed: before :meth:`start`, let the guessed slab go; after
+        it, let every copy land (nothing may still land in a slab the next
+        save reuses)."""
+        if self._open:
+            self._drop_guess()
+            self._open = False
+            return
+        self.launch()
+        self.wait_landed()
 
     def _queue(self) -> None:
         slab = self.slab
         assert slab is not None
         self._pool.prepare(slab)
-        by_device: Dict[torch.device, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
-        for i, t in enumerate(self._srcs):
-            dst, src = by_device.setdefault(t.device, ([], []))
-            dst.append(slab.view(i, t.dtype, t.shape))
-            src.append(t)
         events = []
         with torch.no_grad():
-            for device, (dst, src) in by_device.items():
-                side = self._pool.stream(device)
-                side.wait_event(self._start[device])
-                with torch.cuda.stream(side):
-                    _copy_all(dst, src)
-                    ev = torch.cuda.Event()
-                    ev.record(side)
+            if self._queued_early or self._batch:
+                # Eager into the guessed slab: most copies were queued during the walk.
+                for device in list(self._batch):
+                    self._queue_batch(device)
+                devices = list(self._start)
+            else:
+                by_device: Dict[torch.device, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
+                for i, t in enumerate(self._srcs):
+                    dst, src = by_device.setdefault(t.device, ([], []))
+                    dst.append(slab.view(i, t.dtype, t.shape))
+                    src.append(t)
+                for device, (dst, src) in by_device.items():
+                    side = self._pool.stream(device)
+                    side.wait_event(self._start[device])
+                    with torch.cuda.stream(side):
+                        _copy_all(dst, src)
+                devices = list(by_device)
+            for device in devices:
+                ev = torch.cuda.Event()
+                ev.record(self._pool.stream(device))
                 events.append((device, ev))
         self._events = events
 
     def landed(self) -> bool:
         """True once every copy has landed in host memory (without waiting)."""
+        if self._open:
+            return False
         if self._launch is not None and not self._launch.done():
             return False
         return all(ev.query() for _, ev in self._events)
@@ -410,6 +559,10 @@ class DeviceCopy:
         for device, ev in self._events:
             torch.cuda.current_stream(device).wait_event(ev)
         self._fenced = True
+
+
+#: Copies an eager save queues at once while it walks the state.
+_BATCH = 64
 
 
 def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:

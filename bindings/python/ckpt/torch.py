@@ -73,6 +73,8 @@ _NUMPY_DTYPES = frozenset(
 )
 
 
+_STRIDED = torch.strided
+
 #: Names of the dtypes the export fast path takes.
 _FAST_NAMES: Dict[torch.dtype, str] = {d: _TO_NAME[d] for d in _NUMPY_DTYPES if d in _TO_NAME}
 
@@ -89,12 +91,13 @@ class Exporter:
 
     CPU tensors are viewed as bytes without a copy. CUDA tensors are queued
     for a device-to-host copy (:class:`ckpt.cuda.DeviceCopy`): their buffer is
-    a :class:`ckpt.cuda.Pending` until the save starts the copies and puts the
-    slab's slots in their place.
+    a slot of a host slab, or a :class:`ckpt.cuda.Pending` until the save
+    starts the copies and puts the slab's slots in their place.
     """
 
-    def __init__(self, slabs: Any = None) -> None:
+    def __init__(self, slabs: Any = None, lazy: bool = True) -> None:
         self._slabs = slabs
+        self._lazy = lazy
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Any = None
 
@@ -103,10 +106,13 @@ class Exporter:
         if t.is_cuda:
             # A GPU's state dict: one check each for what a CUDA tensor may be
             # (this runs for every tensor in the stall of a lazy save).
-            if t.layout is torch.strided and not (t.is_quantized or t.is_conj() or t.is_neg()):
+            if t.layout is _STRIDED and not (t.is_quantized or t.is_conj() or t.is_neg()):
                 name = _TO_NAME.get(t.dtype)
                 if name is not None:
-                    return name, t.shape, self._device().add(t, copy_now), False
+                    device = self.device
+                    if device is None:
+                        device = self._device()
+                    return name, t.shape, device.add(t, copy_now), False
             return self._export(t, path, copy_now)
         # Most of a state dict: dense, contiguous CPU tensors of a dtype numpy
         # has. ``numpy()`` views them without a copy and refuses everything the
@@ -152,7 +158,7 @@ class Exporter:
 
             if self._slabs is None:
                 self._slabs = SlabPool(None, "wait")
-            self.device = DeviceCopy(self._slabs)
+            self.device = DeviceCopy(self._slabs, self._lazy)
         return self.device
 
 

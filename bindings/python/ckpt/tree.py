@@ -124,7 +124,8 @@ class _Flattener:
         # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
         copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
         dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
-        name = self.unique(base)
+        name = base if base and base not in self.names else self.unique(base)
+        self.names.add(name)
         self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
         return TensorRef(name)
 
@@ -186,6 +187,9 @@ class _Flattener:
         # here, without a call of walk or a path of their own each.
         tensor = self._tensor
         prefix = ".".join(path) + "." if path else ""
+        # One place for every tensor of the mapping, its key set per tensor:
+        # it is formatted only by the error of the tensor being exported.
+        here = _Where(path)
         for k, v in obj.items():
             kk = type(k)
             if kk is not str and kk is not int:
@@ -193,10 +197,11 @@ class _Flattener:
             if k == TAG:
                 raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
             kv = type(v)
-            if kv in _PLAIN:
+            if kv is tensor:  # (never when torch is not imported: no type is None)
+                here.key = k
+                items[k] = self.leaf(v, prefix + str(k), here, lazy_ptrs)
+            elif kv in _PLAIN:
                 items[k] = v
-            elif kv is tensor:  # (never when torch is not imported: no type is None)
-                items[k] = self.leaf(v, prefix + str(k), _Where(path, k), lazy_ptrs)
             else:
                 items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
         meta = getattr(obj, "_metadata", None)
