@@ -27,7 +27,7 @@ wheel=$1 out=$2 quick=${3:-}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 site=$(mktemp -d)
-scratch=${CKPT_GPU_SCRATCH:-runs/gpu-scratch}
+scratch=$(realpath -m "${CKPT_GPU_SCRATCH:-runs/gpu-scratch}")
 trap 'rm -rf "$site" "$scratch"' EXIT
 "$py" -m pip install -q --no-index --no-deps --target "$site" "$wheel"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"

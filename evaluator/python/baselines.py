@@ -99,7 +99,7 @@ def init_pg(workdir):
     import torch.distributed as dist
 
     if not _pg_ready:
-        store = os.path.join(workdir, "pg-store")
+        store = os.path.abspath(os.path.join(workdir, "pg-store"))  # (relative: a URL host)
         fresh(store)
         dist.init_process_group(
             "gloo", init_method=f"file://{store}", rank=0, world_size=1

@@ -442,7 +442,9 @@ def main() -> None:
     os.makedirs(a.dir, exist_ok=True)
     import torch.distributed as dist
 
-    store = os.path.join(a.dir, "store")
+    # An absolute path: a relative one makes a URL whose first part is read as
+    # a host, and the group waits for it forever.
+    store = os.path.abspath(os.path.join(a.dir, "store"))
     if os.path.exists(store):
         os.remove(store)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)

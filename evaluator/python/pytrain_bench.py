@@ -312,7 +312,7 @@ def init_dist(work: str) -> None:
     """A one-rank gloo group: ``dcp.async_save`` and torch-checkpointing need one."""
     import torch.distributed as dist
 
-    store = os.path.join(work, "store")
+    store = os.path.abspath(os.path.join(work, "store"))  # (relative: a URL host)
     if os.path.exists(store):
         os.remove(store)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
