@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The ckpt extension as a wheel, for a machine without Rust (a GPU machine,
+# see scripts/gpu-check.sh): abi3, so one wheel serves every Python from 3.11,
+# with libhdf5 and libzstd bundled.
+#
+#   scripts/wheel.sh [OUT_DIR]      # default: wheels/ (ignored by git)
+#
+# maturin patches the library it bundles in place, and a second build that
+# finds nothing to recompile would bundle that patched file and fail; the
+# extension's crate root is touched so that it is linked afresh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-wheels}")
+source scripts/env.sh
+[ -x .venv/bin/maturin ] || ./scripts/setup.sh
+touch bindings/src/lib.rs
+mkdir -p "$out"
+rm -f "$out"/ckpt-*.whl
+(cd bindings && CARGO_PROFILE_RELEASE_DEBUG=0 ../.venv/bin/maturin build --release -o "$out")
+ls "$out"/ckpt-*.whl
