@@ -3,7 +3,7 @@
 # PyTorch but no Rust toolchain. The ckpt extension comes as a wheel built
 # elsewhere (on the stable ABI, so one wheel serves any Python from 3.11):
 #
-#   cd bindings && maturin build --release -o ../wheels     # where Rust is
+#   scripts/wheel.sh                                        # where Rust is
 #   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick]    # on the GPU machine
 #
 # It installs the wheel into a private directory (no network, no other
