@@ -417,15 +417,20 @@ def targets(res: dict) -> List[dict]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", required=True)
-    ap.add_argument("--json", required=True)
+def model_args(ap: argparse.ArgumentParser) -> None:
+    """The model's size and batch (``Trainer``'s), flags of every script on it."""
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=50304)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--json", required=True)
+    model_args(ap)
     ap.add_argument("--every", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(ALL))

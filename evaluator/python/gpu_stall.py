@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
 import ckpt.checkpointer as cpm  # noqa: E402
 import ckpt.cuda as cudam  # noqa: E402
-from gpu_bench import Trainer  # noqa: E402
+from gpu_bench import Trainer, model_args  # noqa: E402
 
 
 class Phases:
@@ -112,11 +112,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", required=True)
     ap.add_argument("--json")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=50304)
+    model_args(ap)
     ap.add_argument("--saves", type=int, default=5)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()

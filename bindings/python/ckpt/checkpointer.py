@@ -289,12 +289,9 @@ class Checkpointer:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         entries = self._entries(state, named)
         self._reap()
-        me, ranks = self._own_identity()
-        prefix = _own.name(me)
-        local = {"rng": RNGState()} if self._rng else None
         exporter = self._exporter()
         try:
-            handle, flat = self._save(step, entries, exporter, local, me, ranks, prefix)
+            handle, flat = self._save(step, entries, exporter)
         except BaseException:
             device = getattr(exporter, "device", None)
             if device is not None:
@@ -309,11 +306,12 @@ class Checkpointer:
                 self._guard(obj)
         return handle
 
-    def _save(
-        self, step: int, entries: Dict[str, Any], exporter: Any, local: Any, me: int, ranks: int, prefix: str
-    ) -> Tuple[SaveHandle, Flattened]:
+    def _save(self, step: int, entries: Dict[str, Any], exporter: Any) -> Tuple[SaveHandle, Flattened]:
         """``save`` up to the engine's: the walk, the device copies' start, the
         engine's save; returns the handle and the walk's result."""
+        me, ranks = self._own_identity()
+        prefix = _own.name(me)
+        local = {"rng": RNGState()} if self._rng else None
         flat = flatten(entries, self.lazy, exporter, local, prefix)
         info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
         if local is not None:

@@ -370,6 +370,7 @@ class DeviceCopy:
             guess.owner = self
         self._guess = guess
         self._guess_slots = guess.slot_objs() if guess is not None else None
+        self._guess_lens: Tuple[int, ...] = guess.lens if guess is not None else ()
         #: Eager saves into the guessed slab: indices not yet queued, by device.
         self._batch: Dict[torch.device, List[int]] = {}
         self._queued_early = 0
@@ -395,7 +396,7 @@ class DeviceCopy:
         self._srcs.append(t)
         slots = self._guess_slots
         if slots is not None:
-            lens = self._guess.lens  # type: ignore[union-attr]
+            lens = self._guess_lens
             if i < len(lens) and lens[i] == t.nbytes:
                 if not self._lazy:
                     batch = self._batch.setdefault(t.device, [])
@@ -417,8 +418,7 @@ class DeviceCopy:
         slab = self._guess
         if not idx or slab is None:
             return
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(device))
+        ev = _now_on(device)
         self._start.setdefault(device, ev)
         side = self._pool.stream(device)
         side.wait_event(ev)
@@ -432,7 +432,7 @@ class DeviceCopy:
         """The state differs from the last save's: wait for the copies queued
         into the guessed slab, and let it go."""
         slab = self._guess
-        self._guess, self._guess_slots, self._batch = None, None, {}
+        self._guess, self._guess_slots, self._guess_lens, self._batch = None, None, (), {}
         if slab is None:
             return
         if self._queued_early:
@@ -450,7 +450,7 @@ class DeviceCopy:
         thread once :meth:`launch` is called (after the engine took the save),
         so this returns at once."""
         slots: Optional[List[Any]] = None
-        if self._guess is not None and len(self._srcs) == len(self._guess.lens):
+        if self._guess is not None and len(self._srcs) == len(self._guess_lens):
             self.slab = self._guess
         else:
             self._drop_guess()
@@ -463,9 +463,7 @@ class DeviceCopy:
         # device's current stream (this thread's: a launcher thread's differs).
         for device in {t.device for t in self._srcs}:
             if device not in self._start:
-                ev = torch.cuda.Event()
-                ev.record(torch.cuda.current_stream(device))
-                self._start[device] = ev
+                self._start[device] = _now_on(device)
         self._open = False
         if self._lazy:
             self._launch = Future()
@@ -563,6 +561,14 @@ class DeviceCopy:
 
 #: Copies an eager save queues at once while it walks the state.
 _BATCH = 64
+
+
+def _now_on(device: torch.device) -> Any:
+    """An event recorded on this thread's current stream of ``device``: what
+    is queued there so far comes before whatever waits for it."""
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(device))
+    return ev
 
 
 def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:

@@ -124,8 +124,11 @@ class _Flattener:
         # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
         copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
         dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
-        name = base if base and base not in self.names else self.unique(base)
-        self.names.add(name)
+        if base and base not in self.names:  # (``unique``'s common case, inline)
+            name = base
+            self.names.add(name)
+        else:
+            name = self.unique(base)
         self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
         return TensorRef(name)
 
