@@ -11,6 +11,12 @@ saves with Python's thread switch interval raised to 0.5 s (a stall that
 shrinks then was spent waiting for the GIL held by ckpt's launcher thread);
 then a profile of three lazy saves, the 30 costliest functions by own time.
 Medians in milliseconds, printed and written as JSON with ``--json``.
+
+With ``--restore``, instead: one save, then ``--saves`` restores of it into
+the live model and optimizer, each by a new checkpointer (as a restarted
+process restores: no slab of its own yet), timed by phase (the plan, the
+engine's read, the slab's locking, the host-to-device copies, the objects'
+``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
+import ckpt._load as loadm  # noqa: E402
 import ckpt.checkpointer as cpm  # noqa: E402
 import ckpt.cuda as cudam  # noqa: E402
 from gpu_bench import Trainer, model_args  # noqa: E402
@@ -71,9 +78,9 @@ class Phases:
 class NativeProxy:
     """The native checkpointer with its ``save`` timed."""
 
-    def __init__(self, native: Any, phases: Phases) -> None:
+    def __init__(self, native: Any, phases: Phases, name: str = "engine save", method: str = "save") -> None:
         self._native = native
-        self.save = phases.wrap("engine save", native.save)
+        setattr(self, method, phases.wrap(name, getattr(native, method)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
@@ -88,6 +95,36 @@ def instrument(phases: Phases) -> None:
     torch.nn.Module.state_dict = phases.wrap("module state_dict", torch.nn.Module.state_dict)
     torch.optim.Optimizer.state_dict = phases.wrap("optimizer state_dict", torch.optim.Optimizer.state_dict)
     cpm.RNGState.state_dict = phases.wrap("rng state", cpm.RNGState.state_dict)
+
+
+def restores(tr: Trainer, root: str, n: int, phases: Phases) -> Dict[str, Any]:
+    """One save, then ``n`` restores of it, each by a new checkpointer."""
+    loadm.plan = phases.wrap("plan", loadm.plan)
+    loadm.apply = phases.wrap("apply (load_state_dict, ...)", loadm.apply)
+    cudam.SlabPool.prepare = phases.wrap("slab populate + lock", cudam.SlabPool.prepare)
+    cudam.HostStage.copy_back = phases.wrap("host-to-device (lock included)", cudam.HostStage.copy_back)
+    shutil.rmtree(root, ignore_errors=True)
+    cp = ckpt.Checkpointer(root, lazy=False, keep_last=1, gc_grace=0.0)
+    cp.save(1, model=tr.model, optimizer=tr.opt).wait()
+    cp.close()
+    ref = tr.reference()
+    times = []
+    for _ in range(n):
+        tr.scramble()
+        tr.sync()
+        phases.now = {}
+        reader = ckpt.Checkpointer(root, read_only=True)
+        reader._native = NativeProxy(reader._native, phases, "engine read", "load_into")
+        t0 = time.perf_counter()
+        assert reader.load_latest(model=tr.model, optimizer=tr.opt) == 1
+        tr.sync()
+        dt = time.perf_counter() - t0
+        reader.close()
+        phases.close(dt)
+        times.append(dt)
+        tr.check(ref, "ckpt restore")
+    shutil.rmtree(root, ignore_errors=True)
+    return {"first_ms": 1e3 * times[0], "median_ms": 1e3 * statistics.median(times), "phases_ms": phases.medians()}
 
 
 def saves(tr: Trainer, cp: Any, n: int, step0: int, phases: Phases) -> List[float]:
@@ -115,6 +152,7 @@ def main() -> None:
     model_args(ap)
     ap.add_argument("--saves", type=int, default=5)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--restore", action="store_true", help="time restores by a new checkpointer instead")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
@@ -123,6 +161,13 @@ def main() -> None:
     tensors = len(tr.tensors())
     out: Dict[str, Any] = {"tensors": tensors, "state_bytes": tr.nbytes()}
     phases = Phases()
+    if a.restore:
+        out["restore"] = restores(tr, os.path.join(a.dir, "restore"), a.saves, phases)
+        print(f"[stall] {tensors} tensors, restore: {json.dumps(out['restore'], indent=1)}", flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
     instrument(phases)
     step = 0
     for lazy in (True, False):
