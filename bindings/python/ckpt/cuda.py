@@ -171,6 +171,8 @@ class SlabPool:
         self.peak_locked = 0
         #: The slot lengths of the last save (see :meth:`guess`).
         self._layout: Optional[Tuple[int, ...]] = None
+        #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
+        self.plans: Dict[str, Any] = {}
         weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses, self._get_locker)
 
     # -- what the copies use
@@ -406,6 +408,33 @@ class DeviceCopy:
                 return slots[i]
             self._drop_guess()
         return Pending(i)
+
+    def fits(self, nbytes: Tuple[int, ...], ptrs: List[int]) -> Optional[Tuple[int, _Slab, List[Any]]]:
+        """Whether the next ``len(nbytes)`` slots of the guessed slab have these
+        lengths, and no tensor at ``ptrs`` was met before in this save:
+        ``(index of the next slot, slab, its slots)``, else None. Changes nothing
+        (:mod:`ckpt._repeat` checks a mapping before it takes it in bulk)."""
+        slots, slab = self._guess_slots, self._guess
+        if slots is None or slab is None:
+            return None
+        i0 = len(self._srcs)
+        if self._guess_lens[i0 : i0 + len(nbytes)] != nbytes or not self._seen.keys().isdisjoint(ptrs):
+            return None
+        return i0, slab, slots
+
+    def add_many(self, ts: List[torch.Tensor], ptrs: List[int], device: torch.device) -> None:
+        """Queue distinct tensors ``ts`` of one device at their addresses
+        ``ptrs``, to be copied as they are, into the next slots of the guessed
+        slab (which :meth:`fits` said they fit)."""
+        i0 = len(self._srcs)
+        n = len(ts)
+        self._srcs.extend(ts)
+        self._seen.update(zip(ptrs, range(i0, i0 + n)))
+        if not self._lazy and n:
+            batch = self._batch.setdefault(device, [])
+            batch.extend(range(i0, i0 + n))
+            if len(batch) >= _BATCH:
+                self._queue_batch(device)
 
     def __len__(self) -> int:
         return len(self._srcs)

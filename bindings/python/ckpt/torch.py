@@ -131,6 +131,15 @@ class Exporter:
                     return name, arr.shape, arr if arr.ndim else arr.reshape(1), copy_now
         return self._export(t, path, copy_now)
 
+    def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
+        """A mapping of CUDA tensors walked in bulk, as the last save's (see
+        :mod:`ckpt._repeat`); None when it is no mapping of tensors."""
+        if self._slabs is None or self._slabs._layout is None:
+            return None  # a first save: no slab to guess, and no plan worth making yet
+        from . import _repeat
+
+        return _repeat.probe(fl, self._slabs.plans, obj, prefix, lazy_ptrs)
+
     def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         if t.layout != torch.strided:
             raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
@@ -202,9 +211,12 @@ def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.O
 
 
 def _param_pointers(module: torch.nn.Module) -> Set[int]:
-    from .dtensor import local_tensor
+    from .dtensor import _dtensor_type, local_of
 
-    return {t.data_ptr() for t in map(local_tensor, module.parameters())}
+    dt = _dtensor_type()
+    if dt is None:
+        return {p.data_ptr() for p in module.parameters()}
+    return {(local_of(p) if isinstance(p, dt) else p).data_ptr() for p in module.parameters()}
 
 
 def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:

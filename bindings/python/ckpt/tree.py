@@ -96,6 +96,9 @@ class _Flattener:
     def __init__(self, lazy: bool, exporter: Any) -> None:
         self.lazy = lazy
         self.exporter = exporter
+        self.export = exporter.export
+        #: Mappings of CUDA tensors walked in bulk (:mod:`ckpt._repeat`), if the exporter can.
+        self.probe = getattr(exporter, "probe", None)
         self.out = Flattened()
         self.names: Set[str] = set()
         self._classes()
@@ -122,22 +125,25 @@ class _Flattener:
     def leaf(self, obj: Any, base: str, where: _Where, lazy_ptrs: Optional[Set[int]]) -> Any:
         """A tensor that is not a DTensor, named ``base`` (made unique)."""
         # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
-        copy_now = self.lazy and not (lazy_ptrs is None or obj.data_ptr() in lazy_ptrs)
-        dtype, shape, buf, copy_now = self.exporter.export(obj, where, copy_now)
-        if base and base not in self.names:  # (``unique``'s common case, inline)
+        copy_now = self.lazy and lazy_ptrs is not None and obj.data_ptr() not in lazy_ptrs
+        dtype, shape, buf, copy_now = self.export(obj, where, copy_now)
+        names = self.names
+        if base and base not in names:  # (``unique``'s common case, inline)
             name = base
-            self.names.add(name)
+            names.add(name)
         else:
             name = self.unique(base)
         self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
         return TensorRef(name)
 
-    def walk(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int = 0) -> Any:
+    def walk(self, obj: Any, path: List[str], lazy_ptrs: Any, depth: int = 0) -> Any:
         # The common kinds first, by exact type: a save walks every node of
         # every state dict, and its time is the stall of a lazy save.
         kind = type(obj)
         if kind in _PLAIN:
             return obj
+        if type(lazy_ptrs) is _Later:
+            lazy_ptrs = lazy_ptrs.get()
         if depth > 200:
             raise InvalidInputError(f"{_Where(path)}: nested too deeply (a cycle?)")
         tensor = self._tensor
@@ -175,7 +181,7 @@ class _Flattener:
             "bytes, list, tuple, dict)"
         )
 
-    def walk_sequence(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
+    def walk_sequence(self, obj: Any, path: List[str], lazy_ptrs: Any, depth: int) -> Any:
         """A list or tuple (subclasses included) as a list or a tuple."""
         items = [
             v if type(v) in _PLAIN else self.walk(v, path + [str(i)], lazy_ptrs, depth + 1)
@@ -183,7 +189,7 @@ class _Flattener:
         ]
         return items if isinstance(obj, list) else tuple(items)
 
-    def walk_mapping(self, obj: Mapping[Any, Any], path: List[str], lazy_ptrs: Optional[Set[int]], depth: int) -> Any:
+    def walk_mapping(self, obj: Mapping[Any, Any], path: List[str], lazy_ptrs: Any, depth: int) -> Any:
         items = {}
         # Most values of a state dict are plain tensors (exactly torch.Tensor:
         # a module's detached parameters, an optimizer's state); they are taken
@@ -193,20 +199,43 @@ class _Flattener:
         # One place for every tensor of the mapping, its key set per tensor:
         # it is formatted only by the error of the tensor being exported.
         here = _Where(path)
+        probe = self.probe(self, obj, prefix, lazy_ptrs) if self.probe is not None else None
+        if probe is not None and probe.tree is not None:
+            return probe.tree
+        if type(lazy_ptrs) is _Later:
+            lazy_ptrs = lazy_ptrs.get()
+        n0 = len(self.out.tensors)
+        d0 = len(self.exporter.device) if self.exporter.device is not None else 0
+        leaf = self.leaf
         for k, v in obj.items():
             kk = type(k)
-            if kk is not str and kk is not int:
+            if kk is str:
+                if k == TAG:
+                    raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
+                key = k
+            elif kk is int:
+                key = str(k)
+            else:
                 raise InvalidInputError(f"{_Where(path)}: dict keys must be str or int, not {kk.__name__}")
-            if k == TAG:
-                raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
             kv = type(v)
             if kv is tensor:  # (never when torch is not imported: no type is None)
                 here.key = k
-                items[k] = self.leaf(v, prefix + str(k), here, lazy_ptrs)
+                items[k] = leaf(v, prefix + key, here, lazy_ptrs)
             elif kv in _PLAIN:
                 items[k] = v
+            elif kv is dict and depth < 200:
+                # (an optimizer's state: a dict of tensors per parameter)
+                items[k] = self.walk_mapping(v, path + [key], lazy_ptrs, depth + 1)
             else:
-                items[k] = self.walk(v, path + [str(k)], lazy_ptrs, depth + 1)
+                items[k] = self.walk(v, path + [key], lazy_ptrs, depth + 1)
+        tree = self._odict(obj, items, path, depth)
+        if probe is not None:
+            probe.record(self, obj, n0, d0, tree)
+        return tree
+
+    def _odict(self, obj: Mapping[Any, Any], items: Any, path: List[str], depth: int) -> Any:
+        """``items`` as the walked form of mapping ``obj``: an ordered dict with
+        the ``_metadata`` of a module's state dict is tagged as such."""
         meta = getattr(obj, "_metadata", None)
         if isinstance(obj, OrderedDict) or meta is not None:
             encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
@@ -233,11 +262,33 @@ class _Flattener:
         return TensorRef(name)
 
 
-def _stateful_lazy_ptrs(obj: Any) -> Tuple[Optional[Set[int]], List[Any]]:
-    """See :func:`ckpt.torch.lazy_safe_pointers`."""
+class _Later:
+    """A module's lazy-safe pointers (:func:`ckpt.torch.lazy_safe_pointers`),
+    found when the walk first needs them: a state dict that the plan of the
+    last save takes in bulk (:mod:`ckpt._repeat`) does not, and walking a
+    module's parameters to find them costs a good part of a lazy save's stall."""
+
+    __slots__ = ("obj", "ptrs")
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.ptrs: Optional[Set[int]] = None
+
+    def get(self) -> Optional[Set[int]]:
+        if self.ptrs is None:
+            from .torch import lazy_safe_pointers
+
+            self.ptrs = lazy_safe_pointers(self.obj)[0]
+        return self.ptrs
+
+
+def _stateful_lazy_ptrs(obj: Any) -> Tuple[Any, List[Any]]:
+    """See :func:`ckpt.torch.lazy_safe_pointers`; a module's come later (:class:`_Later`)."""
     torch = _torch()
     if torch is None:
         return set(), []
+    if isinstance(obj, torch.nn.Module):
+        return _Later(obj), []
     from .torch import lazy_safe_pointers
 
     return lazy_safe_pointers(obj)

@@ -1,0 +1,283 @@
+"""A loop's repeated saves of the same CUDA tensors, walked in bulk.
+
+A training loop saves the same state dicts every time: the same keys, and
+under each key a tensor of the same dtype and shape at the same address (a
+module's parameters; an optimizer's state, a dict of tensors per parameter).
+The walk of :mod:`ckpt.tree` spends a few microseconds of Python on each
+tensor, in the stall of a lazy save. So the walk of such a mapping records
+what it made of it (a :class:`Plan`: the tree, names, dtypes, shapes, which
+tensors are tied), and a later save checks the mapping against the plan with
+a handful of calls that each run over all of its tensors in C (``map`` of
+attribute getters, list comparisons), then hands out the guessed slab's slots
+for all of them at once (:meth:`ckpt.cuda.DeviceCopy.add_many`), with the
+``TensorSpec`` objects made for that slab the last time it was used.
+
+Two shapes of mapping are taken: tensors by key (a module's state dict), and
+dicts of tensors by key (an optimizer's ``state``). Anything that differs (a
+key, a dtype, a shape, an address, a tensor that is not contiguous or has its
+conjugate or negative bit set, a name already taken, a save without a guessed
+slab) sends the mapping through the walk, which records a new plan. Tensors
+the walk copies at once (module buffers in lazy mode) or that are not on a
+CUDA device are taken by the walk one by one, as always.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+import weakref
+from itertools import chain
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+
+import torch
+
+from ._ckpt import SlabSlot, TensorSpec
+from .tree import TAG
+
+__all__ = ["Plan", "Probe", "probe"]
+
+#: What is compared tensor by tensor. The address stands for the rest: it is
+#: the same only on the same device (CUDA's unified addressing), a tensor that
+#: is not strided has none (``data_ptr`` raises), and a quantized one has a
+#: dtype of its own.
+_META = operator.attrgetter("dtype", "shape")
+_PTR = torch.Tensor.data_ptr
+_CONJ = torch.Tensor.is_conj
+_NEG = torch.Tensor.is_neg
+_CONTIGUOUS = torch.Tensor.is_contiguous
+_VALUES = dict.values
+
+#: Mappings with fewer tensors go through the walk (the checks cost more than they save).
+_MIN = 8
+
+
+class Plan:
+    """What the walk made of one mapping of tensors (see the module docs)."""
+
+    __slots__ = (
+        "keys", "meta", "ptrs", "names", "tree", "raw_meta", "runs", "uniq_ptrs", "nbytes", "device", "specs", "slot_of",
+    )
+
+    def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
+        self.keys = keys
+        self.meta = meta
+        self.ptrs = ptrs
+        #: Every tensor's name, in the order of ``meta``.
+        self.names: List[str] = []
+        #: The walked form of the mapping, returned as it is by a save that matches.
+        self.tree: Any = None
+        #: A copy of the mapping's ``_metadata`` (a module's state dict), if any.
+        self.raw_meta: Any = None
+        #: The tensors in the walk's order, in runs: ``(positions, distinct,
+        #: first, end)`` for tensors copied from the device as they are
+        #: (``distinct``: the positions of those not tied to an earlier one;
+        #: ``first:end``: their specs in ``specs``), ``(positions, None, 0, 0)``
+        #: for tensors the walk takes one by one (a buffer it clones).
+        self.runs: List[Tuple[List[int], Optional[List[int]], int, int]] = []
+        #: Addresses of the distinct device tensors.
+        self.uniq_ptrs: List[int] = []
+        #: The lengths of the slots the mapping takes, in order (clones included).
+        self.nbytes: Tuple[int, ...] = ()
+        self.device: Any = None
+        #: The specs of the device tensors made for a slab: ``id(slab)`` to
+        #: ``(weakref to it, first slot index, specs)``.
+        self.specs: Dict[int, Tuple[Any, int, List[Any]]] = {}
+        #: (Filled while the plan is made: each device tensor's slot, from the mapping's first.)
+        self.slot_of: List[Tuple[int, int]] = []
+
+
+class Probe:
+    """One mapping checked against its plan: ``tree`` when it was walked in
+    bulk, else :meth:`record` after the walk."""
+
+    __slots__ = ("tree", "_plans", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested")
+
+    def __init__(self, plans: Dict[str, Plan], prefix: str, keys: Any, vals: List[Any], nested: bool) -> None:
+        self.tree: Any = None
+        self._plans = plans
+        self._prefix = prefix
+        self._keys = keys
+        self._vals = vals
+        self._nested = nested
+        self._meta: Optional[List[Any]] = None
+        self._ptrs: List[int] = []
+        self._ok = False
+
+    def record(self, fl: Any, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> None:
+        """After the walk of the mapping (its walked form ``tree``): its tensor
+        specs are ``fl.out.tensors[n0:]``, its device copies the DeviceCopy's
+        from index ``d0`` on."""
+        if self._ok:
+            return  # the plan held (the save had no guessed slab, or a name was taken): keep it
+        plan = _plan(fl, self, obj, n0, d0, tree)
+        if plan is None:
+            self._plans.pop(self._prefix, None)
+        else:
+            self._plans[self._prefix] = plan
+
+
+def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any) -> Optional[Probe]:
+    """Walk ``obj`` in bulk if its plan holds (then the probe's ``tree`` is
+    set); None when it is not a mapping this module takes."""
+    if len(obj) < 2:
+        return None
+    outer = list(obj.values())
+    types = set(map(type, outer))
+    if len(types) != 1:
+        return None
+    kind = types.pop()
+    if kind is torch.Tensor:
+        if len(outer) < _MIN:
+            return None
+        p = Probe(plans, prefix, tuple(obj), outer, False)
+    elif kind is dict:
+        # An optimizer's state: every value a dict of tensors.
+        vals = list(chain.from_iterable(map(_VALUES, outer)))
+        if len(vals) < _MIN or set(map(type, vals)) != {torch.Tensor}:
+            return None
+        p = Probe(plans, prefix, (tuple(obj), tuple(map(tuple, outer))), vals, True)
+    else:
+        return None
+    vals = p._vals
+    try:
+        ptrs = list(map(_PTR, vals))
+    except RuntimeError:  # a tensor without storage of its own (sparse, ...): the walk says what
+        return p  # (no plan: ``_meta`` stays None)
+    if any(map(_NEG, vals)) or not all(map(_CONTIGUOUS, vals)) or any(map(_CONJ, vals)):
+        return p
+    p._meta = list(map(_META, vals))
+    p._ptrs = ptrs
+    plan = plans.get(prefix)
+    if plan is None or plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
+        return p
+    if plan.raw_meta != getattr(obj, "_metadata", None):
+        return p
+    if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)) and not lazy_ptrs.issuperset(plan.uniq_ptrs):
+        return p  # a device tensor must now be copied at once: the walk decides
+    # (A module's pointers are not even looked up: a tensor under the same key,
+    # at the same address, of the same dtype and shape, is the same parameter.)
+    p._ok = True
+    if fl.names.isdisjoint(plan.names) and _emit(fl, plan, vals, lazy_ptrs):
+        p.tree = plan.tree
+    return p
+
+
+def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
+    device = fl.exporter._device()
+    got = device.fits(plan.nbytes, plan.uniq_ptrs)
+    if got is None:
+        return False
+    i0, slab, slots = got
+    specs = _specs(slab, plan, i0, slots)
+    out = fl.out.tensors
+    names = fl.names
+    for pos, distinct, first, end in plan.runs:
+        if distinct is None:
+            if lazy_ptrs is not None and not isinstance(lazy_ptrs, (set, frozenset)):
+                lazy_ptrs = lazy_ptrs.get()  # (a module's, looked up now: its buffers are copied at once)
+            for j in pos:
+                # (the walk's own path, for tensors it takes one by one; the name is free)
+                fl.leaf(vals[j], plan.names[j], plan.names[j], lazy_ptrs)
+            continue
+        device.add_many([vals[j] for j in distinct], [plan.ptrs[j] for j in distinct], plan.device)
+        run = specs[first:end]
+        out.extend(run)
+        names.update([plan.names[j] for j in pos])
+    return True
+
+
+def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
+    """The specs of the plan's device tensors in ``slab`` from slot ``i0`` (made once per slab)."""
+    hit = plan.specs.get(id(slab))
+    if hit is not None and hit[0]() is slab and hit[1] == i0:
+        return hit[2]
+    from .torch import dtype_name
+
+    specs = []
+    for j, f in plan.slot_of:
+        dtype, shape = plan.meta[j]
+        specs.append(TensorSpec(name=plan.names[j], dtype=dtype_name(dtype), shape=shape, data=slots[i0 + f]))
+    plan.specs[id(slab)] = (weakref.ref(slab), i0, specs)
+    return specs
+
+
+def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> Optional[Plan]:
+    """A plan from what the walk just did with the mapping, or None if its
+    tensors cannot be taken in bulk next time."""
+    if p._meta is None:
+        return None
+    from .cuda import Pending
+
+    prefix = p._prefix
+    items = tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree
+    refs: List[Any] = []
+    names: List[str] = []
+    if p._nested:
+        for k, inner in zip(p._keys[0], p._keys[1]):
+            sub = items[k]
+            if type(sub) is not dict or TAG in sub:
+                return None
+            base = prefix + (k if type(k) is str else str(k)) + "."
+            for k2 in inner:
+                refs.append(sub[k2])
+                names.append(base + (k2 if type(k2) is str else str(k2)))
+    else:
+        for k in p._keys:
+            refs.append(items[k])
+            names.append(prefix + (k if type(k) is str else str(k)))
+    if [getattr(r, "name", None) for r in refs] != names:
+        return None  # a name the walk had to make unique, or a shape it did not expect
+    specs = {t.name: t for t in fl.out.tensors[n0:]}
+    device = fl.exporter.device
+    srcs = device._srcs if device is not None else []
+    plan = Plan(p._keys, p._meta, p._ptrs)
+    plan.names, plan.tree = names, tree
+    meta = getattr(obj, "_metadata", None)
+    plan.raw_meta = copy.deepcopy(meta) if meta is not None else None
+    nbytes: List[int] = []
+    for j, name in enumerate(names):
+        spec = specs.get(name)
+        data = spec.data if spec is not None else None
+        dev = False
+        if spec is not None and isinstance(data, (Pending, SlabSlot)) and not spec.copy_now:
+            f = data.index - d0
+            if not 0 <= f <= len(nbytes) or d0 + f >= len(srcs):
+                return None
+            src = srcs[d0 + f]
+            new_slot = f == len(nbytes)
+            if new_slot:
+                nbytes.append(src.nbytes)  # the tensor's own slot, or its clone's
+            if _PTR(src) == p._ptrs[j]:
+                if plan.device is None:
+                    plan.device = src.device
+                elif plan.device != src.device:
+                    return None
+                dev = True
+                plan.slot_of.append((j, f))
+                _run(plan, True).append(j)
+                if new_slot:
+                    distinct = plan.runs[-1][1]
+                    assert distinct is not None
+                    distinct.append(j)
+                    plan.uniq_ptrs.append(p._ptrs[j])
+                # (else tied to an earlier tensor: its slot, no copy of its own)
+            elif not new_slot:
+                return None
+        if not dev:
+            _run(plan, False).append(j)
+    if not plan.slot_of or len(srcs) - d0 != len(nbytes):
+        return None  # nothing to take in bulk, or a slot the walk took that no tensor here explains
+    first = 0
+    for k, (pos, distinct, _, _) in enumerate(plan.runs):
+        if distinct is not None:
+            plan.runs[k] = (pos, distinct, first, first + len(pos))
+            first += len(pos)
+    plan.nbytes = tuple(nbytes)
+    return plan
+
+
+def _run(plan: Plan, dev: bool) -> List[int]:
+    """The positions of the plan's last run, a new one if it is of the other kind."""
+    if not plan.runs or (plan.runs[-1][1] is not None) != dev:
+        plan.runs.append(([], [] if dev else None, 0, 0))
+    return plan.runs[-1][0]

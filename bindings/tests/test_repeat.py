@@ -1,0 +1,109 @@
+"""Repeated saves walked in bulk (``ckpt._repeat``): a later save of the same
+state dicts takes each mapping of CUDA tensors at once, as its plan says, and
+anything that differs goes through the walk again.
+
+Run on CPU tensors routed through the CUDA path, with ``torch.cuda``'s streams
+and events replaced by stand-ins (the ``fake_cuda`` test double of
+``test_device_copy.py``, which says why).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+import torch
+
+import ckpt
+import ckpt._repeat as rp
+from test_device_copy import Net, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+
+
+@pytest.fixture()
+def emitted(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    """The path of each mapping walked in bulk, in order."""
+    out: List[str] = []
+    real = rp._emit
+
+    def emit(fl: object, plan: rp.Plan, vals: List[torch.Tensor], lazy_ptrs: object) -> bool:
+        ok = real(fl, plan, vals, lazy_ptrs)
+        if ok:
+            out.append("model" if plan.names[0].startswith("model.") else "optimizer")
+        return ok
+
+    monkeypatch.setattr(rp, "_emit", emit)
+    return out
+
+
+def check(url: str, expected: Dict[int, Dict[str, torch.Tensor]]) -> None:
+    reader = ckpt.Checkpointer(url, read_only=True, rng=False)
+    for step, want in expected.items():
+        got = reader.read(step).state
+        for name, v in want.items():
+            kind, rest = name.split(".", 1)
+            if kind == "m":
+                assert torch.equal(got["model"][rest], v), (step, name)
+            else:
+                i, k = rest.split(".")
+                assert torch.equal(got["optimizer"]["state"][int(i)][k], v), (step, name)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], lazy: bool
+) -> None:
+    torch.manual_seed(0)
+    model = Net()  # tied embedding and head, and a buffer the loop changes
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    expected = {}
+    for step in range(1, 7):
+        expected[step] = snapshot(model, opt)
+        cp.save(step, model=model, optimizer=opt)
+        train(model, opt)  # lazy: after the copies (step pre-hook); the buffer changes at once
+        cp.wait()
+    cp.close()
+    # The first save records the plans; once a slab is guessed, both mappings
+    # go in bulk every time.
+    assert emitted.count("model") >= 3 and emitted.count("optimizer") >= 3, emitted
+    check(url, expected)
+
+
+def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
+) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False, staging_budget=1 << 30)
+    expected = {}
+    for step in range(1, 5):
+        expected[step] = snapshot(model, opt)
+        cp.save(step, model=model, optimizer=opt)
+        train(model, opt)
+        cp.wait()
+    before = len(emitted)
+    # The same shape at a new address.
+    with torch.no_grad():
+        model.blocks[5].weight.data = model.blocks[5].weight.detach().clone() + 7.0
+    expected[5] = snapshot(model, opt)
+    cp.save(5, model=model, optimizer=opt)
+    cp.wait()
+    assert "model" not in emitted[before:]
+    # A new shape (the optimizer state of it stays as it was).
+    with torch.no_grad():
+        model.blocks[6].bias.data = torch.full((3,), 2.5)
+    expected[6] = snapshot(model, opt)
+    cp.save(6, model=model, optimizer=opt)
+    cp.wait()
+    # And the same again: taken in bulk once more, with the new plan.
+    expected[7] = snapshot(model, opt)
+    cp.save(7, model=model, optimizer=opt)
+    cp.wait()
+    cp.close()
+    assert emitted[-2:] == ["model", "optimizer"] or emitted[-1] == "model", emitted[before:]
+    check(url, expected)
+    got = ckpt.Checkpointer(url, read_only=True, rng=False).read(6).state["model"]
+    assert torch.equal(got["blocks.6.bias"], torch.full((3,), 2.5))
