@@ -33,7 +33,9 @@ two checkpoints.
   **durable**: median time from ``save`` to its data being on disk (fsync),
   taken by a waiter thread.
 - **Restore** into the live CUDA model and optimizer (their values scrambled
-  first), warm and with the page cache dropped (``/proc/sys/vm/drop_caches``
+  first) by a new reader, as a restarted process restores: warm (every file
+  read once before, untimed, so that it is in the page cache: a writer that
+  bypasses the cache leaves none of it there) and with the page cache dropped (``/proc/sys/vm/drop_caches``
   where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
   copy taken at the save.
 - **Memory**: host memory page-locked by ckpt (the most at once) and the growth
@@ -66,7 +68,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peers import (  # noqa: E402
-    MAKERS, Ckpt, DcpAsync, Method, TorchCheckpointing, done, drop_cache, write_read_floor,
+    MAKERS, Ckpt, DcpAsync, Method, TorchCheckpointing, done, drop_cache, warm_cache, write_read_floor,
 )
 
 ALL = ["none", "ckpt eager", "ckpt lazy", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
@@ -361,6 +363,8 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         tr.scramble()
         if kind == "cold":
             drop_cache(m.dir)
+        else:
+            warm_cache(m.dir)
         tr.sync()
         t0 = time.perf_counter()
         m.load(step)
