@@ -105,6 +105,20 @@ def snapshot(model: Net, opt: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
     return out
 
 
+def check_stored(url: str, expected: Dict[int, Dict[str, torch.Tensor]]) -> None:
+    """Each step's checkpoint holds the values of :func:`snapshot` taken at its save."""
+    reader = ckpt.Checkpointer(url, read_only=True, rng=False)
+    for step, want in expected.items():
+        got = reader.read(step).state
+        for name, v in want.items():
+            kind, rest = name.split(".", 1)
+            if kind == "m":
+                assert torch.equal(got["model"][rest], v), (step, name)
+            else:
+                i, k = rest.split(".")
+                assert torch.equal(got["optimizer"]["state"][int(i)][k], v), (step, name)
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_loop_saves_into_the_guessed_slab_and_stores_the_values_of_each_save(
     url: str, fake_cuda: Dict[str, List[int]], lazy: bool
@@ -134,16 +148,7 @@ def test_a_loop_saves_into_the_guessed_slab_and_stores_the_values_of_each_save(
         assert len(whole) == len(fake_cuda["into_slots"])
         assert len(fake_cuda["copies"]) > len(whole) + 4
     cp.close()
-    reader = ckpt.Checkpointer(url, read_only=True, rng=False)
-    for step, want in expected.items():
-        got = reader.read(step).state
-        for name, v in want.items():
-            kind, rest = name.split(".", 1)
-            if kind == "m":
-                assert torch.equal(got["model"][rest], v), (step, name)
-            else:
-                i, k = rest.split(".")
-                assert torch.equal(got["optimizer"]["state"][int(i)][k], v), (step, name)
+    check_stored(url, expected)
 
 
 @pytest.mark.parametrize("lazy", [False, True])

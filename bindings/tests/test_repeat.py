@@ -16,7 +16,7 @@ import torch
 
 import ckpt
 import ckpt._repeat as rp
-from test_device_copy import Net, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
 
 
 @pytest.fixture()
@@ -33,19 +33,6 @@ def emitted(monkeypatch: pytest.MonkeyPatch) -> List[str]:
 
     monkeypatch.setattr(rp, "_emit", emit)
     return out
-
-
-def check(url: str, expected: Dict[int, Dict[str, torch.Tensor]]) -> None:
-    reader = ckpt.Checkpointer(url, read_only=True, rng=False)
-    for step, want in expected.items():
-        got = reader.read(step).state
-        for name, v in want.items():
-            kind, rest = name.split(".", 1)
-            if kind == "m":
-                assert torch.equal(got["model"][rest], v), (step, name)
-            else:
-                i, k = rest.split(".")
-                assert torch.equal(got["optimizer"]["state"][int(i)][k], v), (step, name)
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -67,7 +54,7 @@ def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
     # The first save records the plans; once a slab is guessed, both mappings
     # go in bulk every time.
     assert emitted.count("model") >= 3 and emitted.count("optimizer") >= 3, emitted
-    check(url, expected)
+    check_stored(url, expected)
 
 
 def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
@@ -104,6 +91,6 @@ def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
     cp.wait()
     cp.close()
     assert emitted[-2:] == ["model", "optimizer"] or emitted[-1] == "model", emitted[before:]
-    check(url, expected)
+    check_stored(url, expected)
     got = ckpt.Checkpointer(url, read_only=True, rng=False).read(6).state["model"]
     assert torch.equal(got["blocks.6.bias"], torch.full((3,), 2.5))
