@@ -240,6 +240,9 @@ class Checkpointer:
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
         self._hooks: Dict[int, Any] = {}
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
+        # Another checkpointer whose slab pool this one uses (the memory tier's
+        # roots use its durable checkpointer's: one pool, one budget).
+        self._pool_of: Optional["Checkpointer"] = None
         self._staging_budget = staging_budget
         self._busy = busy
         # ``(rank, ranks)`` whose own state (RNG) this checkpointer saves and
@@ -285,13 +288,28 @@ class Checkpointer:
         anything is published: :meth:`SaveHandle.wait` raises the
         :class:`~ckpt.ConflictError`.
         """
+        handle, _, _ = self._save_shared(step, self._entries(state, named), None)
+        return handle
+
+    def _save_shared(
+        self, step: int, entries: Dict[str, Any], also: Optional["Checkpointer"]
+    ) -> Tuple[SaveHandle, Optional[SaveHandle], Optional[Exception]]:
+        """``save``; with ``also``, the same snapshot is saved by that
+        checkpointer's engine too (the memory tier's durable steps): one walk,
+        one set of device-to-host copies into one slab, two engine saves.
+
+        Returns this checkpointer's handle, ``also``'s, and ``also``'s failure
+        (an earlier save of its that failed, or this one refused): it is
+        returned, not raised, since this checkpointer's save has started. This
+        checkpointer's pre-hooks and :meth:`wait_snapshot` cover both saves."""
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
-        entries = self._entries(state, named)
+        if also is not None and also.lazy != self.lazy:
+            raise InvalidInputError("a shared snapshot needs both checkpointers eager or both lazy")
         self._reap()
         exporter = self._exporter()
         try:
-            handle, flat = self._save(step, entries, exporter)
+            handle, flat, second, failure = self._save(step, entries, exporter, also)
         except BaseException:
             device = getattr(exporter, "device", None)
             if device is not None:
@@ -300,15 +318,22 @@ class Checkpointer:
         if flat.device is not None:
             flat.device.launch()  # lazy: the copies are queued in the background from now on
         self._unwaited.append(handle)
+        if also is not None and second is not None:
+            also._unwaited.append(second)
         if self.lazy:
             self._pending.append(handle)
+            if second is not None:
+                self._pending.append(second)
             for obj in flat.stateful:
                 self._guard(obj)
-        return handle
+        return handle, second, failure
 
-    def _save(self, step: int, entries: Dict[str, Any], exporter: Any) -> Tuple[SaveHandle, Flattened]:
+    def _save(
+        self, step: int, entries: Dict[str, Any], exporter: Any, also: Optional["Checkpointer"] = None
+    ) -> Tuple[SaveHandle, Flattened, Optional[SaveHandle], Optional[Exception]]:
         """``save`` up to the engine's: the walk, the device copies' start, the
-        engine's save; returns the handle and the walk's result."""
+        engine's save (and ``also``'s, see :meth:`_save_shared`); returns the
+        handles, the walk's result and ``also``'s failure."""
         me, ranks = self._own_identity()
         prefix = _own.name(me)
         local = {"rng": RNGState()} if self._rng else None
@@ -321,10 +346,7 @@ class Checkpointer:
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
             info["local"] = {"ranks": ranks}
-        if self._acting_for is not None:
-            # A memory-tier root: which rank of how many saved it (ckpt.memory).
-            info["memory"] = {"rank": me, "ranks": ranks}
-        meta = {"ckpt": info, "state": flat.tree}
+        meta = {"ckpt": self._tagged(info), "state": flat.tree}
         device = flat.device
         ready = None
         # Lazy mode: whether the step pre-hook must wait on the host for CPU
@@ -345,7 +367,29 @@ class Checkpointer:
             host_lazy = any(not t.copy_now for t in flat.tensors)
         handle = SaveHandle(self._native.save(step, flat.tensors, meta, ready), device)
         handle._host_lazy = host_lazy
-        return handle, flat
+        second: Optional[SaveHandle] = None
+        failure: Optional[Exception] = None
+        if also is not None:
+            if also._own_identity() != (me, ranks):
+                raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
+            try:
+                also._reap()
+                # The same tensors: slots of the same slab, the same CPU buffers.
+                native = also._native.save(step, flat.tensors, {"ckpt": also._tagged(info), "state": flat.tree}, ready)
+            except Exception as e:  # noqa: BLE001 - returned: this save has started
+                failure = e
+            else:
+                second = SaveHandle(native, device)
+                second._host_lazy = host_lazy
+        return handle, flat, second, failure
+
+    def _tagged(self, info: Dict[str, Any]) -> Dict[str, Any]:
+        """The manifest's ``ckpt`` metadata as this checkpointer records it: a
+        memory-tier root also records which rank of how many saved it."""
+        if self._acting_for is None:
+            return info
+        rank, ranks = self._acting_for
+        return dict(info, memory={"rank": rank, "ranks": ranks})
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until every snapshot in progress is copied (lazy mode): call it
@@ -596,22 +640,26 @@ class Checkpointer:
             return None
         from .torch import Exporter
 
-        if self._slabs is None and _cuda_ready():
+        return Exporter(self._pool(_cuda_ready()), self.lazy)
+
+    def _pool(self, create: bool) -> Any:
+        """The slab pool this checkpointer's CUDA saves and restores use (its
+        own, or the one of ``_pool_of``), made now if ``create``."""
+        owner = self._pool_of or self
+        if owner._slabs is None and create:
             from .cuda import SlabPool
 
-            self._slabs = SlabPool(self._staging_budget, self._busy)
-        return Exporter(self._slabs, self.lazy)
+            owner._slabs = SlabPool(owner._staging_budget, owner._busy)
+        return owner._slabs
 
     def _host_stage(self) -> Any:
         """Where a restore's CUDA tensors land on the host: a slab of this
         checkpointer's pool (page-locked, reused by later saves and restores)."""
         if not _cuda_ready():
             return None
-        from .cuda import HostStage, SlabPool
+        from .cuda import HostStage
 
-        if self._slabs is None:
-            self._slabs = SlabPool(self._staging_budget, self._busy)
-        return HostStage(self._slabs)
+        return HostStage(self._pool(True))
 
     def _guard(self, obj: Any) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""

@@ -191,6 +191,9 @@ class MemoryCheckpointer:
         # It saves alone, on behalf of this rank of the job (its own state, its
         # identity in the manifest: what a job of another shape merges by).
         cp._acting_for = (self.topology.rank, self.topology.world_size)
+        # CUDA snapshots and restores use the durable checkpointer's slabs: a
+        # durable step's one snapshot serves both tiers (see ``save``).
+        cp._pool_of = self.durable
         return cp
 
     def _remove_strangers(self) -> None:
@@ -225,18 +228,30 @@ class MemoryCheckpointer:
     def save(self, step: int, state: Any = None, /, **named: Any) -> None:
         """Save ``step`` to the memory tier (and replicate it in the
         background), and every ``durable_every``-th time to the durable tier.
-        Returns after the snapshot(s). A memory-tier failure does not stop the
-        durable save; :meth:`wait` raises it on every rank."""
+        Returns after the snapshot. A memory-tier failure does not stop the
+        durable save; :meth:`wait` raises it on every rank.
+
+        A step saved to both tiers is walked and copied once: both engines
+        save the same snapshot (CUDA tensors cross to the host once, into one
+        slab of one pool; in lazy mode the optimizer's step pre-hook waits for
+        both saves)."""
         durable = self.durable_every > 0 and self._saves % self.durable_every == 0
         self._saves += 1
         handle, error = None, None
+        failure: Optional[Exception] = None
         try:
-            handle = self.memory.save(step, state, **named)
+            if durable:
+                entries = self.memory._entries(state, named)
+                handle, _, failure = self.memory._save_shared(step, entries, self.durable)
+            else:
+                handle = self.memory.save(step, state, **named)
         except CheckpointError as e:
             error = e
         self._jobs.put((step, handle, error))
-        if durable:
-            self.durable.save(step, state, **named)
+        if failure is not None:
+            raise failure  # the durable tier refused the step (as its own save would)
+        if durable and handle is None:
+            self.durable.save(step, state, **named)  # the memory save failed: the durable one alone
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until every snapshot in progress is copied (lazy mode)."""
@@ -261,8 +276,8 @@ class MemoryCheckpointer:
         finally:
             self._jobs.put(None)
             self._thread.join()
-            self.durable.close()
             self.memory.close()
+            self.durable.close()  # last: it owns the slabs
 
     def __enter__(self) -> "MemoryCheckpointer":
         return self

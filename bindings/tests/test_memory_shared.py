@@ -1,0 +1,128 @@
+"""A step that the memory tier (``ckpt.memory``) saves to both of its tiers
+is walked once and crosses to the host once: both engines save the same
+snapshot, from one slab of one pool.
+
+The CUDA cases run on CPU tensors routed through the CUDA path, with
+``torch.cuda``'s streams and events replaced by stand-ins (the ``fake_cuda``
+test double of ``test_device_copy.py``, which says why). On a GPU,
+``test_cuda.py`` runs the memory tier on real device tensors.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import torch
+
+import ckpt
+import ckpt.checkpointer as cpm
+from ckpt.memory import MemoryCheckpointer
+from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    d = base / f"ckpt-test-{uuid.uuid4().hex[:12]}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
+    """One entry per walk of a saved state."""
+    out: List[int] = []
+    real = cpm.flatten
+
+    def flatten(*args: Any, **kwargs: Any) -> Any:
+        out.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpm, "flatten", flatten)
+    return out
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_both_tiers_store_one_snapshot_of_cuda_state_copied_once(
+    tmp_path: Path, shm: Path, fake_cuda: Dict[str, List[int]], walks: List[int], lazy: bool
+) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    durable = (tmp_path / "durable").as_uri()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", lazy=lazy,
+                            durable_every=2, rng=False)
+    tensors = len(snapshot(model, opt)) - 1  # the tied head weight is one tensor, one copy
+    expected = {}
+    for step in range(1, 6):
+        before, copied = len(walks), sum(fake_cuda["copies"])
+        expected[step] = snapshot(model, opt)
+        cp.save(step, model=model, optimizer=opt)
+        train(model, opt)  # lazy: the step pre-hook orders it after both saves' copies
+        cp.wait()
+        # Steps 1, 3 and 5 go to both tiers, all the same with one walk and one copy.
+        assert len(walks) - before == 1, step
+        assert sum(fake_cuda["copies"]) - copied == tensors, step
+    # One pool, the durable checkpointer's, for both tiers.
+    assert cp.memory._slabs is None and cp.durable._slabs is not None
+    assert len(cp.durable._slabs._slabs) <= 2
+    cp.close()
+    check_stored(durable, {s: expected[s] for s in (1, 3, 5)})
+    check_stored(cp.own.url, {s: expected[s] for s in (4, 5)})
+    # Each tier's manifest says what it is: only the memory tier's records its saver.
+    assert all("memory" not in m["ckpt"] for m in _ckpt_meta(tmp_path / "durable"))
+    assert all("memory" in m["ckpt"] for m in _ckpt_meta(cp.own.path))
+
+
+def _ckpt_meta(root: Path) -> List[Dict[str, Any]]:
+    """Each committed manifest's ``ckpt`` metadata, decoded."""
+    reader = ckpt.Checkpointer(root.as_uri(), read_only=True, rng=False)
+    return [reader._native.meta(s, a) for s, a in reader._native.committed()]
+
+
+def test_a_durable_step_of_cpu_state_is_walked_once_and_both_tiers_restore_it(
+    tmp_path: Path, shm: Path, walks: List[int]
+) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    durable = (tmp_path / "durable").as_uri()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", lazy=True)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    cp.save(1, model=model, optimizer=opt)
+    assert len(walks) == 1
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()  # the pre-hook waits for both tiers' background copies
+    cp.close()
+    for source in ("memory", "durable"):
+        if source == "durable":
+            shutil.rmtree(shm / "node0")
+        fresh = torch.nn.Linear(64, 64)
+        cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
+        assert cp.load_latest(model=fresh) == 1 and cp.last_source == source
+        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
+        cp.close()
+
+
+def test_a_step_the_durable_tier_refuses_is_raised_and_the_memory_tier_keeps_it(tmp_path: Path, shm: Path) -> None:
+    durable = (tmp_path / "durable").as_uri()
+    with ckpt.Checkpointer(durable, coordinate="none") as other:
+        other.save(3, {"w": torch.zeros(4)})  # step 3 is committed in the durable tier already
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
+    with pytest.raises(ckpt.ConflictError):
+        cp.save(3, {"w": torch.ones(4)})
+    cp.close()
+    assert sorted(cp.own.committed()) == [3]
+    got = ckpt.Checkpointer(cp.own.url, read_only=True).read(3).state
+    assert torch.equal(got["w"], torch.ones(4))
+    assert torch.equal(ckpt.Checkpointer(durable, read_only=True).read(3).state["w"], torch.zeros(4))
