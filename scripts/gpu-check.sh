@@ -12,15 +12,19 @@
 #   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
 #      default size (a GPT-style model with about 4 GiB of model and optimizer
 #      state) with every method, its JSON in OUT/gpu-4g.json;
-#   3. unless --quick, the same with about 15 GiB of state (24 layers of 2048),
-#      ckpt lazy beside the control alone, in OUT/gpu-15g.json.
+#   3. the memory tier's restore and restart benchmark,
+#      evaluator/python/memtier_bench.py (1 GiB per rank: memory against local
+#      disk with the page cache dropped, on this host's cores), in
+#      OUT/memtier.json;
+#   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
+#      2048), ckpt lazy beside the control alone, in OUT/gpu-15g.json.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself. Checkpoints go to $CKPT_GPU_SCRATCH (default:
 # runs/gpu-scratch, on the disk of the repository), removed afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,20p' "$0" >&2
+  sed -n '2,24p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -53,6 +57,8 @@ if [ "$cuda" != 1 ]; then
   exit "$status"
 fi
 step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json"
+step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
+  --json "$out/memtier.json"
 if [ "$quick" != "--quick" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
     --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy"

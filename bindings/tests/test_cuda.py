@@ -142,6 +142,47 @@ def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str) 
 
 
 @needs_cuda
+def test_the_memory_tier_copies_each_step_to_the_host_once_for_both_tiers(tmp_path: Path) -> None:
+    from ckpt.memory import MemoryCheckpointer
+
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    mem = shm / f"ckpt-cuda-{os.getpid()}"
+    durable = (tmp_path / "durable").as_uri()
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    _train(model, opt, 2, 1)
+    try:
+        cp = MemoryCheckpointer(durable, memory_dir=str(mem / "node{node}"), coordinate="none", lazy=True,
+                                rng=False, keep_in_memory=4)
+        want = {}
+        for step in range(3):
+            want[step] = {k: bits(v) for k, v in model.state_dict().items()}
+            cp.save(step, model=model, optimizer=opt)
+            _train(model, opt, 3, 20 + step)  # the pre-hook fences both tiers' saves
+        cp.wait()
+        pool = cp.durable._slabs
+        assert cp.memory._slabs is None and pool is not None
+        state = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+        state += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+        # One pool under one budget (twice the state by default), not one per tier.
+        assert len(pool._slabs) <= 2 and pool.held_bytes() < 3 * state
+        cp.close()
+        for root in (cp.own.url, durable):
+            reader = ckpt.Checkpointer(root, read_only=True, rng=False)
+            for step, params in want.items():
+                assert {k: bits(v) for k, v in reader.read(step).state["model"].items()} == params, (root, step)
+        fresh = _model()
+        cp = MemoryCheckpointer(durable, memory_dir=str(mem / "node{node}"), coordinate="none", rng=False)
+        assert cp.load_latest(model=fresh) == 2 and cp.last_source == "memory"
+        assert {k: bits(v) for k, v in fresh.state_dict().items()} == want[2]
+        cp.close()
+    finally:
+        import shutil
+
+        shutil.rmtree(mem, ignore_errors=True)
+
+
+@needs_cuda
 def test_a_resumed_run_matches_the_uninterrupted_one_bitwise(url: str) -> None:
     torch.backends.cudnn.deterministic = True
 

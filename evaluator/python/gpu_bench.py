@@ -17,7 +17,10 @@ Per method, in this order: ``none`` (no checkpoint), ckpt eager and lazy,
 ``DefaultStager`` and torch-checkpointing's async save (when installed): the
 peers of ``peers.py``, as every benchmark of ckpt-eval measures them (any
 name of its ``MAKERS`` can be given to ``--methods``), ckpt keeping its last
-two checkpoints.
+two checkpoints. ``ckpt lazy (memory tier)`` saves through
+``ckpt.memory.MemoryCheckpointer`` (host memory under ``/dev/shm`` and local
+disk, every save to both from one snapshot) and restores from memory, as a
+restarted process does; its cold restore has the disk's page cache dropped.
 
 - **Loop.** ``--rounds`` rounds of ``--every`` training steps without a
   checkpoint, then a save and ``--every`` steps; the slowdown is the second
@@ -71,7 +74,8 @@ from peers import (  # noqa: E402
     MAKERS, Ckpt, DcpAsync, Method, TorchCheckpointing, done, drop_cache, warm_cache, write_read_floor,
 )
 
-ALL = ["none", "ckpt eager", "ckpt lazy", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
+ALL = ["none", "ckpt eager", "ckpt lazy", "ckpt lazy (memory tier)", "torch.save", "dcp.save", "dcp.async_save",
+       "torch-checkpointing"]
 
 
 # ---------------------------------------------------------------- the model
@@ -251,12 +255,78 @@ class GpuCkpt(Ckpt):
         return None if slabs is None else slabs.peak_locked
 
 
+class GpuMemoryTier(GpuCkpt):
+    """ckpt lazy through the memory tier (``ckpt.memory.MemoryCheckpointer``):
+    every save to host memory (``/dev/shm``) and to local disk, the one
+    snapshot serving both; restores read the memory tier (what a restarted
+    process does), "cold" with the disk's page cache dropped."""
+
+    name = "ckpt lazy (memory tier)"
+
+    def __init__(self, work: str) -> None:
+        super().__init__(work, lazy=True)
+        self.name = GpuMemoryTier.name
+        self.dir = os.path.join(work, "ckpt_memory_tier")
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else work
+        self.shm = os.path.join(base, f"ckpt-gpu-bench-{os.getpid()}")
+        self.mc: Any = None
+
+    def _open_tier(self) -> Any:
+        from ckpt.memory import MemoryCheckpointer
+
+        return MemoryCheckpointer("file://" + os.path.abspath(self.dir), memory_dir=os.path.join(self.shm, "node{node}"),
+                                  coordinate="none", lazy=True, rng=False, keep_last=2, keep_in_memory=2)
+
+    def open(self) -> None:
+        Method.open(self)
+        shutil.rmtree(self.shm, ignore_errors=True)
+        self.mc = self._open_tier()
+        self.cp = self.mc.memory  # its step pre-hook fences both tiers' saves
+        inner = self.cp._before_step
+
+        def timed() -> None:
+            t0 = time.perf_counter()
+            inner()
+            self.step_wait.append(time.perf_counter() - t0)
+
+        self.cp._before_step = timed
+
+    def start(self, step: int) -> Callable[[], None]:
+        self.mc.save(step, **self.state())
+        return self.mc.wait
+
+    def pinned(self) -> Optional[int]:
+        slabs = self.mc.durable._slabs
+        return None if slabs is None else slabs.peak_locked
+
+    def prune(self, step: int) -> None:
+        pass  # both tiers keep two
+
+    def load(self, step: int) -> None:
+        mc = self._open_tier()  # as a restarted process would
+        try:
+            got = mc.load_latest(**self.state())
+            if (got, mc.last_source) != (step, "memory"):
+                raise RuntimeError(f"the memory tier restored step {got} from {mc.last_source}, not {step} from memory")
+        finally:
+            mc.close()
+
+    def close(self) -> None:
+        try:
+            if self.mc is not None:
+                self.mc.close()
+        finally:
+            shutil.rmtree(self.shm, ignore_errors=True)
+
+
 def make(name: str, work: str) -> Method:
-    """The method ``name``: the control, ckpt (``GpuCkpt``) or a peer of ``peers.MAKERS``."""
+    """The method ``name``: the control, ckpt (``GpuCkpt``, ``GpuMemoryTier``) or a peer of ``peers.MAKERS``."""
     if name == "none":
         return NoCheckpoint(work)
     if name in ("ckpt eager", "ckpt lazy"):
         return GpuCkpt(work, lazy=name == "ckpt lazy")
+    if name == GpuMemoryTier.name:
+        return GpuMemoryTier(work)
     return MAKERS[name](work)
 
 
@@ -418,6 +488,13 @@ def targets(res: dict) -> List[dict]:
             add("page-locked bytes / state (budget 2x by default)", lazy["pinned_peak_bytes"] / res["state_bytes"], 2.1)
     if eager and eager["stall_later_s"] is not None:
         add("eager stall / device-to-host floor", eager["stall_later_s"] / fl["d2h_s"], 1.1)
+    tier = by.get(GpuMemoryTier.name)
+    if tier and lazy:
+        if tier["stall_later_s"] and lazy["stall_later_s"]:
+            # One snapshot for both tiers: the stall of a plain lazy save, not two.
+            add("memory tier stall / lazy stall", tier["stall_later_s"] / lazy["stall_later_s"], 1.25)
+        if tier["restore_cold_s"] is not None and lazy["restore_cold_s"]:
+            add("memory tier restore / lazy cold restore", tier["restore_cold_s"] / lazy["restore_cold_s"], 0.3)
     return out
 
 
