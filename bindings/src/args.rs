@@ -95,6 +95,38 @@ pub struct TensorSpec {
     pub(crate) shard: Option<Py<Shard>>,
 }
 
+impl TensorSpec {
+    /// A tensor of another save's snapshot (see `SaveHandle.snapshot_specs`).
+    pub(crate) fn shared(
+        py: Python<'_>,
+        name: String,
+        dtype: DType,
+        shape: Vec<u64>,
+        shard: Option<ShardSpec>,
+        bytes: bytes::Bytes,
+    ) -> PyResult<Self> {
+        let shard = shard
+            .map(|s| {
+                Py::new(
+                    py,
+                    Shard {
+                        global_shape: s.global_shape,
+                        offsets: s.offsets,
+                    },
+                )
+            })
+            .transpose()?;
+        Ok(TensorSpec {
+            name,
+            dtype,
+            shape,
+            data: Py::new(py, crate::handle::SnapshotBytes { bytes })?.into_any(),
+            copy_now: false,
+            shard,
+        })
+    }
+}
+
 #[pymethods]
 impl TensorSpec {
     #[new]

@@ -25,7 +25,7 @@ use crate::buffer::{PySource, TensorBuffer};
 use crate::coord::PyCoordinator;
 use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
-use crate::handle::SaveHandle;
+use crate::handle::{SaveHandle, SnapshotBytes};
 use crate::results::{GcReport, TensorInfo};
 use crate::runtime::{self, check_pid};
 use crate::slab::{PyReady, SlabSlot};
@@ -225,7 +225,9 @@ impl Checkpointer {
     /// `meta` is plain data with `TensorRef` leaves. `ready`, if given, is
     /// called (on a background thread in lazy mode) before any tensor is read:
     /// it returns once copies still landing in slab slots are done.
-    #[pyo3(signature = (step, tensors, meta, ready=None))]
+    /// `share`: an eager save keeps its snapshot for another checkpointer's
+    /// save of the same tensors (`SaveHandle.snapshot_specs`).
+    #[pyo3(signature = (step, tensors, meta, ready=None, share=false))]
     fn save(
         &self,
         py: Python<'_>,
@@ -233,6 +235,7 @@ impl Checkpointer {
         tensors: Vec<Bound<'_, TensorSpec>>,
         meta: Bound<'_, PyAny>,
         ready: Option<Py<PyAny>>,
+        share: bool,
     ) -> PyResult<SaveHandle> {
         let cp = self.core()?.clone();
         let meta = to_value(&meta)?;
@@ -253,6 +256,16 @@ impl Checkpointer {
                     shape,
                     shard,
                     data: TensorData::Shared(slot.get().bytes(py)?),
+                });
+                continue;
+            }
+            if let Ok(snap) = obj.cast::<SnapshotBytes>() {
+                out.push(SourceTensor {
+                    name,
+                    dtype,
+                    shape,
+                    shard,
+                    data: TensorData::Shared(snap.get().bytes.clone()),
                 });
                 continue;
             }
@@ -288,9 +301,15 @@ impl Checkpointer {
             ready: ready.map(|f| Arc::new(PyReady(f)) as Arc<dyn ckpt_core::Ready>),
         };
         let rt = runtime::runtime(py)?;
-        let handle = runtime::wait(py, move || async move { cp.save(step, capture).await })
-            .and_then(IntoPyResult::py)?;
-        Ok(SaveHandle::spawn(&rt, handle))
+        let (handle, taken) = runtime::wait(py, move || async move {
+            if share {
+                cp.save_shared(step, capture).await
+            } else {
+                cp.save(step, capture).await.map(|h| (h, None))
+            }
+        })
+        .and_then(IntoPyResult::py)?;
+        Ok(SaveHandle::spawn(&rt, handle, taken))
     }
 
     /// Block until every save started so far is committed or failed.

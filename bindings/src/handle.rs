@@ -6,14 +6,16 @@
 //! then for the commit, and publishes both outcomes on watch channels that any
 //! number of Python calls can wait on.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ckpt_core::{Error, SaveReport};
+use bytes::Bytes;
+use ckpt_core::{Error, SaveReport, Tensor};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::watch;
 
+use crate::args::TensorSpec;
 use crate::errors::{to_py, to_py_ref};
 use crate::runtime::{self, check_pid};
 
@@ -31,11 +33,33 @@ pub struct SaveHandle {
     snapshot: watch::Receiver<Outcome<()>>,
     done: watch::Receiver<Outcome<SaveReport>>,
     pid: u32,
+    /// An eager save made with `share=True`: its snapshot's tensors, until
+    /// `snapshot_specs` takes them.
+    taken: Mutex<Option<Vec<Tensor>>>,
+}
+
+/// Bytes of another save's snapshot, handed to `save` as a tensor's bytes
+/// (no copy; see `SaveHandle.snapshot_specs`).
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct SnapshotBytes {
+    pub(crate) bytes: Bytes,
+}
+
+#[pymethods]
+impl SnapshotBytes {
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
 }
 
 impl SaveHandle {
-    /// Watch a core handle from a task on the runtime.
-    pub fn spawn(rt: &tokio::runtime::Runtime, handle: ckpt_core::SaveHandle) -> Self {
+    /// Watch a core handle from a task on the runtime; `shared` is the
+    /// snapshot an eager `save_shared` handed back.
+    pub fn spawn(
+        rt: &tokio::runtime::Runtime,
+        handle: ckpt_core::SaveHandle,
+        shared: Option<Vec<Tensor>>,
+    ) -> Self {
         // An eager save returns with its snapshot already taken: say so at once.
         let taken = handle.snapshot_done().then(|| Arc::new(Ok(())));
         let (snap_tx, snapshot) = watch::channel(taken);
@@ -55,6 +79,7 @@ impl SaveHandle {
             snapshot,
             done,
             pid: std::process::id(),
+            taken: Mutex::new(shared),
         }
     }
 }
@@ -132,6 +157,26 @@ impl SaveHandle {
             Ok(r) => report(py, r),
             Err(e) => Err(to_py_ref(e)),
         }
+    }
+
+    /// An eager save started with `share=True`: its snapshot as
+    /// `TensorSpec`s whose bytes are the snapshot's own (`SnapshotBytes`), so
+    /// that another checkpointer's `save` of them copies nothing. Given once;
+    /// `None` after that, and for lazy or unshared saves. Until that other save
+    /// is done with them, this save's staging memory stays in use.
+    fn snapshot_specs(&self, py: Python<'_>) -> PyResult<Option<Vec<TensorSpec>>> {
+        let taken = self
+            .taken
+            .lock()
+            .map_err(|_| to_py(Error::Internal("a snapshot lock was poisoned".into())))?
+            .take();
+        taken
+            .map(|ts| {
+                ts.into_iter()
+                    .map(|t| TensorSpec::shared(py, t.name, t.dtype, t.shape, t.shard, t.data))
+                    .collect()
+            })
+            .transpose()
     }
 
     fn __repr__(&self) -> String {

@@ -126,3 +126,20 @@ def test_a_step_the_durable_tier_refuses_is_raised_and_the_memory_tier_keeps_it(
     got = ckpt.Checkpointer(cp.own.url, read_only=True).read(3).state
     assert torch.equal(got["w"], torch.ones(4))
     assert torch.equal(ckpt.Checkpointer(durable, read_only=True).read(3).state["w"], torch.zeros(4))
+
+
+def test_an_eager_step_of_cpu_state_is_copied_once_for_both_tiers(tmp_path: Path, shm: Path) -> None:
+    durable = (tmp_path / "durable").as_uri()
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32), "b": torch.ones(8)}
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False)
+    cp.save(1, state)
+    state["w"] += 1  # the loop goes on at once: eager saves took their snapshot
+    memory, durable_save = cp.memory._unwaited[-1], cp.durable._unwaited[-1]
+    # The memory tier's engine copied the state; the durable one saved that copy.
+    assert memory.wait()["copied_bytes"] == (4 << 16) + 32
+    assert durable_save.wait()["copied_bytes"] == 0
+    cp.close()
+    for root in (cp.own.url, durable):
+        got = ckpt.Checkpointer(root, read_only=True, rng=False).read(1).state
+        assert torch.equal(got["w"], torch.arange(1 << 16, dtype=torch.float32)), root
+        assert torch.equal(got["b"], torch.ones(8)), root

@@ -33,6 +33,55 @@ async fn eager_snapshot_copies_then_the_loop_may_mutate() {
     }
 }
 
+/// An eager save made with `save_shared` hands back its snapshot's tensors;
+/// another checkpointer saves the same snapshot from them without a copy, and
+/// both hold the values at the save although the loop mutates right after.
+/// A lazy save has nothing to hand back yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_eager_snapshot_is_saved_by_a_second_checkpointer_without_a_copy() {
+    let first = ckpt_formats::builder(memory_root("shared-a"))
+        .build()
+        .await
+        .unwrap();
+    let second = ckpt_formats::builder(memory_root("shared-b"))
+        .build()
+        .await
+        .unwrap();
+    let (vecs, cap) = mutable_state(3, 10_000, 1);
+    let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
+    let (h, taken) = first.save_shared(1, cap).await.unwrap();
+    let taken = taken.expect("an eager save hands back its snapshot");
+    for v in &vecs {
+        v.0.write()
+            .unwrap()
+            .iter_mut()
+            .for_each(|b| *b = b.wrapping_add(1));
+    }
+    let again = Capture::from(ckpt_core::State {
+        tensors: taken,
+        meta: Default::default(),
+    });
+    let h2 = second.save(1, again).await.unwrap();
+    assert_eq!(h.wait().await.unwrap().copied_bytes, 3 * 40_000);
+    assert_eq!(h2.wait().await.unwrap().copied_bytes, 0);
+    for cp in [&first, &second] {
+        let loaded = cp.load_latest().await.unwrap().unwrap();
+        for (t, b) in loaded.state.tensors.iter().zip(&before) {
+            assert_eq!(&t.data[..], &b[..]);
+        }
+    }
+
+    let lazy = ckpt_formats::builder(memory_root("shared-lazy"))
+        .snapshot(SnapshotMode::Lazy)
+        .build()
+        .await
+        .unwrap();
+    let (_, cap) = mutable_state(1, 100, 2);
+    let (h, taken) = lazy.save_shared(1, cap).await.unwrap();
+    assert!(taken.is_none());
+    h.wait().await.unwrap();
+}
+
 /// A source given for two tensors (a tied weight) is staged once, in both
 /// snapshot modes, and both tensors load back with its bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

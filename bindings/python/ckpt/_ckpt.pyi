@@ -23,6 +23,7 @@ __all__ = [
     "TensorRef",
     "HostSlab",
     "SlabSlot",
+    "SnapshotBytes",
     "_after_fork_child",
     "_mimalloc_purge_delay",
     "dtypes",
@@ -179,6 +180,13 @@ class SlabSlot:
     def index(self) -> int: ...
 
 @final
+class SnapshotBytes:
+    """Bytes of another save's snapshot, handed to ``save`` as a tensor's bytes
+    without a copy (see :meth:`SaveHandle.snapshot_specs`)."""
+
+    def __len__(self) -> int: ...
+
+@final
 class SaveHandle:
     """A save in progress."""
 
@@ -192,6 +200,7 @@ class SaveHandle:
     def done(self) -> bool: ...
     def wait_snapshot(self, timeout: Optional[float] = None) -> None: ...
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]: ...
+    def snapshot_specs(self) -> Optional[List[TensorSpec]]: ...
 
 @final
 class Checkpointer:
@@ -230,6 +239,7 @@ class Checkpointer:
         tensors: Sequence[TensorSpec],
         meta: Any,
         ready: Optional[Callable[[], None]] = None,
+        share: bool = False,
     ) -> SaveHandle: ...
     def flush(self, timeout: Optional[float] = None) -> None: ...
     def load_latest(self) -> Optional[_Loaded]: ...

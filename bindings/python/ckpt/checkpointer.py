@@ -365,17 +365,21 @@ class Checkpointer:
                 device.wait_landed()  # eager: the copy is complete when save returns
         elif self.lazy:
             host_lazy = any(not t.copy_now for t in flat.tensors)
-        handle = SaveHandle(self._native.save(step, flat.tensors, meta, ready), device)
+        if also is not None and also._own_identity() != (me, ranks):
+            raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
+        native = self._native.save(step, flat.tensors, meta, ready, share=also is not None and not self.lazy)
+        handle = SaveHandle(native, device)
         handle._host_lazy = host_lazy
         second: Optional[SaveHandle] = None
         failure: Optional[Exception] = None
         if also is not None:
-            if also._own_identity() != (me, ranks):
-                raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
+            # Eager: the snapshot's own bytes (CPU tensors copied once). Lazy:
+            # the same tensors (slots of the same slab; CPU buffers, which
+            # each engine copies in the background).
+            tensors = native.snapshot_specs() or flat.tensors
             try:
                 also._reap()
-                # The same tensors: slots of the same slab, the same CPU buffers.
-                native = also._native.save(step, flat.tensors, {"ckpt": also._tagged(info), "state": flat.tree}, ready)
+                native = also._native.save(step, tensors, {"ckpt": also._tagged(info), "state": flat.tree}, ready)
             except Exception as e:  # noqa: BLE001 - returned: this save has started
                 failure = e
             else:

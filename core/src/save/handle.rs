@@ -91,8 +91,31 @@ impl Checkpointer {
     /// [`Error::Skipped`] if the staging budget is spent and the policy says skip,
     /// and with the error of an earlier background save that nobody observed.
     pub async fn save(&self, step: u64, state: impl Into<Capture>) -> Result<SaveHandle> {
+        Ok(self.save_inner(step, state.into(), false).await?.0)
+    }
+
+    /// [`save`](Self::save), and in eager mode the snapshot's tensors too, for
+    /// another checkpointer to save the same snapshot: their bytes are this
+    /// save's staging copies (or the shared bytes it was given), so a capture
+    /// made of them as [`TensorData::Shared`](crate::TensorData::Shared)
+    /// copies nothing. Holding them keeps this save's staging memory in use.
+    /// `None` in lazy mode, where the snapshot is still being taken when this
+    /// returns.
+    pub async fn save_shared(
+        &self,
+        step: u64,
+        state: impl Into<Capture>,
+    ) -> Result<(SaveHandle, Option<Vec<Tensor>>)> {
+        self.save_inner(step, state.into(), true).await
+    }
+
+    async fn save_inner(
+        &self,
+        step: u64,
+        capture: Capture,
+        share: bool,
+    ) -> Result<(SaveHandle, Option<Vec<Tensor>>)> {
         let start = Instant::now();
-        let capture = state.into();
         if let Some((s, reason)) = self.in_flight().take_unobserved() {
             return Err(
                 reason.into_error(&format!("the save of step {s} failed in the background: "))
@@ -138,6 +161,7 @@ impl Checkpointer {
             ready,
         } = capture;
 
+        let mut shared = None;
         let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) =
             match opts.snapshot {
                 SnapshotMode::Eager => {
@@ -148,7 +172,11 @@ impl Checkpointer {
                         Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
                     });
                     match r {
-                        Ok(ts) => (tokio::spawn(async move { Ok(ts) }), None),
+                        Ok(ts) => {
+                            // Clones of the tensors share their bytes.
+                            shared = share.then(|| ts.clone());
+                            (tokio::spawn(async move { Ok(ts) }), None)
+                        }
                         Err(e) => {
                             let again = e.duplicate();
                             (tokio::spawn(async move { Err(again) }), Some(e))
@@ -201,13 +229,14 @@ impl Checkpointer {
         if let Some(e) = eager_error {
             return Err(e);
         }
-        Ok(SaveHandle {
+        let handle = SaveHandle {
             id,
             stall,
             snapshot: snap_rx,
             task,
             cp: self.clone(),
-        })
+        };
+        Ok((handle, shared))
     }
 
     /// The first of `ids` (checkpoints of one step) that commits its step: a
