@@ -8,6 +8,12 @@
 //! process may use; [`set_cpu_threads`] (or `CKPT_CPU_THREADS` in the
 //! environment, read once) lowers it.
 //!
+//! The budget is a fair semaphore: a turn given back goes to the task that
+//! has waited longest, at once, and is held until that task is polled. A
+//! runtime whose thread blocks in a synchronous wait (a `join` inside
+//! `block_on`) while its tasks wait for turns can so hold turns that loads
+//! elsewhere in the process wait for: await instead.
+//!
 //! Priority is the other half: [`lower_priority`] makes the calling thread
 //! yield to the training's threads. Call it from the `on_thread_start` of the
 //! runtime that runs the engine's background work (the Python package does so

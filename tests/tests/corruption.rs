@@ -80,8 +80,12 @@ async fn load_into_err(cp: &Checkpointer) -> [Error; 3] {
     }
     let tasks = load(cp).await;
     let cp2 = cp.clone();
-    let (batch, whole) = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_multi_thread()
+    // Awaited, not joined: the failed load's verifications, spawned on this
+    // runtime, may hold turns of the process's CPU budget that the batch
+    // read needs, and they end only if this runtime goes on polling them.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let out = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
@@ -89,10 +93,10 @@ async fn load_into_err(cp: &Checkpointer) -> [Error; 3] {
             .block_on(async {
                 let id = cp2.committed().await.unwrap().pop().unwrap();
                 (load(&cp2).await, cp2.load(&id).await.unwrap_err())
-            })
-    })
-    .join()
-    .unwrap();
+            });
+        let _ = tx.send(out);
+    });
+    let (batch, whole) = rx.await.expect("the batch load's thread panicked");
     [tasks, batch, whole]
 }
 
