@@ -27,6 +27,9 @@ tier, from a peer node's replica after the last node was lost, from local
 disk cold, from S3 (given ``--s3-url``) and through ``torch.load`` cold,
 every restarted rank checked bitwise. The figures are medians and the
 ratios are of medians of this run (the target: memory ≤ 0.3× disk cold).
+Before those, the stall of eager saves of the state (the first one cold)
+to the memory tier alone, to both tiers (``durable_every=1``: one snapshot
+serves both) and to local disk through a plain checkpointer.
 With the stall of a save to memory (C) and each source's restart time (R;
 the same C for every source, so only the restart differs), Young/Daly gives
 the interval sqrt(2 C M) and the goodput 1 - C/T - (T/2 + R)/M for a mean
@@ -103,15 +106,8 @@ def restore(args: argparse.Namespace) -> dict:
         mem_dir = str(shm / "node{node}")
         # The stall of a memory-tier save (a save to memory alone), then the
         # saved state on both tiers.
-        warm = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "warm{node}"), coordinate="none", durable_every=0)
-        stalls = []
-        for step in range(3):
-            t0 = time.perf_counter()
-            warm.save(step, state)
-            stalls.append(time.perf_counter() - t0)
-            warm.wait()
-        warm.close()
-        shutil.rmtree(shm / "warm0", ignore_errors=True)
+        save_stalls = save_stall(disk, shm, state)
+        stalls = save_stalls["memory"]
         times: dict = {"memory": [], "disk cold": [], "torch.load cold": []}
         dropped = "none"
         if not args.no_restores:
@@ -159,6 +155,7 @@ def restore(args: argparse.Namespace) -> dict:
             "repeats": args.repeats,
             "restart": restart,
             "memory_save_stall_s": stalls,
+            "save_stalls_s": save_stalls,
             "mtbf_s": args.mtbf_s,
             "goodput_young_daly": {k: goodput(stall, r, args.mtbf_s) for k, r in to_step.items()},
             "page_cache": dropped,
@@ -169,6 +166,30 @@ def restore(args: argparse.Namespace) -> dict:
         }
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def save_stall(disk: Path, shm: Path, state: dict, saves: int = 3) -> dict:
+    """Stalls of eager saves (the first cold) by where they go: the memory
+    tier alone, both tiers (one snapshot for both), and local disk through a
+    plain checkpointer; interleaved rounds, each on a fresh root."""
+    out: dict = {"memory": [], "memory and disk": [], "disk": []}
+    for where in out:
+        shutil.rmtree(disk, ignore_errors=True)
+        shutil.rmtree(shm / "stall0", ignore_errors=True)
+        if where == "disk":
+            cp: object = ckpt.Checkpointer(disk.as_uri(), keep_last=1, gc_grace=0.0)
+        else:
+            cp = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "stall{node}"), coordinate="none",
+                                    durable_every=1 if where == "memory and disk" else 0, keep_last=1, gc_grace=0.0)
+        for step in range(saves):
+            t0 = time.perf_counter()
+            cp.save(step, state)
+            out[where].append(time.perf_counter() - t0)
+            cp.wait()
+        cp.close()
+    shutil.rmtree(disk, ignore_errors=True)
+    shutil.rmtree(shm / "stall0", ignore_errors=True)
+    return out
 
 
 def goodput(stall_s: float, restart_s: float, mtbf_s: float) -> dict:

@@ -629,6 +629,9 @@ async fn memtier_restarts_from_every_source_or_why_not() {
     assert_eq!(t.rows[3][3], "1.00", "disk cold is the baseline");
     assert!(t.rows.iter().all(|r| r[7] == "1/1"), "{t:?}");
     assert!(out.targets[0].met);
+    let s = out.tables.iter().find(|t| t.id == "memtier-save").unwrap();
+    assert_eq!(s.rows.len(), 3, "{s:?}");
+    assert_eq!(s.rows[2][3], "1.00", "the plain disk save is the baseline");
     assert!(out.notes[0].contains("S3"), "{:?}", out.notes);
     assert!(
         !dir.path().join("memtier").exists(),

@@ -94,3 +94,44 @@ fn a_restart_that_is_not_bitwise_misses_its_target() {
     assert_eq!(out.targets[0].ratio, 1.0);
     assert!(!out.targets[0].met);
 }
+
+#[test]
+fn save_stalls_by_tier_as_ratios_to_a_plain_disk_save() {
+    let mut res = results(false);
+    // Stalls as the script records them (the first save cold), set here.
+    for (k, v) in [
+        ("memory", [0.9, 0.040, 0.042, 0.044]),
+        ("memory and disk", [1.2, 0.044, 0.046, 0.048]),
+        ("disk", [0.8, 0.040, 0.041, 0.042]),
+    ] {
+        res.bench.save_stalls_s.insert(k.into(), v.to_vec());
+    }
+    let out = render(&res);
+    let t = out.tables.iter().find(|t| t.id == "memtier-save").unwrap();
+    let rows: Vec<(&str, &str, &str)> = t
+        .rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[2].as_str(), r[3].as_str()))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("ckpt memory tier alone", "0.900", "1.02"),
+            (
+                "ckpt memory tier and local disk (one snapshot)",
+                "1.200",
+                "1.12"
+            ),
+            ("ckpt local disk (plain checkpointer)", "0.800", "1.00"),
+        ]
+    );
+    let target = out
+        .targets
+        .iter()
+        .find(|t| t.what.contains("both tiers"))
+        .unwrap();
+    assert!((target.ratio - 0.046 / 0.041).abs() < 1e-9 && !target.met);
+    // A script that did not measure them: no table, no target.
+    let out = render(&results(false));
+    assert!(!out.tables.iter().any(|t| t.id == "memtier-save"));
+}

@@ -130,6 +130,52 @@ fn restore_table(res: &MemtierResults) -> Option<Table> {
     Some(t)
 }
 
+/// Bound of a save's stall to both tiers over a plain save's to local disk:
+/// one snapshot serves both tiers.
+pub const BOTH_TIERS_BOUND: f64 = 1.1;
+
+/// Where the saves of the stall table went, in its order.
+const SAVED_TO: [(&str, &str); 3] = [
+    ("memory", "ckpt memory tier alone"),
+    (
+        "memory and disk",
+        "ckpt memory tier and local disk (one snapshot)",
+    ),
+    ("disk", "ckpt local disk (plain checkpointer)"),
+];
+
+/// The stalls of eager saves by where they went, if measured: median of the
+/// later saves (the first one, cold, apart), ratio to the plain disk save's.
+fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
+    let b = &res.bench;
+    let later = |k: &str| {
+        b.save_stalls_s
+            .get(k)
+            .and_then(|v| summary(v.get(1..).unwrap_or(&[])))
+    };
+    let base = later("disk")?;
+    let mut t = Table::new(
+        "memtier-save",
+        format!(
+            "Memory tier: stall of an eager save of {:.2} GiB by where it goes; median [min-max] of the saves after the first, the first (cold) apart; ratio of medians to the plain save to local disk in this run",
+            b.gib
+        ),
+        &["saved to", "stall s", "first save s", "/ disk"],
+    );
+    for (key, label) in SAVED_TO {
+        let Some(s) = later(key) else { continue };
+        let first = b.save_stalls_s.get(key).and_then(|v| v.first().copied());
+        t.rows.push(vec![
+            label.to_owned(),
+            secs(&s),
+            first.map_or_else(String::new, |f| format!("{f:.3}")),
+            opt_ratio(ratio(Some(&s), Some(&base))),
+        ]);
+    }
+    let both = ratio(later("memory and disk").as_ref(), Some(&base));
+    Some((t, both))
+}
+
 /// The memory tier's restarts (and restores, and campaign) for the report.
 pub fn render(res: &MemtierResults) -> Output {
     let mut out = Output::of(res);
@@ -142,6 +188,14 @@ pub fn render(res: &MemtierResults) -> Output {
         runs.iter().filter(|x| !x.bitwise).count() as f64,
         0.0,
     ));
+    if let Some((t, both)) = stall_table(res) {
+        out.tables.push(t);
+        out.targets.push(Target::new(
+            "memory tier: stall of a save to both tiers / a save to local disk",
+            both,
+            BOTH_TIERS_BOUND,
+        ));
+    }
     if let Some(t) = restore_table(res) {
         let get = |k: &str| b.seconds.get(k).and_then(|v| summary(v));
         out.tables.push(t);

@@ -72,6 +72,11 @@ pub struct BenchResults {
     pub restart: Restarts,
     /// Stalls of saves to the memory tier alone (the first one cold), s.
     pub memory_save_stall_s: Vec<f64>,
+    /// Stalls of eager saves (the first one cold) by where they went:
+    /// `memory`, `memory and disk` (one snapshot for both tiers), `disk` (a
+    /// plain checkpointer), s. Empty from a script that did not measure them.
+    #[serde(default)]
+    pub save_stalls_s: BTreeMap<String, Vec<f64>>,
     /// Mean time between failures Young/Daly is given, s.
     pub mtbf_s: f64,
     /// Young/Daly per source.
