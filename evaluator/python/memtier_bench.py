@@ -168,25 +168,31 @@ def restore(args: argparse.Namespace) -> dict:
         shutil.rmtree(shm, ignore_errors=True)
 
 
-def save_stall(disk: Path, shm: Path, state: dict, saves: int = 3) -> dict:
-    """Stalls of eager saves (the first cold) by where they go: the memory
-    tier alone, both tiers (one snapshot for both), and local disk through a
-    plain checkpointer; interleaved rounds, each on a fresh root."""
+def save_stall(disk: Path, shm: Path, state: dict, saves: int = 4, rounds: int = 3) -> dict:
+    """Stalls of eager saves by where they go: the memory tier alone, both
+    tiers (one snapshot for both), and local disk through a plain
+    checkpointer. Interleaved rounds, each kind on a fresh root with a fresh
+    checkpointer per round; the first save of the first round (cold) comes
+    first in each list, the later saves of every round after it."""
     out: dict = {"memory": [], "memory and disk": [], "disk": []}
-    for where in out:
-        shutil.rmtree(disk, ignore_errors=True)
-        shutil.rmtree(shm / "stall0", ignore_errors=True)
-        if where == "disk":
-            cp: object = ckpt.Checkpointer(disk.as_uri(), keep_last=1, gc_grace=0.0)
-        else:
-            cp = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "stall{node}"), coordinate="none",
-                                    durable_every=1 if where == "memory and disk" else 0, keep_last=1, gc_grace=0.0)
-        for step in range(saves):
-            t0 = time.perf_counter()
-            cp.save(step, state)
-            out[where].append(time.perf_counter() - t0)
-            cp.wait()
-        cp.close()
+    for r in range(rounds):
+        for where in out:
+            shutil.rmtree(disk, ignore_errors=True)
+            shutil.rmtree(shm / "stall0", ignore_errors=True)
+            if where == "disk":
+                cp: object = ckpt.Checkpointer(disk.as_uri(), keep_last=1, gc_grace=0.0)
+            else:
+                cp = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "stall{node}"), coordinate="none",
+                                        durable_every=1 if where == "memory and disk" else 0, keep_last=1,
+                                        gc_grace=0.0)
+            for step in range(saves):
+                t0 = time.perf_counter()
+                cp.save(step, state)
+                dt = time.perf_counter() - t0
+                if step > 0 or r == 0:
+                    out[where].append(dt)
+                cp.wait()
+            cp.close()
     shutil.rmtree(disk, ignore_errors=True)
     shutil.rmtree(shm / "stall0", ignore_errors=True)
     return out
