@@ -145,7 +145,8 @@ const SAVED_TO: [(&str, &str); 3] = [
 ];
 
 /// The stalls of eager saves by where they went, if measured: median of the
-/// later saves (the first one, cold, apart), ratio to the plain disk save's.
+/// later saves (the list's first, the process's cold one, apart), ratio to
+/// the plain disk save's.
 fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
     let b = &res.bench;
     let later = |k: &str| {
@@ -157,7 +158,7 @@ fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
     let mut t = Table::new(
         "memtier-save",
         format!(
-            "Memory tier: stall of an eager save of {:.2} GiB by where it goes; median [min-max] of the saves after the first, the first (cold) apart; ratio of medians to the plain save to local disk in this run",
+            "Memory tier: stall of an eager save of {:.2} GiB by where it goes; median [min-max] of the later saves of interleaved rounds (a fresh checkpointer each), the process's first save (cold) apart; ratio of medians to the plain save to local disk in this run",
             b.gib
         ),
         &["saved to", "stall s", "first save s", "/ disk"],

@@ -72,7 +72,7 @@ pub struct BenchResults {
     pub restart: Restarts,
     /// Stalls of saves to the memory tier alone (the first one cold), s.
     pub memory_save_stall_s: Vec<f64>,
-    /// Stalls of eager saves (the first one cold) by where they went:
+    /// Stalls of eager saves (the first one the process's, cold) by where they went:
     /// `memory`, `memory and disk` (one snapshot for both tiers), `disk` (a
     /// plain checkpointer), s. Empty from a script that did not measure them.
     #[serde(default)]
