@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import uuid
 from pathlib import Path
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -21,6 +24,34 @@ def url(tmp_path: Path) -> str:
 def root(url: str) -> Path:
     """The directory behind ``url``."""
     return Path(url[len("file://") :])
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A memory-tier root on /dev/shm for this test only, removed afterwards."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    d = base / f"ckpt-test-{uuid.uuid4().hex[:12]}"
+    d.mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
+    """One entry per walk of a saved state (``Checkpointer`` flattening it)."""
+    import ckpt.checkpointer as cpm
+
+    out: List[int] = []
+    real = cpm.flatten
+
+    def flatten(*args: Any, **kwargs: Any) -> Any:
+        out.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpm, "flatten", flatten)
+    return out
 
 
 def python_env() -> dict:

@@ -10,43 +10,15 @@ test double of ``test_device_copy.py``, which says why). On a GPU,
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 import torch
 
 import ckpt
-import ckpt.checkpointer as cpm
 from ckpt.memory import MemoryCheckpointer
 from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    d = base / f"ckpt-test-{uuid.uuid4().hex[:12]}"
-    d.mkdir()
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
-    """One entry per walk of a saved state."""
-    out: List[int] = []
-    real = cpm.flatten
-
-    def flatten(*args: Any, **kwargs: Any) -> Any:
-        out.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cpm, "flatten", flatten)
-    return out
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -86,32 +58,6 @@ def _ckpt_meta(root: Path) -> List[Dict[str, Any]]:
     """Each committed manifest's ``ckpt`` metadata, decoded."""
     reader = ckpt.Checkpointer(root.as_uri(), read_only=True, rng=False)
     return [reader._native.meta(s, a) for s, a in reader._native.committed()]
-
-
-def test_a_durable_step_of_cpu_state_is_walked_once_and_both_tiers_restore_it(
-    tmp_path: Path, shm: Path, walks: List[int]
-) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(64, 64)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model(torch.randn(4, 64)).sum().backward()
-    opt.step()
-    durable = (tmp_path / "durable").as_uri()
-    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", lazy=True)
-    want = {k: v.clone() for k, v in model.state_dict().items()}
-    cp.save(1, model=model, optimizer=opt)
-    assert len(walks) == 1
-    model(torch.randn(4, 64)).sum().backward()
-    opt.step()  # the pre-hook waits for both tiers' background copies
-    cp.close()
-    for source in ("memory", "durable"):
-        if source == "durable":
-            shutil.rmtree(shm / "node0")
-        fresh = torch.nn.Linear(64, 64)
-        cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none")
-        assert cp.load_latest(model=fresh) == 1 and cp.last_source == source
-        assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
-        cp.close()
 
 
 def test_a_step_the_durable_tier_refuses_is_raised_and_the_memory_tier_keeps_it(tmp_path: Path, shm: Path) -> None:

@@ -16,9 +16,8 @@ import json
 import shutil
 import subprocess
 import time
-import uuid
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, List
 
 import pytest
 
@@ -32,17 +31,6 @@ FSDP_WORKER = str(Path(__file__).with_name("memtier_fsdp_worker.py"))
 LIMIT = 180
 WORLD, PER_NODE = 4, 2
 
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A memory-tier root on /dev/shm for this test only, removed afterwards."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    d = base / f"ckpt-test-{uuid.uuid4().hex[:12]}"
-    d.mkdir()
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_each_ranks_replica_lives_on_the_next_node() -> None:
@@ -117,7 +105,9 @@ def test_one_process_saves_to_memory_and_durable_and_restores_from_memory(tmp_pa
     cp.close()
 
 
-def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(tmp_path: Path, shm: Path) -> None:
+def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(
+    tmp_path: Path, shm: Path, walks: List[int]
+) -> None:
     import torch
 
     torch.manual_seed(0)
@@ -129,6 +119,7 @@ def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(tmp_path: Pa
     opt.step()
     want = {k: v.clone() for k, v in model.state_dict().items()}
     cp.save(1, model=model, optimizer=opt)
+    assert len(walks) == 1  # one snapshot for both tiers
     model(torch.randn(4, 64)).sum().backward()
     opt.step()  # the step pre-hooks wait for both snapshots
     cp.close()

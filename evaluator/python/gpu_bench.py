@@ -238,20 +238,24 @@ class GpuCkpt(Ckpt):
     def open(self) -> None:
         super().open()
         if self.lazy:
-            inner = self.cp._before_step
+            self._time_step_hook()
 
-            def timed() -> None:
-                t0 = time.perf_counter()
-                inner()
-                self.step_wait.append(time.perf_counter() - t0)
+    def _time_step_hook(self) -> None:
+        """Time the optimizer step pre-hook of ``self.cp`` into ``step_wait``."""
+        inner = self.cp._before_step
 
-            self.cp._before_step = timed
+        def timed() -> None:
+            t0 = time.perf_counter()
+            inner()
+            self.step_wait.append(time.perf_counter() - t0)
+
+        self.cp._before_step = timed
 
     def snapshot_wait(self) -> None:
         pass  # the lazy pre-hook above; eager is done at return
 
     def pinned(self) -> Optional[int]:
-        slabs = self.cp._slabs
+        slabs = self.cp._pool(False)  # its own slabs, or those it shares
         return None if slabs is None else slabs.peak_locked
 
 
@@ -274,30 +278,20 @@ class GpuMemoryTier(GpuCkpt):
     def _open_tier(self) -> Any:
         from ckpt.memory import MemoryCheckpointer
 
-        return MemoryCheckpointer("file://" + os.path.abspath(self.dir), memory_dir=os.path.join(self.shm, "node{node}"),
-                                  coordinate="none", lazy=True, rng=False, keep_last=2, keep_in_memory=2)
+        url = "file://" + os.path.abspath(self.dir)
+        return MemoryCheckpointer(url, memory_dir=os.path.join(self.shm, "node{node}"), coordinate="none", lazy=True,
+                                  rng=False, keep_last=2, keep_in_memory=2)
 
     def open(self) -> None:
         Method.open(self)
         shutil.rmtree(self.shm, ignore_errors=True)
         self.mc = self._open_tier()
-        self.cp = self.mc.memory  # its step pre-hook fences both tiers' saves
-        inner = self.cp._before_step
-
-        def timed() -> None:
-            t0 = time.perf_counter()
-            inner()
-            self.step_wait.append(time.perf_counter() - t0)
-
-        self.cp._before_step = timed
+        self.cp = self.mc.memory  # its step pre-hook fences both tiers' saves; its pool is the durable one's
+        self._time_step_hook()
 
     def start(self, step: int) -> Callable[[], None]:
         self.mc.save(step, **self.state())
         return self.mc.wait
-
-    def pinned(self) -> Optional[int]:
-        slabs = self.mc.durable._slabs
-        return None if slabs is None else slabs.peak_locked
 
     def prune(self, step: int) -> None:
         pass  # both tiers keep two

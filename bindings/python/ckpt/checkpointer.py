@@ -306,6 +306,8 @@ class Checkpointer:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         if also is not None and also.lazy != self.lazy:
             raise InvalidInputError("a shared snapshot needs both checkpointers eager or both lazy")
+        if also is not None and also._own_identity() != self._own_identity():
+            raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
         self._reap()
         exporter = self._exporter()
         try:
@@ -365,8 +367,6 @@ class Checkpointer:
                 device.wait_landed()  # eager: the copy is complete when save returns
         elif self.lazy:
             host_lazy = any(not t.copy_now for t in flat.tensors)
-        if also is not None and also._own_identity() != (me, ranks):
-            raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
         native = self._native.save(step, flat.tensors, meta, ready, share=also is not None and not self.lazy)
         handle = SaveHandle(native, device)
         handle._host_lazy = host_lazy
