@@ -12,6 +12,9 @@
 //! native format's chunks are written from them with `O_DIRECT`; smaller ones
 //! are packed at 64-byte alignment.
 //!
+//! The mapping is left out of child processes (`MADV_DONTFORK`): at a fork,
+//! the kernel would copy every page the device pinned into the child at once.
+//!
 //! [`Slab::slot`] turns a slot into [`Bytes`] that keep the slab alive; the
 //! slab is [`in_use`](Slab::in_use) until the last of them is dropped (the
 //! save has written them), and only then may its filler write it again.
@@ -53,8 +56,11 @@ impl Slab {
     /// A zeroed slab with one slot of each length, in order.
     pub fn new(lens: &[usize]) -> Result<Slab> {
         let (slots, total) = layout(lens)?;
+        let mem = PageBuf::zeroed(total)?;
+        // Page-locked for a device's copies: not for children (see there).
+        mem.keep_from_children();
         Ok(Slab {
-            mem: Arc::new(PageBuf::zeroed(total)?),
+            mem: Arc::new(mem),
             slots: slots.into(),
         })
     }
@@ -223,6 +229,42 @@ mod tests {
         assert!(slab.fits(&[3, big, 5, big + 1, 0]));
         slab.populate(3).unwrap();
         assert!(!slab.fits(&[3, big, 5, big, 0]));
+    }
+
+    /// The kernel's flags of the mapping that holds `address` (smaps; the
+    /// kernel may have merged it with a neighbour of the same flags).
+    #[cfg(target_os = "linux")]
+    fn vm_flags(address: usize) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let holds = |line: &str| {
+            let range = line.split_whitespace().next().unwrap_or("");
+            let Some((a, b)) = range.split_once('-') else {
+                return false;
+            };
+            match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                (Ok(a), Ok(b)) => (a..b).contains(&address),
+                _ => false,
+            }
+        };
+        let mut lines = smaps.lines().skip_while(|l| !holds(l));
+        assert!(lines.next().is_some(), "no mapping holds {address:x}");
+        let flags = lines.find(|l| l.starts_with("VmFlags:")).unwrap();
+        flags.trim_start_matches("VmFlags:").to_string()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_slab_is_left_out_of_child_processes() {
+        let slab = Slab::new(&[LEAD_MIN, 3 << 20]).unwrap();
+        let flags = vm_flags(slab.address());
+        assert!(
+            flags.split_whitespace().any(|f| f == "dc"),
+            "MADV_DONTFORK (dc) in {flags}"
+        );
+        // Other staging memory is inherited as usual.
+        let plain = PageBuf::zeroed(1 << 20).unwrap();
+        let flags = vm_flags(plain.as_slice().as_ptr() as usize);
+        assert!(!flags.split_whitespace().any(|f| f == "dc"), "{flags}");
     }
 
     #[test]

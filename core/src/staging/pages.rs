@@ -82,6 +82,21 @@ impl PageBuf {
         self.len
     }
 
+    /// Leave this mapping out of child processes (`MADV_DONTFORK`), for memory
+    /// a device reads by DMA (a page-locked slab). At a `fork` (a DataLoader
+    /// worker) the kernel would otherwise copy every page the device pins into
+    /// the child at once, and on older kernels a write by the parent after the
+    /// fork could land on a copy instead of the page the device reads. A
+    /// child never uses ckpt's staging memory.
+    pub fn keep_from_children(&self) {
+        #[cfg(target_os = "linux")]
+        if self.mapped > 0 {
+            // SAFETY: advice about this buffer's own mapping; failure (an old
+            // kernel) only means the mapping is inherited as before.
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.mapped, libc::MADV_DONTFORK) };
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes of the mapping (or a dangling pointer with 0),
         // initialised (zero or written), borrowed for the lifetime of `self`.
