@@ -25,6 +25,9 @@ from ckpt.torch import Exporter, dtype_name
 
 
 class _Event:
+    def __init__(self, blocking: bool = False) -> None:
+        pass
+
     def record(self, stream: Any = None) -> None:
         pass
 
@@ -56,6 +59,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[int]]:
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n: True)
     monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: None)
+    monkeypatch.setattr(cudam, "_on", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(cpm, "_cuda_ready", lambda: True)
 
     def export(self: Exporter, t: torch.Tensor, path: object, copy_now: bool) -> Any:

@@ -24,11 +24,17 @@ one trip over PCIe, no copy through the CPU.
   memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
   which the CUDA driver takes no other call from the process.
 - **Budget.** Slabs are reused by layout; the pool holds at most
-  ``staging_budget`` bytes of them (default: twice the first save's CUDA
-  bytes, so a save can start while the previous one is still being written),
+  ``staging_budget`` bytes of them (default: twice the first save's slab,
+  its CUDA bytes and their alignment, so a save can start while the previous
+  one is still being written),
   and that is also the most host memory it locks. When every slab is still held
   by saves being written, ``busy="wait"`` waits and ``busy="skip"`` raises
   :class:`~ckpt.SkippedError`.
+- **Threads.** Every CUDA call of ckpt's own threads (the one that locks
+  slabs and queues lazy copies, the engine's that wait for copies to land)
+  runs with the tensors' device current: a thread starts on device 0, and a
+  call there would create a CUDA context on GPU 0 for every rank of a node.
+  Slabs are left out of forked children (``MADV_DONTFORK``).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -67,6 +73,8 @@ def _loaded_cudart() -> Any:
             lib.cudaHostRegister.restype = ctypes.c_int
             lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
             lib.cudaHostUnregister.restype = ctypes.c_int
+            lib.cudaGetLastError.argtypes = []
+            lib.cudaGetLastError.restype = ctypes.c_int
             return lib
         except (OSError, AttributeError):
             continue
@@ -91,6 +99,8 @@ class _Locker:
             rc = int(self._lib.cudaHostRegister(ctypes.c_void_p(address), nbytes, _PORTABLE))
         else:
             rc = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _PORTABLE))
+        if rc != 0:
+            self._clear_error()
         if rc != 0 and not self._warned:
             self._warned = True
             warnings.warn(f"ckpt: could not page-lock {nbytes} bytes of snapshot memory (CUDA error {rc}); "
@@ -100,11 +110,40 @@ class _Locker:
     def unlock(self, address: int) -> None:
         try:
             if self._lib is not None:
-                self._lib.cudaHostUnregister(ctypes.c_void_p(address))
+                rc = int(self._lib.cudaHostUnregister(ctypes.c_void_p(address)))
             else:
-                torch.cuda.cudart().cudaHostUnregister(address)
+                rc = int(torch.cuda.cudart().cudaHostUnregister(address))
+            if rc != 0:
+                self._clear_error()
         except Exception:  # noqa: BLE001 - at exit the runtime may be gone
             pass
+
+    def _clear_error(self) -> None:
+        """Take a failed call's error off the runtime: it would stay this
+        thread's last error, which PyTorch checks after every kernel launch,
+        and fail an unrelated kernel of the training."""
+        get = getattr(self._lib, "cudaGetLastError", None) if self._lib is not None else None
+        if get is None:
+            get = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
+        if get is not None:
+            get()
+
+
+_LOCKER: Optional[_Locker] = None
+
+
+def _locker() -> _Locker:
+    """The process's one :class:`_Locker` (one CUDA runtime per process)."""
+    global _LOCKER
+    if _LOCKER is None:
+        _LOCKER = _Locker()
+    return _LOCKER
+
+
+def _on(device: torch.device) -> Any:
+    """``device`` current in this thread for the block (see the module docs:
+    a thread of ckpt's own starts on device 0)."""
+    return torch.cuda.device(device)
 
 
 # ----------------------------------------------------------------- slabs
@@ -163,7 +202,6 @@ class SlabPool:
         self._busy = busy
         self._slabs: List[_Slab] = []
         self._streams: Dict[torch.device, Any] = {}
-        self._locker: Optional[_Locker] = None
         self._locked_addresses: List[int] = []
         self._launcher: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
@@ -173,7 +211,9 @@ class SlabPool:
         self._layout: Optional[Tuple[int, ...]] = None
         #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
         self.plans: Dict[str, Any] = {}
-        weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses, self._get_locker)
+        # Unlocks what is left when the pool is collected (a checkpointer never
+        # closed); it must not hold the pool itself, or the pool lives forever.
+        weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses)
 
     # -- what the copies use
 
@@ -207,9 +247,7 @@ class SlabPool:
     def take(self, lens: List[int], step: int) -> _Slab:
         """A free slab with these slot lengths: reused, else new within the budget."""
         self._layout = tuple(lens)
-        need = sum(lens)
-        if self._budget is None:
-            self._budget = 2 * need
+        new: Optional[_Slab] = None
         while True:
             for s in self._slabs:
                 if s.native.fits(lens) and s.free():
@@ -217,11 +255,15 @@ class SlabPool:
             # Room for a new one: first drop free slabs of other layouts.
             for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
                 self._drop(s)
+            if new is None:
+                # Its bytes with the slots' alignment (mapped, not yet touched).
+                new = _Slab(lens)
+            if self._budget is None:
+                self._budget = 2 * new.nbytes
             held = sum(s.nbytes for s in self._slabs)
-            if held + need <= self._budget or not self._slabs:
-                s = _Slab(lens)
-                self._slabs.append(s)
-                return s
+            if held + new.nbytes <= self._budget or not self._slabs:
+                self._slabs.append(new)
+                return new
             if self._busy == "skip":
                 raise SkippedError(
                     f"step {step} skipped: the snapshot memory ({held} of {self._budget} bytes) is held by "
@@ -230,31 +272,46 @@ class SlabPool:
             time.sleep(0.001)
 
     def borrow(self, lens: List[int]) -> Tuple[_Slab, List[int]]:
-        """Any free slab with room for ``lens`` (a locked one first), laid out by
-        the caller: the offset of each, 64-byte aligned. A restore uses whatever
-        a save left free (already locked) instead of mapping and locking anew."""
+        """A free slab with room for ``lens`` (a locked one first) and the
+        offset of each in it. A restore uses what a save left free (already
+        locked) instead of mapping and locking anew: a slab of the same layout
+        by its own slots, else one locked (or to be locked) in a single piece,
+        packed at 64-byte alignment (a copy must lie within one locked piece,
+        see ``_pieces``). Else a new slab of this layout."""
         offsets, end = [], 0
         for n in lens:
             end = (end + 63) & ~63
             offsets.append(end)
             end += n
+        want = tuple(lens)
         free = [s for s in self._slabs if s.free() and s.nbytes >= end]
         free.sort(key=lambda s: (not s.locked, s.nbytes))
-        if free:
-            return free[0], offsets
+        for s in free:
+            if s.lens == want:
+                return s, [off for off, _ in s.slots]
+            if len(_pieces(s)) <= 1:
+                return s, offsets
         s = self.take(lens, -1)
         return s, [off for off, _ in s.slots]
 
-    def prepare(self, slab: _Slab) -> None:
-        """Populate and page-lock a new slab (once); a slab that cannot be
-        locked stays pageable, and copies into it block until done."""
+    def prepare(self, slab: _Slab, device: Optional[torch.device]) -> None:
+        """Populate and page-lock a new slab (once), with ``device`` (the
+        copies') current; a slab that cannot be locked stays pageable, and
+        copies into it block until done."""
         if slab.locked or slab.prepared or slab.nbytes == 0:
             return
         slab.prepared = True  # tried once: a slab the runtime will not lock stays pageable
         slab.native.populate()
+        if device is not None:
+            with _on(device):
+                self._lock_slab(slab)
+        else:
+            self._lock_slab(slab)
+
+    def _lock_slab(self, slab: _Slab) -> None:
         # Locked piece by piece: the driver takes no other call of the process
         # while it locks, so the training's launches get in between pieces.
-        locker = self._get_locker()
+        locker = _locker()
         done: List[int] = []
         for at, n in _pieces(slab):
             if not locker.lock(slab.native.address + at, n):
@@ -287,22 +344,17 @@ class SlabPool:
     def _drop(self, s: _Slab) -> None:
         if s.locked:
             for a in s.pieces:
-                self._get_locker().unlock(a)
+                _locker().unlock(a)
             with self._lock:
                 for a in s.pieces:
                     self._locked_addresses.remove(a)
             s.locked, s.pieces = False, []
         self._slabs.remove(s)
 
-    def _get_locker(self) -> _Locker:
-        if self._locker is None:
-            self._locker = _Locker()
-        return self._locker
-
     @staticmethod
-    def _unlock_all(addresses: List[int], get_locker: Callable[[], _Locker]) -> None:
+    def _unlock_all(addresses: List[int]) -> None:
         for a in list(addresses):
-            get_locker().unlock(a)
+            _locker().unlock(a)
         addresses.clear()
 
 
@@ -508,9 +560,15 @@ class DeviceCopy:
         self._launched = True
         fut = self._launch
 
+        device = self._device()
+
         def run() -> None:
             try:
-                self._queue()
+                if device is None:
+                    self._queue()
+                else:
+                    with _on(device):
+                        self._queue()
             except BaseException as e:  # noqa: BLE001 - the save's gate raises it
                 fut.set_exception(e)
             else:
@@ -529,10 +587,24 @@ class DeviceCopy:
         self.launch()
         self.wait_landed()
 
+    def _device(self) -> Optional[torch.device]:
+        """The device of the save's first CUDA tensor (made current in ckpt's threads)."""
+        return self._srcs[0].device if self._srcs else None
+
     def _queue(self) -> None:
         slab = self.slab
         assert slab is not None
-        self._pool.prepare(slab)
+        self._pool.prepare(slab, self._device())
+        try:
+            self._queue_copies(slab)
+        except BaseException:
+            # Copies queued before the failure still land: the slab is not
+            # free until they have (``landed`` sees no events).
+            for device in self._start:
+                self._pool.stream(device).synchronize()
+            raise
+
+    def _queue_copies(self, slab: _Slab) -> None:
         events = []
         with torch.no_grad():
             if self._queued_early or self._batch:
@@ -553,7 +625,8 @@ class DeviceCopy:
                         _copy_all(dst, src)
                 devices = list(by_device)
             for device in devices:
-                ev = torch.cuda.Event()
+                # Blocking: a thread that waits for it sleeps instead of spinning a core.
+                ev = torch.cuda.Event(blocking=True)
                 ev.record(self._pool.stream(device))
                 events.append((device, ev))
         self._events = events
@@ -564,15 +637,20 @@ class DeviceCopy:
             return False
         if self._launch is not None and not self._launch.done():
             return False
-        return all(ev.query() for _, ev in self._events)
+        for device, ev in self._events:
+            with _on(device):
+                if not ev.query():
+                    return False
+        return True
 
     def wait_landed(self) -> None:
         """Block until every copy has landed (the GIL is released meanwhile); then
         the sources are let go."""
         if self._launch is not None:
             self._launch.result()
-        for _, ev in self._events:
-            ev.synchronize()
+        for device, ev in self._events:
+            with _on(device):  # also from the engine's threads
+                ev.synchronize()
         self._srcs = []
 
     def fence(self) -> None:
@@ -650,8 +728,9 @@ class HostStage:
 
     def copy_back(self) -> None:
         """Copy every slot into its live tensor and wait for the copies."""
-        if self.slab is not None:
-            self._pool.prepare(self.slab)  # locked now that the read has mapped its pages
+        if self.slab is not None and self._dst:
+            # Locked now that the read has mapped its pages.
+            self._pool.prepare(self.slab, self._dst[0].device)
         with torch.no_grad():
             for t, v in zip(self._dst, self._views):
                 t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)

@@ -1,0 +1,179 @@
+"""The slab pool of CUDA snapshots (``ckpt.cuda.SlabPool``): its default
+budget, its collection when a checkpointer is never closed, where a restore
+lays its buffers out in a slab a save left, and which device ckpt's own
+threads make current for their CUDA calls.
+
+No GPU here: the real pool and ``DeviceCopy`` run on CPU tensors through the
+stand-in CUDA streams and events of ``test_device_copy.py`` (a test double;
+``test_cuda.py`` runs on a GPU). The page locking is the stand-in's too, so
+what is checked is the pool's bookkeeping, not the driver's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import pytest
+import torch
+
+import ckpt
+import ckpt.cuda as cudam
+from test_device_copy import Net, _Event, fake_cuda, train  # noqa: F401 - the fixture is used by name
+
+
+class _Landing:
+    """Stands for a save's copies that have not landed yet."""
+
+    def landed(self) -> bool:
+        return False
+
+
+def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]]) -> None:
+    # Large slots start 16 bytes into a page: the slab is longer than its tensors.
+    lens = [4 << 20, 4 << 20, 1000]
+    pool = cudam.SlabPool(None, "skip")
+    first = pool.take(lens, 1)
+    assert first.nbytes > sum(lens)
+    first.owner = _Landing()  # still being written when the next save comes
+    second = pool.take(lens, 2)
+    assert second is not first, "the next save gets a slab of its own"
+    second.owner = _Landing()
+    with pytest.raises(ckpt.SkippedError):
+        pool.take(lens, 3)  # two slabs are the default budget
+    first.owner = None
+    assert pool.take(lens, 4) is first
+
+
+def test_a_pool_never_closed_is_collected_and_unlocks_its_slabs(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unlocked: List[int] = []
+    monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: unlocked.append(address))
+    pool = cudam.SlabPool(None, "wait")
+    slab = pool.take([1 << 20, 3000], 1)
+    pool.prepare(slab, None)
+    assert slab.locked
+    pieces = list(slab.pieces)
+    ref = weakref.ref(pool)
+    del pool, slab
+    gc.collect()
+    assert ref() is None, "the pool is collected"
+    assert unlocked == pieces, "and what it locked is unlocked"
+
+
+def _within_one_piece(slab: Any, offsets: List[int], lens: List[int]) -> bool:
+    pieces = cudam._pieces(slab)
+    return all(any(at <= off and off + n <= at + size for at, size in pieces) for off, n in zip(offsets, lens))
+
+
+def test_a_restore_lays_its_buffers_out_within_locked_pieces(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cudam, "_LOCK_PIECE", 1 << 20)  # a small slab locked in several pieces
+    saved = [600_000] * 6
+    pool = cudam.SlabPool(1 << 30, "wait")
+    slab = pool.take(saved, 1)
+    pool.prepare(slab, None)
+    assert len(slab.pieces) > 1
+    # The same layout: the save's own slots.
+    got, offsets = pool.borrow(saved)
+    assert got is slab and offsets == [off for off, _ in slab.slots]
+    # Another layout, which packed would cross from one locked piece into the
+    # next: not in this slab (a copy must lie within one piece).
+    other = [1_000_000, 1_000_000, 1_000_000]
+    got, offsets = pool.borrow(other)
+    assert _within_one_piece(got, offsets, other)
+    # A slab locked in one piece takes any layout that fits, packed.
+    small = cudam.SlabPool(1 << 30, "wait")
+    one = small.take([300_000, 300_000], 1)
+    small.prepare(one, None)
+    got, offsets = small.borrow([200_000, 200_000, 150_000])
+    assert got is one and _within_one_piece(one, offsets, [200_000, 200_000, 150_000])
+
+
+class _Current(threading.local):
+    device: Optional[torch.device] = None
+
+
+def test_ckpts_own_threads_make_the_tensors_device_current(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread starts on device 0; a CUDA call there would create a context
+    on GPU 0 for every rank of a node. Every CUDA call ckpt makes outside the
+    caller's thread must run inside ``_on(device)``."""
+    current = _Current()
+    strays: List[Tuple[str, str]] = []
+
+    @contextlib.contextmanager
+    def on(device: torch.device) -> Iterator[None]:
+        prev, current.device = current.device, device
+        try:
+            yield
+        finally:
+            current.device = prev
+
+    def check(what: str) -> None:
+        if threading.current_thread() is not threading.main_thread() and current.device is None:
+            strays.append((what, threading.current_thread().name))
+
+    class Event(_Event):
+        def record(self, stream: Any = None) -> None:
+            check("Event.record")
+
+        def query(self) -> bool:
+            check("Event.query")
+            return True
+
+        def synchronize(self) -> None:
+            check("Event.synchronize")
+
+    def lock(self: Any, address: int, n: int) -> bool:
+        check("cudaHostRegister")
+        return True
+
+    monkeypatch.setattr(cudam, "_on", on)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(cudam._Locker, "lock", lock)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    for lazy in (True, False):
+        cp = ckpt.Checkpointer(url, lazy=lazy, rng=False, keep_last=2)
+        for step in range(3):
+            cp.save(step + (10 if lazy else 20), model=model, optimizer=opt)
+            train(model, opt)
+        cp.wait()
+        cp.close()
+    assert not strays, strays
+
+
+def test_a_failed_page_lock_takes_its_error_off_the_runtime() -> None:
+    """PyTorch checks the CUDA runtime's last error after every kernel launch;
+    a failed ``cudaHostRegister`` left there would fail the training's next
+    kernel. (The runtime is a test double: there is no CUDA here.)"""
+    calls: List[str] = []
+
+    class Runtime:
+        def cudaHostRegister(self, address: Any, n: int, flags: int) -> int:
+            calls.append("register")
+            return 2  # cudaErrorMemoryAllocation
+
+        def cudaHostUnregister(self, address: Any) -> int:
+            calls.append("unregister")
+            return 1  # cudaErrorInvalidValue
+
+        def cudaGetLastError(self) -> int:
+            calls.append("clear")
+            return 0
+
+    locker = cudam._Locker()
+    locker._lib = Runtime()
+    with pytest.warns(UserWarning, match="could not page-lock"):
+        assert not locker.lock(1 << 20, 4096)
+    locker.unlock(1 << 20)
+    assert calls == ["register", "clear", "unregister", "clear"]
