@@ -75,6 +75,17 @@ impl HostSlab {
         self.slab.fits(&lens)
     }
 
+    /// The same memory with a slot of each of `lens` (a save of other shapes
+    /// reusing page-locked memory), or None when it has no room or a save
+    /// still holds its bytes. Use this slab no more afterwards.
+    fn relayout(&self, lens: Vec<usize>) -> PyResult<Option<HostSlab>> {
+        Ok(self
+            .slab
+            .relayout(&lens)
+            .map_err(to_py)?
+            .map(|slab| HostSlab { slab }))
+    }
+
     /// True while a save still holds bytes of this slab (do not write it).
     fn in_use(&self) -> bool {
         self.slab.in_use()

@@ -37,11 +37,15 @@ const SMALL_ALIGN: usize = 64;
 pub struct Slab {
     mem: Arc<PageBuf>,
     slots: Arc<[(usize, usize)]>,
+    /// Held by this layout's clones and slot bytes (see [`Slab::in_use`]); a
+    /// [`relayout`](Slab::relayout) starts a new one.
+    users: Arc<()>,
 }
 
 /// A slot's bytes, kept alive by the slab's memory.
 struct Slot {
     mem: Arc<PageBuf>,
+    _users: Arc<()>,
     at: usize,
     len: usize,
 }
@@ -62,7 +66,25 @@ impl Slab {
         Ok(Slab {
             mem: Arc::new(mem),
             slots: slots.into(),
+            users: Arc::new(()),
         })
+    }
+
+    /// The same memory laid out for `lens`, when it has room and no bytes of
+    /// this layout are held: a save of other shapes reuses memory a device
+    /// runtime already page-locked, instead of mapping and locking anew.
+    /// `None` when it cannot. The two layouts share bytes: the caller uses
+    /// this slab no more.
+    pub fn relayout(&self, lens: &[usize]) -> Result<Option<Slab>> {
+        let (slots, total) = layout(lens)?;
+        if self.in_use() || total > self.mem.len() {
+            return Ok(None);
+        }
+        Ok(Some(Slab {
+            mem: self.mem.clone(),
+            slots: slots.into(),
+            users: Arc::new(()),
+        }))
     }
 
     /// The `(offset, length)` of each slot in the mapping.
@@ -105,6 +127,7 @@ impl Slab {
         }
         Ok(Bytes::from_owner(Slot {
             mem: self.mem.clone(),
+            _users: self.users.clone(),
             at,
             len,
         }))
@@ -112,7 +135,7 @@ impl Slab {
 
     /// True while bytes of a slot (or another clone of this slab) are alive.
     pub fn in_use(&self) -> bool {
-        Arc::strong_count(&self.mem) > 1
+        Arc::strong_count(&self.users) > 1
     }
 
     /// Map every page of a fresh slab now, on `threads` threads, instead of
@@ -229,6 +252,33 @@ mod tests {
         assert!(slab.fits(&[3, big, 5, big + 1, 0]));
         slab.populate(3).unwrap();
         assert!(!slab.fits(&[3, big, 5, big, 0]));
+    }
+
+    #[test]
+    fn a_free_slab_is_laid_out_anew_in_the_same_memory() {
+        let big = LEAD_MIN;
+        let slab = Slab::new(&[big * 4, 100]).unwrap();
+        let held = slab.slot(0).unwrap();
+        assert!(
+            slab.relayout(&[big, big]).unwrap().is_none(),
+            "not while in use"
+        );
+        drop(held);
+        let again = slab.relayout(&[big, 7, big, big]).unwrap().expect("room");
+        assert_eq!(again.address(), slab.address(), "the same memory");
+        assert_eq!(again.len(), slab.len());
+        assert!(again.fits(&[big, 7, big, big]));
+        assert_eq!(
+            (again.slots()[2].0 - STAGING_LEAD) % PAGE,
+            0,
+            "aligned as a new slab"
+        );
+        assert!(slab.relayout(&[big * 5]).unwrap().is_none(), "no room");
+        // Each layout counts its own users.
+        let bytes = again.slot(1).unwrap();
+        assert!(again.in_use() && !slab.in_use());
+        drop(bytes);
+        assert!(!again.in_use());
     }
 
     /// The kernel's flags of the mapping that holds `address` (smaps; the
