@@ -177,3 +177,87 @@ def test_a_failed_page_lock_takes_its_error_off_the_runtime() -> None:
         assert not locker.lock(1 << 20, 4096)
     locker.unlock(1 << 20)
     assert calls == ["register", "clear", "unregister", "clear"]
+
+
+def _counting_locks(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[Any]]:
+    calls: Dict[str, List[Any]] = {"lock": [], "unlock": []}
+    monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n: calls["lock"].append((address, n)) or True)
+    monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: calls["unlock"].append(address))
+    return calls
+
+
+def test_memory_locked_in_one_piece_is_laid_out_anew_for_other_shapes(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _counting_locks(monkeypatch)
+    pool = cudam.SlabPool(None, "wait")
+    restored = [500_000, 500_000, 1000]
+    slab, offsets = pool.borrow(restored)  # a restore's new slab...
+    assert _within_one_piece(slab, offsets, restored)
+    pool.prepare(slab, None, whole=True)  # ...locked after its read
+    assert len(calls["lock"]) == 1
+    # The first save's layout differs: step counters of a fused optimizer on
+    # the device, each moving a large slot to the next page, and an empty tensor.
+    saved = [500_000, 4, 500_000, 4, 1000, 4, 0]
+    got = pool.take(saved, 1)
+    assert got is slab and got.native.fits(saved)
+    assert got.native.address == slab.native.address
+    assert len(calls["lock"]) == 1 and not calls["unlock"], "nothing mapped or locked anew"
+    view = got.view(2, torch.uint8, (500_000,))
+    view.fill_(7)
+    assert got.host[got.slots[2][0]] == 7
+
+
+def test_memory_locked_in_pieces_is_not_laid_out_anew(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _counting_locks(monkeypatch)
+    monkeypatch.setattr(cudam, "_LOCK_PIECE", 1 << 20)
+    pool = cudam.SlabPool(None, "wait")
+    slab = pool.take([600_000] * 6, 1)
+    pool.prepare(slab, None)  # in a training loop: piece by piece
+    assert len(slab.pieces) > 1
+    got = pool.take([1_000_000] * 3, 2)
+    assert got is not slab and slab not in pool._slabs
+    assert sorted(calls["unlock"]) == sorted(slab.pieces) or not slab.locked
+
+
+def test_a_reservation_is_the_first_saves_memory(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _counting_locks(monkeypatch)
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False, staging_budget=1 << 20)
+    assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1
+    reserved = pool._slabs[0]
+    address = reserved.native.address
+    train(model, opt)  # the optimizer's state exists only now
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    cp.save(1, model=model, optimizer=opt)
+    assert [s.native.address for s in pool._slabs] == [address], "the save took the reserved memory"
+    assert len(calls["lock"]) == 1, "locked once, ahead"
+    cp.wait()
+    cp.close()
+    got = ckpt.Checkpointer(url, read_only=True, rng=False).read(1).state["model"]
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+
+
+def test_no_reservation_without_a_budget_or_with_a_checkpoint(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    model = Net()
+    cp = ckpt.Checkpointer(url, rng=False)
+    assert cp.load_latest(model=model) is None
+    assert cp._slabs is None or not cp._slabs._slabs, "no budget: nothing reserved"
+    cp.save(1, model=model).wait()
+    cp.close()
+    cp = ckpt.Checkpointer(url, rng=False, staging_budget=1 << 20)
+    assert cp.load_latest(model=model) == 1
+    assert cp._slabs is None or all(s.preparing is None for s in cp._slabs._slabs), "a restart: nothing reserved"
+    cp.close()

@@ -131,7 +131,13 @@ class Checkpointer:
             many bytes of them are held (and locked), so with the default two
             saves can be in flight. Set it to about the state's size to lock
             one copy only; a save then waits (or, with ``busy="skip"``, is
-            skipped) while the previous one is still being written.
+            skipped) while the previous one is still being written. With a
+            budget set, a fresh start's :meth:`load_latest` (nothing to
+            restore) maps and locks half of it in the background, and the
+            first save takes that memory instead of locking in its stall: set
+            it to twice the CUDA bytes of the model and optimizer state. (A
+            restart's restore leaves its locked slab to the first save without
+            one.)
         busy: when the budget is in use by earlier saves: ``"wait"`` or
             ``"skip"`` (``save`` raises :class:`~ckpt.SkippedError`).
         rng: also save and restore the global random generators
@@ -245,6 +251,7 @@ class Checkpointer:
         self._pool_of: Optional["Checkpointer"] = None
         self._staging_budget = staging_budget
         self._busy = busy
+        self._read_only = bool(read_only)
         # ``(rank, ranks)`` whose own state (RNG) this checkpointer saves and
         # restores, when not its own: the memory tier's per-rank roots
         # (ckpt.memory) save alone on behalf of a rank of the job.
@@ -484,7 +491,19 @@ class Checkpointer:
             )
         for s, a, err in skipped:
             warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
+        if restored is None:
+            self._reserve_ahead(state, named)
         return restored
+
+    def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
+        """A fresh start of a job with CUDA state and a ``staging_budget``:
+        map and page-lock the first save's slab (half the budget) now, in the
+        background, so that no save waits for it (see ``SlabPool.reserve``)."""
+        if self._staging_budget is None or self._read_only or self._pool_of is not None or not _cuda_ready():
+            return
+        device = _cuda_device_in([state, *named.values()])
+        if device is not None:
+            self._pool(True).reserve(self._staging_budget // 2, device)
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
@@ -678,6 +697,35 @@ class Checkpointer:
                 cp._before_step()
 
         self._hooks[id(obj)] = obj.register_step_pre_hook(wait_for_snapshots)
+
+
+def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
+    """The device of the first CUDA tensor met in ``objs`` (tensors, modules,
+    optimizers, mappings and sequences of them), or None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_cuda:
+                return obj.device
+        elif isinstance(obj, torch.nn.Module):
+            found = _cuda_device_in(list(obj.parameters()) + list(obj.buffers()), 0)
+            if found is not None:
+                return found
+        elif isinstance(obj, torch.optim.Optimizer):
+            found = _cuda_device_in([p for g in obj.param_groups for p in g["params"]], 0)
+            if found is not None:
+                return found
+        elif depth > 0 and isinstance(obj, Mapping):
+            found = _cuda_device_in(list(obj.values()), depth - 1)
+            if found is not None:
+                return found
+        elif depth > 0 and isinstance(obj, (list, tuple)):
+            found = _cuda_device_in(list(obj), depth - 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _cuda_ready() -> bool:

@@ -22,7 +22,12 @@ one trip over PCIe, no copy through the CPU.
   H100 host for 4 GiB: a copy into untouched pageable memory took 1.97 s
   (faulting its pages), into touched pageable memory 0.41 s, into locked
   memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
-  which the CUDA driver takes no other call from the process.
+  which the CUDA driver takes no other call from the process. So memory is
+  locked ahead where it can be: a restore locks its slab after its read, and
+  a fresh start with a ``staging_budget`` reserves half of it in the
+  background (:meth:`SlabPool.reserve`). Both are locked in one piece, out
+  of the training loop, and the first save lays such memory out anew for its
+  own tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
 - **Budget.** Slabs are reused by layout; the pool holds at most
   ``staging_budget`` bytes of them (default: twice the first save's slab,
   its CUDA bytes and their alignment, so a save can start while the previous
@@ -167,6 +172,8 @@ class _Slab:
         self.prepared = False
         #: Addresses of its page-locked pieces (see ``_pieces``).
         self.pieces: List[int] = []
+        #: Its preparation in the background (:meth:`SlabPool.reserve`), until taken.
+        self.preparing: Optional["Future[None]"] = None
         #: The copy that last filled it (the slab is free once it has landed).
         self.owner: Optional["DeviceCopy"] = None
 
@@ -180,6 +187,20 @@ class _Slab:
         v = self.host[off : off + n].view(dtype).view(shape)
         self._views[i] = (key, v)
         return v
+
+    def relaid(self, lens: List[int]) -> bool:
+        """Lay the same memory out for ``lens`` (a slot each), if it has room
+        and no save holds its bytes; its locked memory is kept."""
+        native = self.native.relayout(lens)
+        if native is None:
+            return False
+        # ``host`` views the same memory (and keeps the old layout's object alive).
+        self.native = native
+        self.slots = native.slots
+        self.lens = tuple(lens)
+        self._slot_objs = None
+        self._views = {}
+        return True
 
     def slot_objs(self) -> List[_ckpt.SlabSlot]:
         """Every slot as handed to ``save`` (made once: a loop saves into the same slots)."""
@@ -247,10 +268,16 @@ class SlabPool:
     def take(self, lens: List[int], step: int) -> _Slab:
         """A free slab with these slot lengths: reused, else new within the budget."""
         self._layout = tuple(lens)
+        self._settle()
         new: Optional[_Slab] = None
         while True:
             for s in self._slabs:
                 if s.native.fits(lens) and s.free():
+                    return s
+            # Memory mapped and locked already, in one piece (reserved ahead, or
+            # left by a restore), laid out anew for this save.
+            for s in self._slabs:
+                if s.free() and len(s.pieces) <= 1 and s.relaid(lens):
                     return s
             # Room for a new one: first drop free slabs of other layouts.
             for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
@@ -275,45 +302,74 @@ class SlabPool:
         """A free slab with room for ``lens`` (a locked one first) and the
         offset of each in it. A restore uses what a save left free (already
         locked) instead of mapping and locking anew: a slab of the same layout
-        by its own slots, else one locked (or to be locked) in a single piece,
-        packed at 64-byte alignment (a copy must lie within one locked piece,
-        see ``_pieces``). Else a new slab of this layout."""
+        by its own slots, else one not locked in several pieces, packed at
+        64-byte alignment (a copy must lie within one locked piece, see
+        ``_pieces``; a restore locks a new slab in one piece after its read).
+        Else a new slab of this layout, with room to spare (:func:`_spare`)
+        for the first save to lay it out anew."""
         offsets, end = [], 0
         for n in lens:
             end = (end + 63) & ~63
             offsets.append(end)
             end += n
         want = tuple(lens)
+        self._settle()
         free = [s for s in self._slabs if s.free() and s.nbytes >= end]
         free.sort(key=lambda s: (not s.locked, s.nbytes))
         for s in free:
             if s.lens == want:
                 return s, [off for off, _ in s.slots]
-            if len(_pieces(s)) <= 1:
+            if len(s.pieces) <= 1:
                 return s, offsets
-        s = self.take(lens, -1)
-        return s, [off for off, _ in s.slots]
+        s = self.take([*lens, _spare(lens)], -1)
+        return s, [off for off, _ in s.slots[: len(lens)]]
 
-    def prepare(self, slab: _Slab, device: Optional[torch.device]) -> None:
+    def reserve(self, nbytes: int, device: Optional[torch.device]) -> None:
+        """Map and page-lock ``nbytes`` of slab memory now, in the background
+        and in one piece, for the first save: it takes them whatever its
+        layout (see :meth:`take`), so it does not map and lock in its stall.
+        Only into an empty pool (a job's start)."""
+        if nbytes <= 0 or self._slabs:
+            return
+        slab = _Slab([nbytes])
+        self._slabs.append(slab)
+        slab.preparing = self.launcher().submit(self.prepare, slab, device, True)
+
+    def _settle(self) -> None:
+        """Wait for the reservations in flight (a save or restore takes their
+        memory next); one that failed is dropped."""
+        for s in list(self._slabs):
+            fut, s.preparing = s.preparing, None
+            if fut is None:
+                continue
+            try:
+                fut.result()
+            except Exception:  # noqa: BLE001 - no memory to be had: the save maps its own
+                self._drop(s)
+
+    def prepare(self, slab: _Slab, device: Optional[torch.device], whole: bool = False) -> None:
         """Populate and page-lock a new slab (once), with ``device`` (the
         copies') current; a slab that cannot be locked stays pageable, and
-        copies into it block until done."""
+        copies into it block until done. ``whole``: in one piece, outside a
+        training loop (a reservation, a restore), so that a save of other
+        shapes can lay it out anew; else piece by piece (see ``_pieces``)."""
         if slab.locked or slab.prepared or slab.nbytes == 0:
             return
         slab.prepared = True  # tried once: a slab the runtime will not lock stays pageable
         slab.native.populate()
+        pieces = [(0, slab.nbytes)] if whole else _pieces(slab)
         if device is not None:
             with _on(device):
-                self._lock_slab(slab)
+                self._lock_slab(slab, pieces)
         else:
-            self._lock_slab(slab)
+            self._lock_slab(slab, pieces)
 
-    def _lock_slab(self, slab: _Slab) -> None:
+    def _lock_slab(self, slab: _Slab, pieces: List[Tuple[int, int]]) -> None:
         # Locked piece by piece: the driver takes no other call of the process
         # while it locks, so the training's launches get in between pieces.
         locker = _locker()
         done: List[int] = []
-        for at, n in _pieces(slab):
+        for at, n in pieces:
             if not locker.lock(slab.native.address + at, n):
                 for a in done:
                     locker.unlock(a)
@@ -342,6 +398,12 @@ class SlabPool:
             self._drop(s)
 
     def _drop(self, s: _Slab) -> None:
+        if s.preparing is not None:
+            try:
+                s.preparing.result()  # not unlocked while it is being locked
+            except Exception:  # noqa: BLE001 - dropped anyway
+                pass
+            s.preparing = None
         if s.locked:
             for a in s.pieces:
                 _locker().unlock(a)
@@ -356,6 +418,14 @@ class SlabPool:
         for a in list(addresses):
             _locker().unlock(a)
         addresses.clear()
+
+
+def _spare(lens: List[int]) -> int:
+    """Room a restore's slab keeps past its tensors, so that the first save
+    fits in it laid out anew: a save may hold tensors a restore does not fill
+    through the slab (a fused optimizer's step counters on the device, empty
+    tensors), and each may move the large slot after it to the next page."""
+    return 4096 * (len(lens) + 16)
 
 
 #: Bytes page-locked per call, about (4 GiB took 0.135 s in one call).
@@ -729,8 +799,9 @@ class HostStage:
     def copy_back(self) -> None:
         """Copy every slot into its live tensor and wait for the copies."""
         if self.slab is not None and self._dst:
-            # Locked now that the read has mapped its pages.
-            self._pool.prepare(self.slab, self._dst[0].device)
+            # Locked now that the read has mapped its pages, in one piece (no
+            # training runs yet), so the first save may lay it out anew.
+            self._pool.prepare(self.slab, self._dst[0].device, whole=True)
         with torch.no_grad():
             for t, v in zip(self._dst, self._views):
                 t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)
