@@ -395,6 +395,8 @@ class Ckpt(Method):
         self.name = "ckpt lazy" if lazy else "ckpt eager"
         self.loads = not lazy  # the same files and load path as eager
         self.keep_last = keep_last
+        #: Other options of the checkpointer (``staging_budget``, ...).
+        self.options: dict = {}
         self.cp = None
         self.h = None
         super().__init__(work)
@@ -407,7 +409,8 @@ class Ckpt(Method):
 
         super().open()
         kw = {} if self.keep_last is None else {"keep_last": self.keep_last}
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, **kw)
+        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, **kw,
+                                    **self.options)
 
     def state(self) -> dict:
         """What ``save`` and ``load_latest`` are given."""

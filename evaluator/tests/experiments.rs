@@ -676,6 +676,7 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
         [
             "none",
             "ckpt eager",
+            "ckpt eager (locked ahead)",
             "ckpt lazy",
             "ckpt lazy (memory tier)",
             "torch.save",
