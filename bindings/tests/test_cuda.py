@@ -207,6 +207,41 @@ def test_a_resumed_run_matches_the_uninterrupted_one_bitwise(url: str) -> None:
 
 
 @needs_cuda
+def test_the_first_save_takes_memory_locked_ahead(url: str) -> None:
+    """A fresh start with a staging budget locks the first save's memory at
+    ``load_latest``; a restart's first save takes the memory its restore
+    locked, laid out anew (a fused optimizer's step counters are on the
+    device at the save, on the host at the restore). Each save stores its
+    values."""
+    model = _model(4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    state_bytes = 3 * sum(p.nbytes for p in model.parameters())
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False, staging_budget=4 * state_bytes)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    reserved = [s.native.address for s in cp._slabs._slabs]
+    assert len(reserved) == 1
+    _train(model, opt, 2, 7)
+    cp.save(1, model=model, optimizer=opt)
+    want = {k: bits(v) for k, v in model.state_dict().items()}
+    assert [s.native.address for s in cp._slabs._slabs] == reserved, "the reserved memory, laid out for the save"
+    cp.wait()
+    cp.close()
+    again = _model(5)
+    opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2, fused=True)
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False)
+    assert cp.load_latest(model=again, optimizer=opt2) == 1
+    assert {k: bits(v) for k, v in again.state_dict().items()} == want
+    restored = [s.native.address for s in cp._slabs._slabs]
+    _train(again, opt2, 1, 8)
+    cp.save(2, model=again, optimizer=opt2)
+    want2 = {k: bits(v) for k, v in again.state_dict().items()}
+    assert [s.native.address for s in cp._slabs._slabs] == restored, "the restore's memory, laid out anew"
+    cp.wait()
+    assert {k: bits(v) for k, v in cp.read(2).state["model"].items()} == want2
+    cp.close()
+
+
+@needs_cuda
 def test_buffers_changed_by_the_next_forward_are_stored_as_they_were(url: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.BatchNorm1d(512)).cuda()
