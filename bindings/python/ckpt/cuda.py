@@ -365,8 +365,8 @@ class SlabPool:
             self._lock_slab(slab, pieces)
 
     def _lock_slab(self, slab: _Slab, pieces: List[Tuple[int, int]]) -> None:
-        # Locked piece by piece: the driver takes no other call of the process
-        # while it locks, so the training's launches get in between pieces.
+        # In a training loop, piece by piece: the driver takes no other call of
+        # the process while it locks, so the training's launches get in between.
         locker = _locker()
         done: List[int] = []
         for at, n in pieces:
