@@ -189,6 +189,20 @@ pub fn render(res: &MemtierResults) -> Output {
         runs.iter().filter(|x| !x.bitwise).count() as f64,
         0.0,
     ));
+    // The issue's own measure: the restore within a restart (from
+    // `load_latest` to the state in place), slowest rank, medians.
+    let restore_of = |source: &str| {
+        r.runs
+            .get(source)
+            .and_then(|v| summary(&v.iter().map(|x| x.restore_s).collect::<Vec<_>>()))
+    };
+    if let (Some(memory), Some(disk)) = (restore_of("memory"), restore_of(BASELINE)) {
+        out.targets.push(Target::new(
+            "memory tier: restore within a restart from memory / from local disk cold",
+            ratio(Some(&memory), Some(&disk)),
+            RESTORE_BOUND,
+        ));
+    }
     if let Some((t, both)) = stall_table(res) {
         out.tables.push(t);
         out.targets.push(Target::new(
