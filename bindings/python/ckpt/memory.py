@@ -35,9 +35,10 @@ replica's retention removes it).
 the memory checkpoints it holds (its own and the replica it keeps) and the
 newest durable step, and takes the newest step every rank can get from
 memory, unless the durable tier has a newer one. Each rank loads its own
-copy; a rank whose copy is missing (a replacement node) or fails
-verification gets the replica from the peer that keeps it, into its own
-memory root, and loads that. Every rank learns every other's outcome; if one
+copy. A rank whose copy is missing (a replacement node) gets the replica
+from the peer that keeps it, into its own memory root, before any rank
+loads, so that all the loads run at once; one whose copy fails
+verification gets the replica after, and loads that. Every rank learns every other's outcome; if one
 could not load the step, all go on to the next older complete step, then to
 the durable tier. So every rank agrees on the step, and memory checkpoints
 newer than it are dropped (they belong to a timeline that is not resumed).
@@ -387,17 +388,37 @@ class MemoryCheckpointer:
         """Load ``step`` from memory on every rank: its own copy, else the
         replica its peer keeps. ``None`` (on every rank) when some rank could
         not; its live state may then be partly overwritten, as the caller
-        goes on to load an older checkpoint."""
-        topo = self.topology
-        me = topo.rank
+        goes on to load an older checkpoint.
+
+        A rank without a copy of its own (a replacement node) fetches its
+        replica before any rank loads, so the other ranks' loads overlap its
+        own; a copy that fails verification is replaced by its replica after."""
+        me = self.topology.rank
+        absent = {r for r, e in enumerate(everyone) if step not in e["own"]}
+        if absent and not self._fetch(step, absent, everyone):
+            return None
         first = self._agree(self._try_load(step, state, named))
         need = {r for r, o in enumerate(first) if o["status"] != "ok"}
         if not need:
-            return "memory"
+            return "peer" if me in absent else "memory"
+        if need & absent or not self._fetch(step, need, everyone):
+            return None  # a fetched replica failed too, or there is none
+        second = self._try_load(step, state, named) if me in need else {"status": "ok"}
+        if any(o["status"] != "ok" for o in self._agree(second)):
+            return None
+        return "peer" if me in need | absent else "memory"
+
+    def _fetch(self, step: int, need: Set[int], everyone: List[Any]) -> bool:
+        """Every rank in ``need`` gets the replica of ``step`` its peer keeps,
+        into its own memory root (a collective: every rank takes part). False
+        on every rank when one of them has no replica to get; a transfer that
+        fails leaves that rank without a copy, which its load then finds."""
+        topo = self.topology
+        me = topo.rank
         if self.replica is None or self._link is None:
-            return None
+            return False
         if any(step not in everyone[topo.holder(r)]["held"] for r in need):
-            return None
+            return False
         outgoing: List[Tuple[str, int]] = []
         if topo.source() in need:
             try:
@@ -407,15 +428,9 @@ class MemoryCheckpointer:
         lists = [[tuple(x) for x in lst] for lst in self._gather(outgoing)]
         incoming = lists[topo.holder()] if me in need else []
         failure = self._transfer(self.replica, outgoing, topo.source(), self.own, incoming, topo.holder(), lists)
-        second = {"status": "ok"}
-        if me in need:
-            if failure is not None or not incoming:
-                second = {"status": "damaged"}
-            else:
-                second = self._try_load(step, state, named)
-        if any(o["status"] != "ok" for o in self._agree(second)):
-            return None
-        return "peer" if me in need else "memory"
+        if failure is not None and me in need:
+            warnings.warn(f"ckpt: fetching the replica of step {step} failed: {failure.get('msg')}", stacklevel=4)
+        return True
 
     def _run(self) -> None:
         while True:
