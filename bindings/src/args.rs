@@ -32,6 +32,15 @@ impl Shard {
     }
 }
 
+impl From<ShardSpec> for Shard {
+    fn from(s: ShardSpec) -> Self {
+        Shard {
+            global_shape: s.global_shape,
+            offsets: s.offsets,
+        }
+    }
+}
+
 #[pymethods]
 impl Shard {
     #[new]
@@ -105,17 +114,7 @@ impl TensorSpec {
         shard: Option<ShardSpec>,
         bytes: bytes::Bytes,
     ) -> PyResult<Self> {
-        let shard = shard
-            .map(|s| {
-                Py::new(
-                    py,
-                    Shard {
-                        global_shape: s.global_shape,
-                        offsets: s.offsets,
-                    },
-                )
-            })
-            .transpose()?;
+        let shard = shard.map(|s| Py::new(py, Shard::from(s))).transpose()?;
         Ok(TensorSpec {
             name,
             dtype,

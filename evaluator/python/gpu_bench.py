@@ -232,8 +232,9 @@ class GpuCkpt(Ckpt):
     ``save`` returns once the copies have landed. Bound to the model, it calls
     ``load_latest`` as a job's start does (nothing to restore here).
 
-    ``ahead``: with ``staging_budget`` set to twice the state, which makes
-    that ``load_latest`` lock the first save's memory in the background."""
+    ``ahead_bytes`` (the state's): with ``staging_budget`` set to twice that,
+    which makes that ``load_latest`` lock the first save's memory in the
+    background."""
 
     AHEAD = "ckpt eager (locked ahead)"
 
@@ -242,13 +243,12 @@ class GpuCkpt(Ckpt):
         if ahead_bytes is not None:
             self.name = GpuCkpt.AHEAD
             self.dir = os.path.join(work, "ckpt_eager_ahead")
-            self.options = {"staging_budget": 2 * ahead_bytes}
+            self.options["staging_budget"] = 2 * ahead_bytes
         self.step_wait: List[float] = []
 
     def bind(self, model: Any, opt: Any) -> "GpuCkpt":
         super().bind(model, opt)
-        if self.cp is not None and not isinstance(self, GpuMemoryTier):
-            self.cp.load_latest(**self.state())
+        self.cp.load_latest(**self.state())
         return self
 
     def open(self) -> None:
@@ -304,6 +304,10 @@ class GpuMemoryTier(GpuCkpt):
         self.mc = self._open_tier()
         self.cp = self.mc.memory  # its step pre-hook fences both tiers' saves; its pool is the durable one's
         self._time_step_hook()
+
+    def bind(self, model: Any, opt: Any) -> "GpuCkpt":
+        Method.bind(self, model, opt)  # its own restores are timed in ``load``
+        return self
 
     def start(self, step: int) -> Callable[[], None]:
         self.mc.save(step, **self.state())

@@ -394,9 +394,8 @@ class Ckpt(Method):
         self.lazy = lazy
         self.name = "ckpt lazy" if lazy else "ckpt eager"
         self.loads = not lazy  # the same files and load path as eager
-        self.keep_last = keep_last
-        #: Other options of the checkpointer (``staging_budget``, ...).
-        self.options: dict = {}
+        #: Options of the checkpointer (``keep_last``, ``staging_budget``, ...).
+        self.options: dict = {} if keep_last is None else {"keep_last": keep_last}
         self.cp = None
         self.h = None
         super().__init__(work)
@@ -408,9 +407,7 @@ class Ckpt(Method):
         import ckpt
 
         super().open()
-        kw = {} if self.keep_last is None else {"keep_last": self.keep_last}
-        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, **kw,
-                                    **self.options)
+        self.cp = ckpt.Checkpointer("file://" + os.path.abspath(self.dir), lazy=self.lazy, rng=False, **self.options)
 
     def state(self) -> dict:
         """What ``save`` and ``load_latest`` are given."""
@@ -434,7 +431,7 @@ class Ckpt(Method):
         pass  # counted by the waiter (ckpt's own counter, this rank's bytes)
 
     def prune(self, step: int) -> None:
-        if self.keep_last is None:
+        if "keep_last" not in self.options:
             super().prune(step)
 
     def load(self, step: int) -> None:

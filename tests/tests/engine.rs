@@ -10,6 +10,15 @@ fn contents(v: &SharedVec) -> Vec<u8> {
     v.0.read().unwrap().clone()
 }
 
+/// A checkpointer of a fresh in-memory root, snapshotting in `mode`.
+async fn in_memory(tag: &str, mode: SnapshotMode) -> ckpt_core::Checkpointer {
+    ckpt_formats::builder(memory_root(tag))
+        .snapshot(mode)
+        .build()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eager_snapshot_copies_then_the_loop_may_mutate() {
     let url = memory_root("eager");
@@ -39,14 +48,8 @@ async fn eager_snapshot_copies_then_the_loop_may_mutate() {
 /// A lazy save has nothing to hand back yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_eager_snapshot_is_saved_by_a_second_checkpointer_without_a_copy() {
-    let first = ckpt_formats::builder(memory_root("shared-a"))
-        .build()
-        .await
-        .unwrap();
-    let second = ckpt_formats::builder(memory_root("shared-b"))
-        .build()
-        .await
-        .unwrap();
+    let first = in_memory("shared-a", SnapshotMode::Eager).await;
+    let second = in_memory("shared-b", SnapshotMode::Eager).await;
     let (vecs, cap) = mutable_state(3, 10_000, 1);
     let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
     let (h, taken) = first.save_shared(1, cap).await.unwrap();
@@ -71,11 +74,7 @@ async fn a_shared_eager_snapshot_is_saved_by_a_second_checkpointer_without_a_cop
         }
     }
 
-    let lazy = ckpt_formats::builder(memory_root("shared-lazy"))
-        .snapshot(SnapshotMode::Lazy)
-        .build()
-        .await
-        .unwrap();
+    let lazy = in_memory("shared-lazy", SnapshotMode::Lazy).await;
     let (_, cap) = mutable_state(1, 100, 2);
     let (h, taken) = lazy.save_shared(1, cap).await.unwrap();
     assert!(taken.is_none());
@@ -182,11 +181,7 @@ async fn debug_builds_catch_a_mutation_during_a_lazy_snapshot() {
             Ok(())
         }
     }
-    let cp = ckpt_formats::builder(memory_root("moving"))
-        .snapshot(SnapshotMode::Lazy)
-        .build()
-        .await
-        .unwrap();
+    let cp = in_memory("moving", SnapshotMode::Lazy).await;
     let cap = Capture::default().with_copy("w", DType::F32, vec![4], Arc::new(Moving(0.into())));
     let h = cp.save(1, cap).await.unwrap();
     // The snapshot's own error comes back, with its type.
@@ -231,10 +226,7 @@ async fn concurrent_saves_stay_within_the_budget_and_all_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_staging_budget_grows_with_the_state() {
     // A first save before the optimizer has state is small; later ones are bigger.
-    let cp = ckpt_formats::builder(memory_root("grow"))
-        .build()
-        .await
-        .unwrap();
+    let cp = in_memory("grow", SnapshotMode::Eager).await;
     let (_small, cap) = mutable_state(1, 1000, 1);
     cp.save(1, cap).await.unwrap().wait().await.unwrap();
     let first_budget = cp.staging().unwrap().budget();

@@ -709,22 +709,18 @@ def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
         if isinstance(obj, torch.Tensor):
             if obj.is_cuda:
                 return obj.device
-        elif isinstance(obj, torch.nn.Module):
-            found = _cuda_device_in(list(obj.parameters()) + list(obj.buffers()), 0)
-            if found is not None:
-                return found
+            continue
+        if isinstance(obj, torch.nn.Module):
+            inner, below = [*obj.parameters(), *obj.buffers()], 0
         elif isinstance(obj, torch.optim.Optimizer):
-            found = _cuda_device_in([p for g in obj.param_groups for p in g["params"]], 0)
-            if found is not None:
-                return found
-        elif depth > 0 and isinstance(obj, Mapping):
-            found = _cuda_device_in(list(obj.values()), depth - 1)
-            if found is not None:
-                return found
-        elif depth > 0 and isinstance(obj, (list, tuple)):
-            found = _cuda_device_in(list(obj), depth - 1)
-            if found is not None:
-                return found
+            inner, below = [p for g in obj.param_groups for p in g["params"]], 0
+        elif depth > 0 and isinstance(obj, (Mapping, list, tuple)):
+            inner, below = list(obj.values() if isinstance(obj, Mapping) else obj), depth - 1
+        else:
+            continue
+        found = _cuda_device_in(inner, below)
+        if found is not None:
+            return found
     return None
 
 

@@ -44,6 +44,7 @@ one trip over PCIe, no copy through the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -127,9 +128,8 @@ class _Locker:
         """Take a failed call's error off the runtime: it would stay this
         thread's last error, which PyTorch checks after every kernel launch,
         and fail an unrelated kernel of the training."""
-        get = getattr(self._lib, "cudaGetLastError", None) if self._lib is not None else None
-        if get is None:
-            get = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
+        lib = self._lib if self._lib is not None else torch.cuda.cudart()
+        get = getattr(lib, "cudaGetLastError", None)
         if get is not None:
             get()
 
@@ -145,10 +145,10 @@ def _locker() -> _Locker:
     return _LOCKER
 
 
-def _on(device: torch.device) -> Any:
+def _on(device: Optional[torch.device]) -> Any:
     """``device`` current in this thread for the block (see the module docs:
-    a thread of ckpt's own starts on device 0)."""
-    return torch.cuda.device(device)
+    a thread of ckpt's own starts on device 0); nothing changes for None."""
+    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
 
 # ----------------------------------------------------------------- slabs
@@ -158,16 +158,11 @@ class _Slab:
     """One :class:`~ckpt._ckpt.HostSlab`, its torch view and its state."""
 
     def __init__(self, lens: List[int]) -> None:
-        self.native = _ckpt.HostSlab(lens)
+        self._lay_out(_ckpt.HostSlab(lens), lens)
         self.nbytes: int = self.native.nbytes
-        self.slots: List[Tuple[int, int]] = self.native.slots
-        #: The slot lengths, in order (the layout a save must have to use it).
-        self.lens: Tuple[int, ...] = tuple(lens)
-        self._slot_objs: Optional[List[_ckpt.SlabSlot]] = None
         self.host = (
             torch.frombuffer(self.native, dtype=torch.uint8) if self.nbytes else torch.empty(0, dtype=torch.uint8)
         )
-        self._views: Dict[int, Tuple[Tuple[torch.dtype, Tuple[int, ...]], torch.Tensor]] = {}
         self.locked = False
         self.prepared = False
         #: Addresses of its page-locked pieces (see ``_pieces``).
@@ -195,12 +190,16 @@ class _Slab:
         if native is None:
             return False
         # ``host`` views the same memory (and keeps the old layout's object alive).
-        self.native = native
-        self.slots = native.slots
-        self.lens = tuple(lens)
-        self._slot_objs = None
-        self._views = {}
+        self._lay_out(native, lens)
         return True
+
+    def _lay_out(self, native: _ckpt.HostSlab, lens: List[int]) -> None:
+        self.native = native
+        self.slots: List[Tuple[int, int]] = native.slots
+        #: The slot lengths, in order (the layout a save must have to use it).
+        self.lens: Tuple[int, ...] = tuple(lens)
+        self._slot_objs: Optional[List[_ckpt.SlabSlot]] = None
+        self._views: Dict[int, Tuple[Tuple[torch.dtype, Tuple[int, ...]], torch.Tensor]] = {}
 
     def slot_objs(self) -> List[_ckpt.SlabSlot]:
         """Every slot as handed to ``save`` (made once: a loop saves into the same slots)."""
@@ -357,12 +356,8 @@ class SlabPool:
             return
         slab.prepared = True  # tried once: a slab the runtime will not lock stays pageable
         slab.native.populate()
-        pieces = [(0, slab.nbytes)] if whole else _pieces(slab)
-        if device is not None:
-            with _on(device):
-                self._lock_slab(slab, pieces)
-        else:
-            self._lock_slab(slab, pieces)
+        with _on(device):
+            self._lock_slab(slab, [(0, slab.nbytes)] if whole else _pieces(slab))
 
     def _lock_slab(self, slab: _Slab, pieces: List[Tuple[int, int]]) -> None:
         # In a training loop, piece by piece: the driver takes no other call of
@@ -634,11 +629,8 @@ class DeviceCopy:
 
         def run() -> None:
             try:
-                if device is None:
+                with _on(device):
                     self._queue()
-                else:
-                    with _on(device):
-                        self._queue()
             except BaseException as e:  # noqa: BLE001 - the save's gate raises it
                 fut.set_exception(e)
             else:

@@ -38,8 +38,9 @@ memory, unless the durable tier has a newer one. Each rank loads its own
 copy. A rank whose copy is missing (a replacement node) gets the replica
 from the peer that keeps it, into its own memory root, before any rank
 loads, so that all the loads run at once; one whose copy fails
-verification gets the replica after, and loads that. Every rank learns every other's outcome; if one
-could not load the step, all go on to the next older complete step, then to
+verification gets the replica after, and loads that. Every rank learns
+every other's outcome; if one could not load the step, all go on to the
+next older complete step, then to
 the durable tier. So every rank agrees on the step, and memory checkpoints
 newer than it are dropped (they belong to a timeline that is not resumed).
 
