@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _ckpt, _load, _own
+from ._gc import collector_paused
 from ._ckpt import GcReport
 from ._load import META_VERSION, is_damage
 from .distributed import _agree, _resolve
@@ -295,7 +296,8 @@ class Checkpointer:
         anything is published: :meth:`SaveHandle.wait` raises the
         :class:`~ckpt.ConflictError`.
         """
-        handle, _, _ = self._save_shared(step, self._entries(state, named), None)
+        with collector_paused():  # see ckpt._gc: a save's objects die young
+            handle, _, _ = self._save_shared(step, self._entries(state, named), None)
         return handle
 
     def _save_shared(

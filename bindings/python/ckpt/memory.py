@@ -78,6 +78,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import errors as errs
 from . import _memreshape as reshape
+from ._gc import collector_paused
 from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
 from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator
@@ -237,6 +238,10 @@ class MemoryCheckpointer:
         save the same snapshot (CUDA tensors cross to the host once, into one
         slab of one pool; in lazy mode the optimizer's step pre-hook waits for
         both saves)."""
+        with collector_paused():  # see ckpt._gc: a save's objects die young
+            self._save(step, state, named)
+
+    def _save(self, step: int, state: Any, named: Dict[str, Any]) -> None:
         durable = self.durable_every > 0 and self._saves % self.durable_every == 0
         self._saves += 1
         handle, error = None, None

@@ -1,0 +1,50 @@
+"""Python's cyclic garbage collector held off while a save walks the state.
+
+A save makes thousands of short-lived objects that the collector tracks: the
+``state_dict()`` mappings and their detached tensors, the walk's lists and
+tuples, a ``TensorSpec`` per tensor. Each 700 of them (CPython's default
+threshold) start a collection of the young generation, every tenth of those
+one of the middle generation, and now and then a full collection, which in a
+process holding torch and transformers scans its whole heap: measured on a
+2-core VM, a GPT-2 of 1,169 tensors and AdamW saved lazily every 5 steps ran
+6 collections inside each save, 363 in a run of 60 saves, one of them a full
+collection of 170-240 ms inside a save's stall.
+
+Those objects die when the save returns (the engine keeps bytes, not Python
+objects), so with the collector off meanwhile the counts it keeps fall back
+by the time it is on again, and most of those collections never run: the
+same run made 63 collections in all, 5 ms of collection instead of 190 ms,
+and its longest stall was 12 ms instead of 180 ms. In one process, rounds of
+20 saves with and without the pause alternating: 1.9 ms of collection per
+round against 5.5 ms, and no full collection inside a save against one of
+220 ms in 160 saves. Nothing is leaked: cycles made during the save are found
+by the next collection. The collector, on again as the save returns, may
+start one collection of the young objects still alive (a lazy save's tensors
+until they are copied), and a full one, when due, can still come then, six
+times more rarely.
+
+The collector is process-wide. A save leaves it as it found it: off if the
+program turned it off (some training loops collect by hand, at steps of their
+choosing), and a nested save (the memory tier's) changes nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["collector_paused"]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector for the ``with`` block, if it is on."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
