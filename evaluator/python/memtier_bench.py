@@ -2,7 +2,7 @@
 
     python memtier_bench.py --dir D [--gib 1.0] [--repeats 3] [--ranks 2] [--s3-url URL] [--no-restores]
                             [--shm /dev/shm] [--json OUT]
-    torchrun --nproc-per-node 2 memtier_bench.py --dir D --loop [--steps 40] [--every 5] [--compute-ms 200] [--spin]
+    python memtier_bench.py --dir D --loop [--ranks 2] [--steps 40] [--every 5] [--compute-ms 200] [--spin]
     torchrun --nproc-per-node 2 memtier_bench.py --dir D --peer [--gib 1.0] [--repeats 3]
 
 **Restore** (one process): a state of ``--gib`` GiB of float32 tensors (16 MiB
@@ -41,7 +41,8 @@ leaves the in-process restores out (the restarts and the stall only).
 against the same when the last rank's memory was wiped and it fetches its
 replica from its peer over gloo (the slowest rank's time, medians).
 
-**Loop** (``--loop``, under torchrun with two ranks or more): each rank runs
+**Loop** (``--loop``, under torchrun with two ranks or more, or started
+alone: it then starts ``--ranks`` ranks itself): each rank runs
 a loop of emulated compute (``--compute-ms`` per step with the host idle, as
 in a GPU step where the host waits on the device; ``--spin`` busy-waits
 instead, a CPU-bound step) with a 64 MiB state, saved every ``--every`` steps
@@ -216,6 +217,10 @@ def compute(ms: float, spin: bool) -> None:
         pass
 
 
+#: MiB of state per rank of the loop (``--loop``).
+LOOP_MIB = 64
+
+
 def loop(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
@@ -223,7 +228,7 @@ def loop(args: argparse.Namespace) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     base = Path(args.shm) / f"ckpt-bench-loop-{os.environ.get('MASTER_PORT', '0')}"
-    state = make_state(64 << 20, rank)
+    state = make_state(LOOP_MIB << 20, rank)
     walls: dict = {"replicated": [], "memory only": []}
     tails: dict = {"replicated": [], "memory only": []}  # the final wait, after the last step
     try:
@@ -270,6 +275,7 @@ def loop(args: argparse.Namespace) -> dict:
         "every": args.every,
         "compute_ms": args.compute_ms,
         "compute": "busy wait" if args.spin else "idle host (sleep)",
+        "state_mib": LOOP_MIB,
         "seconds": slowest,
         "median_s": med,
         "final_wait_s": tail,
@@ -354,6 +360,13 @@ def main() -> None:
     p.add_argument("--no-restores", action="store_true", help="the restarts and the stall only")
     args = p.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
+    if args.loop and "RANK" not in os.environ:
+        # Not under a launcher: start the job itself, one rank per node (rank 0 writes the JSON).
+        import launch
+
+        procs = launch.start_ranks(os.path.abspath(__file__), sys.argv[1:], args.ranks, 1)
+        launch.finish_ranks(procs, 600, "the replication loop")
+        return
     out = loop(args) if args.loop else peer(args) if args.peer else restore(args)
     if out.get("rank", 0) != 0:
         return

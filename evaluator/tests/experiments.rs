@@ -611,6 +611,7 @@ async fn memtier_restarts_from_every_source_or_why_not() {
         memtier_mib: Some(16),
         memtier_repeats: Some(1),
         memtier_episodes: Some(0),
+        memtier_loop_rounds: Some(1),
     };
     if let Some(why) = e.unavailable(&c) {
         assert!(c.python.is_none() || why.contains("import"), "{why}");
@@ -632,6 +633,17 @@ async fn memtier_restarts_from_every_source_or_why_not() {
     let s = out.tables.iter().find(|t| t.id == "memtier-save").unwrap();
     assert_eq!(s.rows.len(), 3, "{s:?}");
     assert_eq!(s.rows[2][3], "1.00", "the plain disk save is the baseline");
+    // The loop ran as a 2-rank job the script started itself.
+    let l = out.tables.iter().find(|t| t.id == "memtier-loop").unwrap();
+    assert_eq!(l.rows.len(), 2, "{l:?}");
+    assert_eq!(
+        l.rows[1][3], "1.00",
+        "the loop without replication is the baseline"
+    );
+    assert!(out
+        .targets
+        .iter()
+        .any(|t| t.what.contains("with replication")));
     assert!(out.notes[0].contains("S3"), "{:?}", out.notes);
     assert!(
         !dir.path().join("memtier").exists(),

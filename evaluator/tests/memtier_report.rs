@@ -1,10 +1,13 @@
 //! The memory-tier experiment's rendering of what its scripts wrote, from
 //! fixtures of their JSON, written by `memtier_bench.py` (a 2-rank job of
 //! 128 MiB per rank, 2 restarts per source, S3 on a Garage node on loopback)
-//! and `memtier_campaign.py` (2 episodes) on a busy 2-core machine.
+//! and `memtier_campaign.py` (2 episodes) on a busy 2-core machine, and by
+//! `memtier_bench.py --loop` (3 rounds of 40 steps of 100 ms, 2 ranks).
 
 use ckpt_eval::experiments::memtier::render;
-use ckpt_eval::experiments::memtier::results::{BenchResults, CampaignResults, MemtierResults};
+use ckpt_eval::experiments::memtier::results::{
+    BenchResults, CampaignResults, LoopResults, MemtierResults,
+};
 
 fn read<T: serde::de::DeserializeOwned>(name: &str) -> T {
     let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -15,6 +18,7 @@ fn results(campaign: bool) -> MemtierResults {
     MemtierResults {
         bench: read::<BenchResults>("memtier_bench.json"),
         campaign: campaign.then(|| read::<CampaignResults>("memtier_campaign.json")),
+        replication_loop: None,
         s3_not_run: None,
     }
 }
@@ -139,4 +143,59 @@ fn save_stalls_by_tier_as_ratios_to_a_plain_disk_save() {
     // A script that did not measure them: no table, no target.
     let out = render(&results(false));
     assert!(!out.tables.iter().any(|t| t.id == "memtier-save"));
+}
+
+#[test]
+fn the_loop_with_replication_as_a_ratio_to_the_loop_without() {
+    let mut res = results(false);
+    let l = read::<LoopResults>("memtier_loop.json");
+    let (with, without) = (&l.seconds["replicated"], &l.seconds["memory only"]);
+    res.replication_loop = Some(l.clone());
+    let out = render(&res);
+    let t = out.tables.iter().find(|t| t.id == "memtier-loop").unwrap();
+    assert!(
+        t.title.contains("2-rank")
+            && t.title.contains("40 steps of 100 ms")
+            && t.title.contains("64 MiB")
+            && t.title.contains("every 5 steps")
+            && t.title.contains("3 rounds"),
+        "{}",
+        t.title
+    );
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let r = median(with) / median(without);
+    assert_eq!(
+        t.rows[0][0],
+        "ckpt memory tier, replicated to the peer node"
+    );
+    assert_eq!(t.rows[0][3], format!("{r:.2}"));
+    assert_eq!(t.rows[1][3], "1.00");
+    let target = out
+        .targets
+        .iter()
+        .find(|t| t.what.contains("with replication / without"))
+        .unwrap();
+    assert!((target.ratio - r).abs() < 1e-12);
+    assert_eq!(target.met, r <= 1.01);
+    // A slower replicated loop misses the bound.
+    let mut slow = l;
+    for s in slow.seconds.get_mut("replicated").unwrap() {
+        *s *= 1.05;
+    }
+    res.replication_loop = Some(slow);
+    let out = render(&res);
+    let target = out
+        .targets
+        .iter()
+        .find(|t| t.what.contains("with replication / without"))
+        .unwrap();
+    assert!(!target.met);
+    // Results without the loop: no table, no target.
+    let out = render(&results(false));
+    assert!(!out.tables.iter().any(|t| t.id == "memtier-loop"));
+    assert!(!out.targets.iter().any(|t| t.what.contains("replication")));
 }

@@ -12,7 +12,10 @@
 //! fresh checkpointer from memory, local disk cold and `torch.load` cold.
 //! Figures are ratios to ckpt on local disk cold in the same run. S3 is a
 //! source when the evaluator is given an S3 URL (`--s3-url`, as for the `s3`
-//! experiment). With `--memtier-episodes` (or `--full`) it also runs the
+//! experiment). Then a 2-rank training loop of emulated compute saves to the
+//! memory tier with and without replication to the peer node, alternating
+//! (`memtier_bench.py --loop`): the slowdown replication costs. With
+//! `--memtier-episodes` (or `--full`) it also runs the
 //! memory tier's fault campaign (`memtier_campaign.py`: node failures and
 //! rank kills of a DDP job, every restart checked bitwise).
 
@@ -26,7 +29,7 @@ use std::time::Duration;
 use super::script::{python_missing, run_bounded, tail};
 use super::{Ctx, Error, Experiment, Output};
 pub use render::render;
-use results::{BenchResults, CampaignResults, MemtierResults};
+use results::{BenchResults, CampaignResults, LoopResults, MemtierResults};
 
 /// Options of the memory-tier experiment.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -41,6 +44,10 @@ pub struct Memtier {
     /// kills of a 4-rank job, about 25 s each on 2 cores) [default: 0; --full: 6].
     #[arg(long)]
     pub memtier_episodes: Option<usize>,
+    /// Memory tier: rounds of the training loop with and without replication
+    /// (about 9 s per round at the default compute) [default: 3; --full: 5; 0: not run].
+    #[arg(long)]
+    pub memtier_loop_rounds: Option<usize>,
 }
 
 /// The directory of the scripts: `CKPT_EVAL_MEMTIER_DIR`, else
@@ -65,6 +72,28 @@ impl Memtier {
     fn episodes(&self, ctx: &Ctx) -> usize {
         self.memtier_episodes
             .unwrap_or(if ctx.full { 6 } else { 0 })
+    }
+
+    fn loop_rounds(&self, ctx: &Ctx) -> usize {
+        self.memtier_loop_rounds
+            .unwrap_or(if ctx.full { 5 } else { 3 })
+    }
+
+    /// The loop: two loops of 40 steps per round, and the job's start.
+    fn loop_estimate_s(&self, ctx: &Ctx) -> f64 {
+        match self.loop_rounds(ctx) {
+            0 => 0.0,
+            n => 6.0 + n as f64 * 80.0 * f64::from(Self::loop_compute_ms(ctx)) / 1000.0,
+        }
+    }
+
+    /// Emulated compute per step of the loop, ms: a GPU step's order of size.
+    fn loop_compute_ms(ctx: &Ctx) -> u32 {
+        if ctx.full {
+            200
+        } else {
+            100
+        }
     }
 }
 
@@ -103,12 +132,17 @@ impl Experiment for Memtier {
     }
 
     fn about(&self, ctx: &Ctx) -> String {
-        let episodes = self.episodes(ctx);
+        let (episodes, rounds) = (self.episodes(ctx), self.loop_rounds(ctx));
         format!(
-            "restarts of a 2-rank job with {} MiB per rank from memory, a peer's replica, memory by one rank fewer, local disk{} and torch.load, {} each{}",
+            "restarts of a 2-rank job with {} MiB per rank from memory, a peer's replica, memory by one rank fewer, local disk{} and torch.load, {} each{}{}",
             self.mib(ctx),
             if ctx.s3_url.is_some() { ", S3" } else { "" },
             self.repeats(ctx),
+            if rounds > 0 {
+                format!("; {rounds} rounds of a training loop with and without replication")
+            } else {
+                String::new()
+            },
             if episodes > 0 {
                 format!("; a campaign of {episodes} episodes")
             } else {
@@ -124,6 +158,7 @@ impl Experiment for Memtier {
         10.0 + 3.0 * sources * self.repeats(ctx) as f64
             + self.mib(ctx) as f64 / 100.0 * self.repeats(ctx) as f64
             + 25.0 * self.episodes(ctx) as f64
+            + self.loop_estimate_s(ctx)
     }
 
     fn unavailable(&self, ctx: &Ctx) -> Option<String> {
@@ -153,7 +188,19 @@ impl Experiment for Memtier {
         let (episodes, json) = (self.episodes(ctx), work.join("bench.json"));
         let campaign_json = work.join("campaign.json");
         let campaign_dir = work.join("campaign");
-        let (bench, campaign) = tokio::task::spawn_blocking(move || {
+        let (rounds, loop_json) = (self.loop_rounds(ctx), work.join("loop.json"));
+        let loop_args = [
+            "--loop".to_owned(),
+            "--dir".to_owned(),
+            work.join("loop").display().to_string(),
+            "--ranks".to_owned(),
+            "2".to_owned(),
+            "--rounds".to_owned(),
+            rounds.to_string(),
+            "--compute-ms".to_owned(),
+            Self::loop_compute_ms(ctx).to_string(),
+        ];
+        let (bench, campaign, replication_loop) = tokio::task::spawn_blocking(move || {
             let bench: BenchResults = run_script(
                 &py,
                 "memtier_bench.py",
@@ -177,13 +224,25 @@ impl Experiment for Memtier {
             } else {
                 None
             };
-            Ok::<_, Error>((bench, campaign))
+            let replication_loop: Option<LoopResults> = if rounds > 0 {
+                Some(run_script(
+                    &py,
+                    "memtier_bench.py",
+                    &loop_args,
+                    &loop_json,
+                    Duration::from_secs(120 + 60 * rounds as u64),
+                )?)
+            } else {
+                None
+            };
+            Ok::<_, Error>((bench, campaign, replication_loop))
         })
         .await??;
         let _ = std::fs::remove_dir_all(&work);
         Ok(render(&MemtierResults {
             bench,
             campaign,
+            replication_loop,
             s3_not_run: ctx.s3_url.is_none().then(|| {
                 "no S3 URL given (--s3-url or CKPT_EVAL_S3_URL, and the AWS_* variables)".into()
             }),

@@ -1,7 +1,8 @@
 //! The report's view of the memory tier's results: restarts by source, the
-//! restores within a running process, the campaign, and the targets.
+//! restores within a running process, the save stalls, the training loop
+//! with and without replication, the campaign, and the targets.
 
-use super::results::{MemtierResults, Restarts, BASELINE, SOURCES};
+use super::results::{LoopResults, MemtierResults, Restarts, BASELINE, SOURCES};
 use crate::experiments::{Output, Target};
 use crate::stats::Summary;
 use crate::table::{opt_ratio, secs, Table};
@@ -177,6 +178,47 @@ fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
     Some((t, both))
 }
 
+/// Bound of the training loop's time with replication over without: the
+/// memory tier's issue (slowdown from replication <= 1 %).
+pub const LOOP_BOUND: f64 = 1.01;
+
+/// The loop with and without replication, and the ratio of their medians.
+fn loop_table(l: &LoopResults) -> Option<(Table, f64)> {
+    let get = |k: &str| l.seconds.get(k).and_then(|v| summary(v));
+    let wait = |k: &str| l.final_wait_s.get(k).and_then(|v| summary(v));
+    let base = get("memory only")?;
+    let mut t = Table::new(
+        "memtier-loop",
+        format!(
+            "Memory tier: a {}-rank training loop (one rank per node) of {} steps of {:.0} ms emulated compute, {}, {} MiB of state per rank saved to the memory tier every {} steps, with and without replication to the peer node, alternating; the slowest rank's time until its last step, median [min-max] of {} rounds, and its wait after it for the last save; ratio of medians to the loop without replication in this run",
+            l.ranks,
+            l.steps,
+            l.compute_ms,
+            l.compute,
+            l.state_mib,
+            l.every,
+            base.n,
+        ),
+        &["saves", "loop s", "final wait s", "/ without replication"],
+    );
+    for (key, label) in [
+        (
+            "replicated",
+            "ckpt memory tier, replicated to the peer node",
+        ),
+        ("memory only", "ckpt memory tier, not replicated"),
+    ] {
+        let Some(s) = get(key) else { continue };
+        t.rows.push(vec![
+            label.to_owned(),
+            secs(&s),
+            wait(key).as_ref().map_or_else(String::new, secs),
+            opt_ratio(ratio(Some(&s), Some(&base))),
+        ]);
+    }
+    Some((t, ratio(get("replicated").as_ref(), Some(&base))))
+}
+
 /// The memory tier's restarts (and restores, and campaign) for the report.
 pub fn render(res: &MemtierResults) -> Output {
     let mut out = Output::of(res);
@@ -218,6 +260,14 @@ pub fn render(res: &MemtierResults) -> Output {
             "memory tier: restore from memory / local disk cold (in process)",
             ratio(get("memory").as_ref(), get(BASELINE).as_ref()),
             RESTORE_BOUND,
+        ));
+    }
+    if let Some((t, r)) = res.replication_loop.as_ref().and_then(loop_table) {
+        out.tables.push(t);
+        out.targets.push(Target::new(
+            "memory tier: training loop with replication / without (emulated compute)",
+            r,
+            LOOP_BOUND,
         ));
     }
     if let Some(c) = &res.campaign {

@@ -123,6 +123,30 @@ pub struct CampaignResults {
     pub episodes_detail: Vec<Episode>,
 }
 
+/// What `memtier_bench.py --loop` writes: a training loop saving to the
+/// memory tier with and without replication to the peer node, alternating.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoopResults {
+    /// Ranks of the job, one per node.
+    pub ranks: usize,
+    /// Steps per loop.
+    pub steps: usize,
+    /// A save every this many steps.
+    pub every: usize,
+    /// Emulated compute per step, ms.
+    pub compute_ms: f64,
+    /// How the compute is emulated (`idle host (sleep)`, `busy wait`).
+    pub compute: String,
+    /// MiB of state per rank.
+    pub state_mib: usize,
+    /// The slowest rank's loop until its last step, per round, by variant
+    /// (`replicated`, `memory only`), s.
+    pub seconds: BTreeMap<String, Vec<f64>>,
+    /// The slowest rank's wait after its last step for the last save (and
+    /// its replication), per round, by variant, s.
+    pub final_wait_s: BTreeMap<String, Vec<f64>>,
+}
+
 /// What the experiment measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemtierResults {
@@ -130,6 +154,9 @@ pub struct MemtierResults {
     pub bench: BenchResults,
     /// The campaign, when it ran (`--memtier-episodes`, or `--full`).
     pub campaign: Option<CampaignResults>,
+    /// The loop with and without replication (absent from older results).
+    #[serde(default)]
+    pub replication_loop: Option<LoopResults>,
     /// Why S3 is not among the sources, if it is not.
     pub s3_not_run: Option<String>,
 }
