@@ -51,6 +51,7 @@ def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]]) -> 
 def test_a_pool_never_closed_is_collected_and_unlocks_its_slabs(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    gc.collect()  # earlier tests' pools first: only this one's slabs are unlocked below
     unlocked: List[int] = []
     monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: unlocked.append(address))
     pool = cudam.SlabPool(None, "wait")
