@@ -225,8 +225,9 @@ impl Checkpointer {
     /// `meta` is plain data with `TensorRef` leaves. `ready`, if given, is
     /// called (on a background thread in lazy mode) before any tensor is read:
     /// it returns once copies still landing in slab slots are done.
-    /// `share`: an eager save keeps its snapshot for another checkpointer's
-    /// save of the same tensors (`SaveHandle.snapshot_specs`).
+    /// `share`: the save keeps its snapshot for another checkpointer's save
+    /// of the same tensors (eager: `SaveHandle.snapshot_specs`; lazy:
+    /// `save_after`).
     #[pyo3(signature = (step, tensors, meta, ready=None, share=false))]
     fn save(
         &self,
@@ -303,13 +304,44 @@ impl Checkpointer {
         let rt = runtime::runtime(py)?;
         let (handle, taken) = runtime::wait(py, move || async move {
             if share {
-                cp.save_shared(step, capture).await
+                cp.save_shared(step, capture)
+                    .await
+                    .map(|(h, s)| (h, Some(s)))
             } else {
                 cp.save(step, capture).await.map(|h| (h, None))
             }
         })
         .and_then(IntoPyResult::py)?;
         Ok(SaveHandle::spawn(&rt, handle, taken))
+    }
+
+    /// Save `step` as another checkpointer's lazy save made with `share=True`
+    /// (`first`) snapshots it: its tensors, from its staging copies once
+    /// they are taken (nothing is copied twice), and `meta`. Returns at once;
+    /// this save's snapshot is done when `first`'s is, and fails with its
+    /// error. A save's snapshot is given once: `InvalidInputError` if `first`
+    /// is eager, unshared, or already given.
+    fn save_after(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        first: &SaveHandle,
+        meta: Bound<'_, PyAny>,
+    ) -> PyResult<SaveHandle> {
+        let cp = self.core()?.clone();
+        let meta = to_value(&meta)?;
+        let later = first.take_later()?.ok_or_else(|| {
+            to_py(Error::InvalidInput(
+                "save_after needs a lazy save made with share=True whose snapshot was not given yet"
+                    .into(),
+            ))
+        })?;
+        let rt = runtime::runtime(py)?;
+        let handle = runtime::wait(py, move || async move {
+            cp.save_snapshot(step, meta, later).await
+        })
+        .and_then(IntoPyResult::py)?;
+        Ok(SaveHandle::spawn(&rt, handle, None))
     }
 
     /// Block until every save started so far is committed or failed.

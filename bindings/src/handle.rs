@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ckpt_core::{Error, SaveReport, Tensor};
+use ckpt_core::{Error, LaterSnapshot, SaveReport, SharedSnapshot};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::watch;
@@ -33,9 +33,10 @@ pub struct SaveHandle {
     snapshot: watch::Receiver<Outcome<()>>,
     done: watch::Receiver<Outcome<SaveReport>>,
     pid: u32,
-    /// An eager save made with `share=True`: its snapshot's tensors, until
-    /// `snapshot_specs` takes them.
-    taken: Mutex<Option<Vec<Tensor>>>,
+    /// A save made with `share=True`: its snapshot (eager: the tensors, until
+    /// `snapshot_specs` takes them; lazy: the snapshot once taken, until
+    /// another checkpointer's `save_after` takes it).
+    taken: Mutex<Option<SharedSnapshot>>,
 }
 
 /// Bytes of another save's snapshot, handed to `save` as a tensor's bytes
@@ -53,12 +54,33 @@ impl SnapshotBytes {
 }
 
 impl SaveHandle {
+    /// What this save shares with another checkpointer's (see `taken`).
+    fn shared(&self) -> PyResult<std::sync::MutexGuard<'_, Option<SharedSnapshot>>> {
+        self.taken
+            .lock()
+            .map_err(|_| to_py(Error::Internal("a snapshot lock was poisoned".into())))
+    }
+
+    /// A lazy save's snapshot for another checkpointer's save of it, taken
+    /// out of this handle (once): `None` for an eager or unshared save, and
+    /// once taken.
+    pub(crate) fn take_later(&self) -> PyResult<Option<LaterSnapshot>> {
+        let mut taken = self.shared()?;
+        match taken.take() {
+            Some(SharedSnapshot::Later(later)) => Ok(Some(later)),
+            other => {
+                *taken = other;
+                Ok(None)
+            }
+        }
+    }
+
     /// Watch a core handle from a task on the runtime; `shared` is the
-    /// snapshot an eager `save_shared` handed back.
+    /// snapshot `save_shared` handed back.
     pub fn spawn(
         rt: &tokio::runtime::Runtime,
         handle: ckpt_core::SaveHandle,
-        shared: Option<Vec<Tensor>>,
+        shared: Option<SharedSnapshot>,
     ) -> Self {
         // An eager save returns with its snapshot already taken: say so at once.
         let taken = handle.snapshot_done().then(|| Arc::new(Ok(())));
@@ -165,18 +187,20 @@ impl SaveHandle {
     /// `None` after that, and for lazy or unshared saves. Until that other save
     /// is done with them, this save's staging memory stays in use.
     fn snapshot_specs(&self, py: Python<'_>) -> PyResult<Option<Vec<TensorSpec>>> {
-        let taken = self
-            .taken
-            .lock()
-            .map_err(|_| to_py(Error::Internal("a snapshot lock was poisoned".into())))?
-            .take();
-        taken
-            .map(|ts| {
-                ts.into_iter()
-                    .map(|t| TensorSpec::shared(py, t.name, t.dtype, t.shape, t.shard, t.data))
-                    .collect()
-            })
-            .transpose()
+        let ts = {
+            let mut taken = self.shared()?;
+            match taken.take() {
+                Some(SharedSnapshot::Taken(ts)) => ts,
+                other => {
+                    *taken = other;
+                    return Ok(None);
+                }
+            }
+        };
+        ts.into_iter()
+            .map(|t| TensorSpec::shared(py, t.name, t.dtype, t.shape, t.shard, t.data))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Some)
     }
 
     fn __repr__(&self) -> String {

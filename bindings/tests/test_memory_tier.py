@@ -120,8 +120,13 @@ def test_lazy_snapshots_go_to_both_tiers_before_the_optimizer_steps(
     want = {k: v.clone() for k, v in model.state_dict().items()}
     cp.save(1, model=model, optimizer=opt)
     assert len(walks) == 1  # one snapshot for both tiers
+    to_memory, to_durable = cp.memory._unwaited[-1], cp.durable._unwaited[-1]
     model(torch.randn(4, 64)).sum().backward()
-    opt.step()  # the step pre-hooks wait for both snapshots
+    opt.step()  # the step pre-hook waits for the snapshot
+    # Copied once: the durable save took the memory save's copies.
+    state_bytes = sum(t.nbytes for t in want.values())
+    assert to_memory.wait()["copied_bytes"] >= state_bytes
+    assert to_durable.wait()["copied_bytes"] == 0
     cp.close()
     for source in ("memory", "durable"):
         if source == "durable":

@@ -61,7 +61,8 @@ pub use layout::{ChunkRef, GcReport, Layout, Manifest, Retention, TensorRecord};
 pub use load::{BoxTarget, CheckpointInfo, Loaded, Status};
 pub use model::{numel, CheckpointId, DType, Key, ShardSpec, State, Tensor, Value};
 pub use save::{
-    Capture, CopySource, Ready, SaveHandle, SaveReport, SharedVec, Slab, SourceTensor, TensorData,
+    Capture, CopySource, LaterSnapshot, Ready, SaveHandle, SaveReport, SharedSnapshot, SharedVec,
+    Slab, SourceTensor, TensorData,
 };
 pub use staging::BusyPolicy;
 pub use tiered::{FlushReport, TieredCheckpointStore, TieredOptions};

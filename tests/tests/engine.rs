@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use ckpt_core::{Capture, DType, SharedVec, SnapshotMode};
+use ckpt_core::{Capture, DType, SharedSnapshot, SharedVec, SnapshotMode};
 use ckpt_tests::*;
 
 fn contents(v: &SharedVec) -> Vec<u8> {
@@ -45,15 +45,16 @@ async fn eager_snapshot_copies_then_the_loop_may_mutate() {
 /// An eager save made with `save_shared` hands back its snapshot's tensors;
 /// another checkpointer saves the same snapshot from them without a copy, and
 /// both hold the values at the save although the loop mutates right after.
-/// A lazy save has nothing to hand back yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_eager_snapshot_is_saved_by_a_second_checkpointer_without_a_copy() {
     let first = in_memory("shared-a", SnapshotMode::Eager).await;
     let second = in_memory("shared-b", SnapshotMode::Eager).await;
     let (vecs, cap) = mutable_state(3, 10_000, 1);
     let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
-    let (h, taken) = first.save_shared(1, cap).await.unwrap();
-    let taken = taken.expect("an eager save hands back its snapshot");
+    let (h, shared) = first.save_shared(1, cap).await.unwrap();
+    let SharedSnapshot::Taken(taken) = shared else {
+        panic!("an eager save hands back its snapshot taken");
+    };
     for v in &vecs {
         v.0.write()
             .unwrap()
@@ -73,12 +74,109 @@ async fn a_shared_eager_snapshot_is_saved_by_a_second_checkpointer_without_a_cop
             assert_eq!(&t.data[..], &b[..]);
         }
     }
+}
 
-    let lazy = in_memory("shared-lazy", SnapshotMode::Lazy).await;
-    let (_, cap) = mutable_state(1, 100, 2);
-    let (h, taken) = lazy.save_shared(1, cap).await.unwrap();
-    assert!(taken.is_none());
-    h.wait().await.unwrap();
+/// A lazy save made with `save_shared` hands back its snapshot for later:
+/// another checkpointer's `save_snapshot` returns at once, copies nothing,
+/// its snapshot is done once the first's is, and both hold the values at
+/// the save although the loop mutates right after the first's snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_lazy_snapshot_is_saved_by_a_second_checkpointer_once_taken() {
+    let first = in_memory("shared-lazy-a", SnapshotMode::Lazy).await;
+    let second = in_memory("shared-lazy-b", SnapshotMode::Lazy).await;
+    let (vecs, cap) = mutable_state(3, 10_000, 7);
+    let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
+    let (gate, open) = gate();
+    let cap = Capture {
+        ready: Some(Arc::new(gate)),
+        ..cap
+    };
+    let (h, shared) = first.save_shared(1, cap).await.unwrap();
+    let SharedSnapshot::Later(later) = shared else {
+        panic!("a lazy save hands back its snapshot for later");
+    };
+    assert!(!later.is_ready());
+    let meta = ckpt_core::Value::Str("durable".into());
+    let h2 = second.save_snapshot(1, meta, later).await.unwrap();
+    assert!(
+        !h.snapshot_done() && !h2.snapshot_done(),
+        "both wait for the first's copy"
+    );
+    open.send(Ok(())).unwrap();
+    h.wait_snapshot().await.unwrap();
+    h2.wait_snapshot().await.unwrap();
+    for v in &vecs {
+        v.0.write()
+            .unwrap()
+            .iter_mut()
+            .for_each(|b| *b = b.wrapping_add(1));
+    }
+    assert_eq!(h.wait().await.unwrap().copied_bytes, 3 * 40_000);
+    assert_eq!(h2.wait().await.unwrap().copied_bytes, 0);
+    for cp in [&first, &second] {
+        let loaded = cp.load_latest().await.unwrap().unwrap();
+        for (t, b) in loaded.state.tensors.iter().zip(&before) {
+            assert_eq!(&t.data[..], &b[..]);
+        }
+    }
+    let loaded = second.load_latest().await.unwrap().unwrap();
+    assert_eq!(loaded.state.meta, ckpt_core::Value::Str("durable".into()));
+}
+
+/// A shared lazy snapshot that fails fails the save that shares it too, with
+/// its error, and neither commits; the second checkpointer saves on after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_shared_lazy_snapshot_fails_both_saves() {
+    let first = in_memory("shared-fail-a", SnapshotMode::Lazy).await;
+    let second = in_memory("shared-fail-b", SnapshotMode::Lazy).await;
+    let (_, cap) = mutable_state(2, 1_000, 3);
+    let (gate, open) = gate();
+    let cap = Capture {
+        ready: Some(Arc::new(gate)),
+        ..cap
+    };
+    let (h, shared) = first.save_shared(1, cap).await.unwrap();
+    let SharedSnapshot::Later(later) = shared else {
+        panic!("a lazy save hands back its snapshot for later");
+    };
+    let h2 = second
+        .save_snapshot(1, Default::default(), later)
+        .await
+        .unwrap();
+    open.send(Err("the device copy failed".into())).unwrap();
+    for h in [h, h2] {
+        let e = h.wait().await.unwrap_err();
+        assert!(
+            matches!(e, ckpt_core::Error::InvalidInput(ref m) if m.contains("device copy failed")),
+            "{e}"
+        );
+    }
+    assert!(second.load_latest().await.unwrap().is_none());
+    let (_, cap) = mutable_state(1, 100, 4);
+    let h = second.save(2, cap).await;
+    // The failure was seen through the handle; the next save goes on.
+    h.unwrap().wait().await.unwrap();
+    assert_eq!(second.load_latest().await.unwrap().unwrap().id.step, 2);
+}
+
+/// A gate the snapshot waits on before it reads (a device's copy-done
+/// event), and the sender that opens it or fails it.
+#[derive(Debug)]
+struct Gate(std::sync::Mutex<std::sync::mpsc::Receiver<Result<(), String>>>);
+
+impl ckpt_core::Ready for Gate {
+    fn wait(&self) -> ckpt_core::Result<()> {
+        match self.0.lock().unwrap().recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ckpt_core::Error::InvalidInput(e)),
+            Err(_) => Err(ckpt_core::Error::Internal("opener vanished".into())),
+        }
+    }
+}
+
+fn gate() -> (Gate, std::sync::mpsc::Sender<Result<(), String>>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    (Gate(std::sync::Mutex::new(rx)), tx)
 }
 
 /// A source given for two tensors (a tied weight) is staged once, in both

@@ -305,7 +305,9 @@ class Checkpointer:
     ) -> Tuple[SaveHandle, Optional[SaveHandle], Optional[Exception]]:
         """``save``; with ``also``, the same snapshot is saved by that
         checkpointer's engine too (the memory tier's durable steps): one walk,
-        one set of device-to-host copies into one slab, two engine saves.
+        one copy of the state (CPU tensors into this save's staging, CUDA
+        tensors into one slab), two engine saves; in lazy mode the second
+        takes the first's copies once they are taken.
 
         Returns this checkpointer's handle, ``also``'s, and ``also``'s failure
         (an earlier save of its that failed, or this one refused): it is
@@ -332,9 +334,9 @@ class Checkpointer:
         if also is not None and second is not None:
             also._unwaited.append(second)
         if self.lazy:
+            # The second save reads this one's copies, not the live state: the
+            # step pre-hook waits for this one alone.
             self._pending.append(handle)
-            if second is not None:
-                self._pending.append(second)
             for obj in flat.stateful:
                 self._guard(obj)
         return handle, second, failure
@@ -376,19 +378,22 @@ class Checkpointer:
                 device.wait_landed()  # eager: the copy is complete when save returns
         elif self.lazy:
             host_lazy = any(not t.copy_now for t in flat.tensors)
-        native = self._native.save(step, flat.tensors, meta, ready, share=also is not None and not self.lazy)
+        native = self._native.save(step, flat.tensors, meta, ready, share=also is not None)
         handle = SaveHandle(native, device)
         handle._host_lazy = host_lazy
         second: Optional[SaveHandle] = None
         failure: Optional[Exception] = None
         if also is not None:
-            # Eager: the snapshot's own bytes (CPU tensors copied once). Lazy:
-            # the same tensors (slots of the same slab; CPU buffers, which
-            # each engine copies in the background).
-            tensors = native.snapshot_specs() or flat.tensors
+            # The snapshot's own bytes: CPU tensors are copied once, CUDA
+            # tensors land once in one slab. Eager: taken already. Lazy: once
+            # this save's background copy has taken them.
+            also_meta = {"ckpt": also._tagged(info), "state": flat.tree}
             try:
                 also._reap()
-                native = also._native.save(step, tensors, {"ckpt": also._tagged(info), "state": flat.tree}, ready)
+                if self.lazy:
+                    native = also._native.save_after(step, native, also_meta)
+                else:
+                    native = also._native.save(step, native.snapshot_specs() or flat.tensors, also_meta)
             except Exception as e:  # noqa: BLE001 - returned: this save has started
                 failure = e
             else:

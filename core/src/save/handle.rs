@@ -16,8 +16,20 @@ use crate::model::CheckpointId;
 use crate::save::persist::PersistJob;
 
 use crate::model::tensor::{check_layout, Tensor};
+use crate::model::value::Value;
 use crate::save::report::SaveReport;
+use crate::save::shared::{self, LaterSnapshot, SharedSnapshot};
 use crate::save::snapshot::{self, Capture, SnapState};
+
+/// Where a save's snapshot comes from, and whether it is shared.
+enum Source {
+    /// Its capture, copied by this save.
+    Own,
+    /// Its capture, copied by this save and handed back for another's.
+    Shared,
+    /// Another checkpointer's lazy snapshot, once taken (the capture is empty).
+    Later(LaterSnapshot),
+}
 
 /// A save in progress. Dropping it does not cancel the save.
 #[derive(Debug)]
@@ -91,30 +103,56 @@ impl Checkpointer {
     /// [`Error::Skipped`] if the staging budget is spent and the policy says skip,
     /// and with the error of an earlier background save that nobody observed.
     pub async fn save(&self, step: u64, state: impl Into<Capture>) -> Result<SaveHandle> {
-        Ok(self.save_inner(step, state.into(), false).await?.0)
+        Ok(self.save_inner(step, state.into(), Source::Own).await?.0)
     }
 
-    /// [`save`](Self::save), and in eager mode the snapshot's tensors too, for
-    /// another checkpointer to save the same snapshot: their bytes are this
-    /// save's staging copies (or the shared bytes it was given), so a capture
-    /// made of them as [`TensorData::Shared`](crate::TensorData::Shared)
-    /// copies nothing. Holding them keeps this save's staging memory in use.
-    /// `None` in lazy mode, where the snapshot is still being taken when this
-    /// returns.
+    /// [`save`](Self::save), and the snapshot too, for another checkpointer
+    /// to save the same snapshot (see [`SharedSnapshot`]): its bytes are this
+    /// save's staging copies (or the shared bytes it was given), so that save
+    /// copies nothing. In eager mode the tensors ([`SharedSnapshot::Taken`]:
+    /// a capture made of them as [`TensorData::Shared`](crate::TensorData::Shared));
+    /// in lazy mode, where the snapshot is still being taken when this
+    /// returns, a [`LaterSnapshot`] for [`save_snapshot`](Self::save_snapshot).
+    /// Holding either keeps this save's staging memory in use.
     pub async fn save_shared(
         &self,
         step: u64,
         state: impl Into<Capture>,
-    ) -> Result<(SaveHandle, Option<Vec<Tensor>>)> {
-        self.save_inner(step, state.into(), true).await
+    ) -> Result<(SaveHandle, SharedSnapshot)> {
+        let (h, shared) = self.save_inner(step, state.into(), Source::Shared).await?;
+        let shared =
+            shared.ok_or_else(|| Error::Internal("a shared save shared nothing".into()))?;
+        Ok((h, shared))
+    }
+
+    /// Save `step` as another checkpointer's lazy save of it
+    /// ([`save_shared`](Self::save_shared)) snapshots it: the same tensors,
+    /// from its staging copies once they are taken, and `meta`. Returns at
+    /// once; the snapshot of this save is done when that one's is, and fails
+    /// with its error. The checks of [`save`](Self::save) apply.
+    pub async fn save_snapshot(
+        &self,
+        step: u64,
+        meta: Value,
+        snapshot: LaterSnapshot,
+    ) -> Result<SaveHandle> {
+        let capture = Capture {
+            tensors: Vec::new(),
+            meta,
+            ready: None,
+        };
+        Ok(self
+            .save_inner(step, capture, Source::Later(snapshot))
+            .await?
+            .0)
     }
 
     async fn save_inner(
         &self,
         step: u64,
         capture: Capture,
-        share: bool,
-    ) -> Result<(SaveHandle, Option<Vec<Tensor>>)> {
+        source: Source,
+    ) -> Result<(SaveHandle, Option<SharedSnapshot>)> {
         let start = Instant::now();
         if let Some((s, reason)) = self.in_flight().take_unobserved() {
             return Err(
@@ -163,8 +201,20 @@ impl Checkpointer {
 
         let mut shared = None;
         let (snapshot, eager_error): (JoinHandle<Result<Vec<Tensor>>>, Option<Error>) =
-            match opts.snapshot {
-                SnapshotMode::Eager => {
+            match (source, opts.snapshot) {
+                (Source::Later(later), _) => (
+                    tokio::spawn(async move {
+                        let t = Instant::now();
+                        let r = later.wait().await;
+                        let _ = snap_tx.send(match &r {
+                            Ok(_) => SnapState::Done(t.elapsed()),
+                            Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
+                        });
+                        r
+                    }),
+                    None,
+                ),
+                (source, SnapshotMode::Eager) => {
                     let t = Instant::now();
                     let r = snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
                     let _ = snap_tx.send(match &r {
@@ -174,7 +224,8 @@ impl Checkpointer {
                     match r {
                         Ok(ts) => {
                             // Clones of the tensors share their bytes.
-                            shared = share.then(|| ts.clone());
+                            shared = matches!(source, Source::Shared)
+                                .then(|| SharedSnapshot::Taken(ts.clone()));
                             (tokio::spawn(async move { Ok(ts) }), None)
                         }
                         Err(e) => {
@@ -183,18 +234,30 @@ impl Checkpointer {
                         }
                     }
                 }
-                SnapshotMode::Lazy => (
-                    tokio::task::spawn_blocking(move || {
-                        let t = Instant::now();
-                        let r = snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
-                        let _ = snap_tx.send(match &r {
-                            Ok(_) => SnapState::Done(t.elapsed()),
-                            Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
-                        });
-                        r
-                    }),
-                    None,
-                ),
+                (source, SnapshotMode::Lazy) => {
+                    let mut to_share = None;
+                    if matches!(source, Source::Shared) {
+                        let (tx, later) = shared::later();
+                        shared = Some(SharedSnapshot::Later(later));
+                        to_share = Some(tx);
+                    }
+                    (
+                        tokio::task::spawn_blocking(move || {
+                            let t = Instant::now();
+                            let r =
+                                snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
+                            let _ = snap_tx.send(match &r {
+                                Ok(_) => SnapState::Done(t.elapsed()),
+                                Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
+                            });
+                            if let Some(tx) = to_share {
+                                tx.send(&r);
+                            }
+                            r
+                        }),
+                        None,
+                    )
+                }
             };
         let stall = start.elapsed();
         let observed = eager_error.is_some();

@@ -3,6 +3,7 @@
 //! - [`handle`]: `Checkpointer::save`: checks, then the snapshot (the only stall),
 //!   then the persist task is spawned; the [`SaveHandle`] the caller waits on.
 //! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging.
+//! - [`shared`]: one snapshot saved by two checkpointers ([`SharedSnapshot`]).
 //! - [`slab`]: [`Slab`], host memory filled from outside (a GPU's
 //!   device-to-host copies) and saved without a copy.
 //! - [`persist`]: the background half: the plan, this rank's writes through the
@@ -20,10 +21,12 @@ pub(crate) mod handle;
 pub(crate) mod persist;
 pub(crate) mod plan;
 pub(crate) mod report;
+pub(crate) mod shared;
 pub(crate) mod slab;
 pub(crate) mod snapshot;
 
 pub use handle::SaveHandle;
 pub use report::SaveReport;
+pub use shared::{LaterSnapshot, SharedSnapshot};
 pub use slab::Slab;
 pub use snapshot::{Capture, CopySource, Ready, SharedVec, SourceTensor, TensorData};
