@@ -172,23 +172,33 @@ def restore(args: argparse.Namespace) -> dict:
 def save_stall(disk: Path, shm: Path, state: dict, saves: int = 4, rounds: int = 3) -> dict:
     """Stalls of eager saves by where they go: the memory tier alone, both
     tiers (one snapshot for both), and local disk through a plain
-    checkpointer. Interleaved rounds, each kind on a fresh root with a fresh
-    checkpointer per round; the first save of the first round (cold) comes
-    first in each list, the later saves of every round after it."""
-    out: dict = {"memory": [], "memory and disk": [], "disk": []}
+    checkpointer; and of lazy saves to both tiers and to local disk of the
+    same tensors as a module's parameters with their optimizer, until the
+    snapshot is taken (``save`` + ``wait_snapshot``: the most a training
+    loop's step waits for it). Interleaved rounds, each kind on a fresh root
+    with a fresh checkpointer per round; the first save of the first round
+    (cold) comes first in each list, the later saves of every round after it."""
+    out: dict = {"memory": [], "memory and disk": [], "disk": [], "memory and disk, lazy": [], "disk, lazy": []}
+    # Lazy saves copy in the background what the optimizer's step guards (its
+    # parameters): the same tensors as parameters of a module and an optimizer.
+    params = torch.nn.ParameterDict({k: torch.nn.Parameter(t, requires_grad=False) for k, t in state.items()})
+    guarded = {"model": params, "optimizer": torch.optim.SGD(params.parameters(), lr=0.1)}
     for r in range(rounds):
         for where in out:
             shutil.rmtree(disk, ignore_errors=True)
             shutil.rmtree(shm / "stall0", ignore_errors=True)
-            if where == "disk":
-                cp: object = ckpt.Checkpointer(disk.as_uri(), keep_last=1, gc_grace=0.0)
+            lazy = where.endswith(", lazy")
+            if where.startswith("disk"):
+                cp: object = ckpt.Checkpointer(disk.as_uri(), keep_last=1, gc_grace=0.0, lazy=lazy)
             else:
                 cp = MemoryCheckpointer(disk.as_uri(), memory_dir=str(shm / "stall{node}"), coordinate="none",
-                                        durable_every=1 if where == "memory and disk" else 0, keep_last=1,
-                                        gc_grace=0.0)
+                                        durable_every=0 if where == "memory" else 1, keep_last=1,
+                                        gc_grace=0.0, lazy=lazy)
             for step in range(saves):
                 t0 = time.perf_counter()
-                cp.save(step, state)
+                cp.save(step, guarded if lazy else state)
+                if lazy:
+                    cp.wait_snapshot()
                 dt = time.perf_counter() - t0
                 if step > 0 or r == 0:
                     out[where].append(dt)

@@ -633,6 +633,8 @@ async fn memtier_restarts_from_every_source_or_why_not() {
     let s = out.tables.iter().find(|t| t.id == "memtier-save").unwrap();
     assert_eq!(s.rows.len(), 3, "{s:?}");
     assert_eq!(s.rows[2][3], "1.00", "the plain disk save is the baseline");
+    let lazy = out.tables.iter().find(|t| t.id == "memtier-lazy").unwrap();
+    assert_eq!(lazy.rows.len(), 2, "{lazy:?}");
     // The loop ran as a 2-rank job the script started itself.
     let l = out.tables.iter().find(|t| t.id == "memtier-loop").unwrap();
     assert_eq!(l.rows.len(), 2, "{l:?}");

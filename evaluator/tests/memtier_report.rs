@@ -140,6 +140,32 @@ fn save_stalls_by_tier_as_ratios_to_a_plain_disk_save() {
         .find(|t| t.what.contains("both tiers"))
         .unwrap();
     assert!((target.ratio - 0.046 / 0.041).abs() < 1e-9 && !target.met);
+    // Without lazy saves measured: no lazy table, no lazy target.
+    assert!(!out.tables.iter().any(|t| t.id == "memtier-lazy"));
+    assert!(!out.targets.iter().any(|t| t.what.contains("lazy")));
+    // Lazy saves until their snapshot: both tiers over a plain lazy save.
+    for (k, v) in [
+        ("memory and disk, lazy", [0.5, 0.250, 0.252, 0.260]),
+        ("disk, lazy", [0.4, 0.244, 0.246, 0.250]),
+    ] {
+        res.bench.save_stalls_s.insert(k.into(), v.to_vec());
+    }
+    let out = render(&res);
+    let t = out.tables.iter().find(|t| t.id == "memtier-lazy").unwrap();
+    assert_eq!(t.rows.len(), 2);
+    assert_eq!(
+        t.rows[0][0],
+        "ckpt memory tier and local disk (one snapshot), lazy"
+    );
+    assert_eq!(t.rows[0][2], "0.500");
+    assert_eq!(t.rows[0][3], "1.02");
+    assert_eq!(t.rows[1][3], "1.00");
+    let target = out
+        .targets
+        .iter()
+        .find(|t| t.what.contains("lazy save to both tiers"))
+        .unwrap();
+    assert!((target.ratio - 0.252 / 0.246).abs() < 1e-9 && target.met);
     // A script that did not measure them: no table, no target.
     let out = render(&results(false));
     assert!(!out.tables.iter().any(|t| t.id == "memtier-save"));
