@@ -11,7 +11,6 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use ckpt_core::BoxTarget;
 use ckpt_core::{
     BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, Error, Loaded, Retention,
@@ -241,11 +240,10 @@ impl Checkpointer {
         let cp = self.core()?.clone();
         let meta = to_value(&meta)?;
         let mut out = Vec::with_capacity(tensors.len());
-        let mut now: Vec<(usize, PySource)> = Vec::new();
         // One source per exported memory span: a weight tied between two
         // modules is staged (and hashed) once.
         let mut sources: HashMap<(usize, usize), Arc<PySource>> = HashMap::new();
-        for (i, t) in tensors.iter().enumerate() {
+        for t in tensors.iter() {
             let t = t.get();
             let (name, dtype, shape) = (t.name.clone(), t.dtype, t.shape.clone());
             let shard = t.shard.as_ref().map(|s| s.get().spec());
@@ -271,12 +269,15 @@ impl Checkpointer {
                 continue;
             }
             let src = PySource::new(obj, &name)?;
+            let shared = sources
+                .entry(src.span())
+                .or_insert_with(|| Arc::new(src))
+                .clone();
+            // `copy_now`: copied in the stall into staging, in lazy mode too.
             let data = if t.copy_now {
-                now.push((i, src));
-                TensorData::Shared(Bytes::new())
+                TensorData::CopyNow(shared)
             } else {
-                let shared = sources.entry(src.span()).or_insert_with(|| Arc::new(src));
-                TensorData::Copy(shared.clone())
+                TensorData::Copy(shared)
             };
             out.push(SourceTensor {
                 name,
@@ -285,16 +286,6 @@ impl Checkpointer {
                 shard,
                 data,
             });
-        }
-        // SAFETY: the sources are read while the caller is inside `save`.
-        let copied: Vec<(usize, Bytes)> = py.detach(|| {
-            now.iter()
-                .map(|(i, s)| (*i, Bytes::copy_from_slice(unsafe { s.as_slice() })))
-                .collect()
-        });
-        drop(now);
-        for (i, bytes) in copied {
-            out[i].data = TensorData::Shared(bytes);
         }
         let capture = Capture {
             tensors: out,

@@ -264,6 +264,66 @@ async fn lazy_snapshot_returns_before_the_copy_and_records_pre_mutation_values()
     }
 }
 
+/// In lazy mode a `CopyNow` tensor is copied before `save` returns (the
+/// loop may change it at once), the `Copy` ones in the background behind the
+/// gate; a source given as `CopyNow` for one tensor and `Copy` for another
+/// is copied once, now. Both kinds go through staging, and all hold the
+/// values at the save.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_copy_now_tensors_are_copied_in_the_stall_the_rest_behind_the_gate() {
+    let cp = in_memory("copy-now", SnapshotMode::Lazy).await;
+    let (vecs, _) = mutable_state(4, 5_000, 11);
+    let before: Vec<Vec<u8>> = vecs.iter().map(|v| contents(v)).collect();
+    let src = |i: usize| vecs[i].clone() as Arc<dyn ckpt_core::CopySource>;
+    let (gate, open) = gate();
+    let mut cap = Capture::default()
+        .with_copy("later", DType::F32, vec![5_000], src(0))
+        .with_copy("tied_later", DType::F32, vec![5_000], src(1));
+    for (name, i) in [("now", 2), ("tied_now", 1), ("also_now", 3)] {
+        cap.tensors.push(ckpt_core::SourceTensor {
+            name: name.into(),
+            dtype: DType::F32,
+            shape: vec![5_000],
+            shard: None,
+            data: ckpt_core::TensorData::CopyNow(src(i)),
+        });
+    }
+    cap.ready = Some(Arc::new(gate));
+    let h = cp.save(1, cap).await.unwrap();
+    assert!(!h.snapshot_done(), "the Copy tensors wait behind the gate");
+    // The loop changes what it did not guard right away.
+    for i in [1, 2, 3] {
+        vecs[i].0.write().unwrap().fill(0);
+    }
+    open.send(Ok(())).unwrap();
+    let report = h.wait().await.unwrap();
+    assert_eq!(
+        report.copied_bytes,
+        4 * 20_000,
+        "four sources, each copied once"
+    );
+    let loaded = cp.load_latest().await.unwrap().unwrap();
+    let by_name = |n: &str| {
+        loaded
+            .state
+            .tensors
+            .iter()
+            .find(|t| t.name == n)
+            .unwrap()
+            .data
+            .to_vec()
+    };
+    for (name, i) in [
+        ("later", 0),
+        ("tied_later", 1),
+        ("now", 2),
+        ("tied_now", 1),
+        ("also_now", 3),
+    ] {
+        assert_eq!(by_name(name), before[i], "{name}");
+    }
+}
+
 #[cfg(debug_assertions)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debug_builds_catch_a_mutation_during_a_lazy_snapshot() {

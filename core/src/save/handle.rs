@@ -235,28 +235,40 @@ impl Checkpointer {
                     }
                 }
                 (source, SnapshotMode::Lazy) => {
-                    let mut to_share = None;
-                    if matches!(source, Source::Shared) {
-                        let (tx, later) = shared::later();
-                        shared = Some(SharedSnapshot::Later(later));
-                        to_share = Some(tx);
-                    }
-                    (
-                        tokio::task::spawn_blocking(move || {
-                            let t = Instant::now();
-                            let r =
-                                snapshot::wait_and_copy(ready.as_deref(), tensors, bufs, threads);
-                            let _ = snap_tx.send(match &r {
-                                Ok(_) => SnapState::Done(t.elapsed()),
-                                Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
-                            });
-                            if let Some(tx) = to_share {
-                                tx.send(&r);
+                    // What must not wait for the background (`CopyNow`) is copied in the stall.
+                    match snapshot::copy_now_first(tensors, bufs, threads) {
+                        Err(e) => {
+                            let _ = snap_tx.send(SnapState::Failed(Arc::new(e.duplicate())));
+                            let again = e.duplicate();
+                            (tokio::spawn(async move { Err(again) }), Some(e))
+                        }
+                        Ok((tensors, bufs)) => {
+                            let mut to_share = None;
+                            if matches!(source, Source::Shared) {
+                                let (tx, later) = shared::later();
+                                shared = Some(SharedSnapshot::Later(later));
+                                to_share = Some(tx);
                             }
-                            r
-                        }),
-                        None,
-                    )
+                            let task = tokio::task::spawn_blocking(move || {
+                                let t = Instant::now();
+                                let r = snapshot::wait_and_copy(
+                                    ready.as_deref(),
+                                    tensors,
+                                    bufs,
+                                    threads,
+                                );
+                                let _ = snap_tx.send(match &r {
+                                    Ok(_) => SnapState::Done(t.elapsed()),
+                                    Err(e) => SnapState::Failed(Arc::new(e.duplicate())),
+                                });
+                                if let Some(tx) = to_share {
+                                    tx.send(&r);
+                                }
+                                r
+                            });
+                            (task, None)
+                        }
+                    }
                 }
             };
         let stall = start.elapsed();

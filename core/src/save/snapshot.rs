@@ -57,6 +57,11 @@ pub enum TensorData {
     /// embedding and an output layer, is copied once and the tensors share
     /// the copy.
     Copy(Arc<dyn CopySource>),
+    /// Mutable memory copied into staging before `save` returns, in lazy
+    /// mode too: memory that changes before anything the loop waits on (a
+    /// tensor no optimizer step guards, batch-norm statistics). In eager
+    /// mode the same as [`Copy`](Self::Copy).
+    CopyNow(Arc<dyn CopySource>),
 }
 
 impl std::fmt::Debug for TensorData {
@@ -64,6 +69,7 @@ impl std::fmt::Debug for TensorData {
         match self {
             TensorData::Shared(b) => write!(f, "Shared({} bytes)", b.len()),
             TensorData::Copy(c) => write!(f, "Copy({} bytes)", c.len()),
+            TensorData::CopyNow(c) => write!(f, "CopyNow({} bytes)", c.len()),
         }
     }
 }
@@ -73,7 +79,7 @@ impl TensorData {
     pub fn len(&self) -> usize {
         match self {
             TensorData::Shared(b) => b.len(),
-            TensorData::Copy(c) => c.len(),
+            TensorData::Copy(c) | TensorData::CopyNow(c) => c.len(),
         }
     }
 
@@ -141,7 +147,11 @@ impl Capture {
         self.tensors
             .iter()
             .filter_map(|t| match &t.data {
-                TensorData::Copy(src) if seen.insert(source_key(src)) => Some(src.len()),
+                TensorData::Copy(src) | TensorData::CopyNow(src)
+                    if seen.insert(source_key(src)) =>
+                {
+                    Some(src.len())
+                }
                 _ => None,
             })
             .collect()
@@ -221,6 +231,60 @@ pub fn wait_and_copy(
     copy_all(tensors, bufs, threads)
 }
 
+/// Lazy mode, in the stall: copy the sources of [`TensorData::CopyNow`]
+/// tensors into their staging buffers (as [`copy_all`] does) and hand them
+/// back as [`TensorData::Shared`], with the buffers left for the other
+/// `Copy` tensors, in their order (what `copy_all` pairs them with later). A
+/// source given as `CopyNow` for any tensor is copied now for all of them.
+pub fn copy_now_first(
+    mut tensors: Vec<SourceTensor>,
+    bufs: Vec<StagingBuf>,
+    threads: usize,
+) -> Result<(Vec<SourceTensor>, Vec<StagingBuf>)> {
+    let now_keys: std::collections::HashSet<usize> = tensors
+        .iter()
+        .filter_map(|t| match &t.data {
+            TensorData::CopyNow(src) => Some(source_key(src)),
+            _ => None,
+        })
+        .collect();
+    if now_keys.is_empty() {
+        return Ok((tensors, bufs));
+    }
+    // Buffers go to distinct sources in order of their first tensor (`copy_lens`).
+    let mut bufs = bufs.into_iter();
+    let mut seen = std::collections::HashSet::new();
+    let (mut now, mut now_bufs, mut later_bufs, mut at) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, t) in tensors.iter().enumerate() {
+        let (TensorData::Copy(src) | TensorData::CopyNow(src)) = &t.data else {
+            continue;
+        };
+        let key = source_key(src);
+        if seen.insert(key) {
+            let buf = bufs
+                .next()
+                .ok_or_else(|| Error::Internal("staging buffer count".into()))?;
+            if now_keys.contains(&key) {
+                now_bufs.push(buf);
+            } else {
+                later_bufs.push(buf);
+            }
+        }
+        if now_keys.contains(&key) {
+            now.push(SourceTensor {
+                data: TensorData::Copy(src.clone()),
+                ..t.clone()
+            });
+            at.push(i);
+        }
+    }
+    for (i, copied) in at.into_iter().zip(copy_all(now, now_bufs, threads)?) {
+        tensors[i].data = TensorData::Shared(copied.data);
+    }
+    Ok((tensors, later_bufs))
+}
+
 /// Copy every `Copy` tensor into its staging buffer, spread over `threads` threads
 /// (balanced by bytes), and return the tensors with frozen bytes in input order.
 ///
@@ -243,7 +307,7 @@ pub fn copy_all(
             TensorData::Shared(data) => {
                 out.push(Some(make(t.name, t.dtype, t.shape, t.shard, data)?))
             }
-            TensorData::Copy(src) => {
+            TensorData::Copy(src) | TensorData::CopyNow(src) => {
                 match first_of.entry(source_key(&src)) {
                     std::collections::hash_map::Entry::Occupied(e) => aliases.push((i, *e.get())),
                     std::collections::hash_map::Entry::Vacant(e) => {

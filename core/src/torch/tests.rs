@@ -24,7 +24,7 @@ fn freeze(cap: Capture) -> State {
     for t in cap.tensors {
         let data = match t.data {
             TensorData::Shared(b) => b.to_vec(),
-            TensorData::Copy(src) => {
+            TensorData::Copy(src) | TensorData::CopyNow(src) => {
                 let mut buf = vec![0u8; src.len()];
                 src.copy_into(&mut buf).expect("copy");
                 buf
