@@ -3,7 +3,10 @@
 //! A tensor is captured either as [`TensorData::Shared`] (immutable [`Bytes`]:
 //! nothing to copy) or as [`TensorData::Copy`] (memory the training loop will
 //! mutate later, e.g. a model parameter): those are copied into staging buffers,
-//! which is the only part of a save the training loop has to wait for.
+//! which is the only part of a save the training loop has to wait for. A lazy
+//! snapshot copies them in the background, except [`TensorData::CopyNow`]
+//! ones (memory that changes before anything the loop waits on), which it
+//! copies before `save` returns ([`copy_now_first`]).
 
 use std::sync::Arc;
 use std::time::Duration;
