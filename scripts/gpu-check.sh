@@ -19,12 +19,15 @@
 #   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
 #      2048), ckpt lazy beside the control alone, in OUT/gpu-15g.json.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
-# runs the benchmark itself. Checkpoints go to $CKPT_GPU_SCRATCH (default:
+# runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
+# within that time: each step gets what is left (at most its own limit) and
+# a step with under 30 s left is not started, so a lent machine's time is
+# never overrun. Checkpoints go to $CKPT_GPU_SCRATCH (default:
 # runs/gpu-scratch, on the disk of the repository), removed afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,24p' "$0" >&2
+  sed -n '2,28p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -42,16 +45,24 @@ print(f"ckpt {ckpt.__version__}, torch {torch.__version__}, {dev}")
 EOF
 cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))")
 status=0
+deadline=$((SECONDS + ${GPU_CHECK_BUDGET:-100000}))
 step() {  # step NAME SECONDS CMD...: run CMD bounded, its output in OUT/NAME.log
   local name=$1 limit=$2
   shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 30 ]; then
+    echo "[gpu-check] $name: not run, $left s of the budget left" >&2
+    status=1
+    return
+  fi
+  [ "$left" -ge "$limit" ] || limit=$left
   local t0=$SECONDS rc=0
   timeout "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
   echo "[gpu-check] $name: exit $rc after $((SECONDS - t0)) s; last lines:" >&2
   tail -4 "$out/$name.log" >&2
   [ "$rc" = 0 ] || status=1
 }
-step test_cuda 900 "$py" -m pytest -q -p no:cacheprovider bindings/tests/test_cuda.py
+step test_cuda 180 "$py" -m pytest -q -p no:cacheprovider bindings/tests/test_cuda.py
 if [ "$cuda" != 1 ]; then
   echo "[gpu-check] no CUDA device: the benchmark needs one (the CUDA tests skipped)" >&2
   exit "$status"

