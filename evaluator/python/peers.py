@@ -678,11 +678,11 @@ class TorchCheckpointing(Method):
     """torch-checkpointing's ``CheckpointManager``, asynchronous saver."""
 
     name = "torch-checkpointing"
+    #: The manager once opened (``close`` runs also after a failed ``prepare``).
+    m = None
 
     def prepare(self) -> None:
         import torch_checkpointing  # noqa: F401
-
-        self.m = None
 
     def _manager(self, for_load: bool = False):
         from torch_checkpointing import CheckpointManager, ItemSpec
