@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import torch
+from torch import nn
 
 import ckpt
 import ckpt.cuda as cudam
@@ -262,3 +263,47 @@ def test_no_reservation_without_a_budget_or_with_a_checkpoint(
     assert cp.load_latest(model=model) == 1
     assert cp._slabs is None or all(s.preparing is None for s in cp._slabs._slabs), "a restart: nothing reserved"
     cp.close()
+
+
+def test_a_budget_of_twice_the_state_reserves_room_for_the_first_saves_alignment(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented setting, exactly twice the state's bytes: tensors of
+    1 MiB or more each start on a page of their own, so the first save's slab
+    is larger than the state, and it still fits in what was reserved."""
+    calls = _counting_locks(monkeypatch)
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+
+    def make() -> Tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*(nn.Linear(512, 512) for _ in range(3)))
+        return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+    twin, twin_opt = make()
+    wide_train(twin, twin_opt)
+    state = sum(v.nbytes for v in twin.state_dict().values())
+    state += sum(v.nbytes for s in twin_opt.state.values() for v in s.values())
+    model, opt = make()
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False, staging_budget=2 * state)
+    assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1
+    address = pool._slabs[0].native.address
+    assert pool._slabs[0].nbytes <= 2 * state, "within the budget"
+    wide_train(model, opt)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    cp.save(1, model=model, optimizer=opt)
+    slab = pool._slabs[0]
+    assert [s.native.address for s in pool._slabs] == [address], "the save took the reserved memory"
+    assert slab.nbytes > state and sum(slab.lens) == state, "its slots need more than the state's bytes"
+    assert len(calls["lock"]) == 1, "locked once, ahead"
+    cp.wait()
+    cp.close()
+    got = ckpt.Checkpointer(url, read_only=True, rng=False).read(1).state["model"]
+    assert all(torch.equal(got[k], v) for k, v in want.items())
+
+
+def wide_train(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    model(torch.ones(4, 512)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
