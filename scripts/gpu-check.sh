@@ -17,7 +17,7 @@
 #      disk with the page cache dropped, on this host's cores), in
 #      OUT/memtier.json;
 #   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
-#      2048), ckpt lazy beside the control alone, in OUT/gpu-15g.json.
+#      2048), ckpt lazy (plain and with device staging) beside the control, in OUT/gpu-15g.json.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
 # within that time: each step gets what is left (at most its own limit) and
@@ -72,6 +72,6 @@ step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier
   --json "$out/memtier.json"
 if [ "$quick" != "--quick" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
-    --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy"
+    --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy,ckpt lazy (device staging)"
 fi
 exit "$status"

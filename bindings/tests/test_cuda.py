@@ -95,9 +95,13 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) 
         opt.step()
 
 
+#: ``device_staging`` for lazy saves: none, all of the state (about 6 MiB), part of it.
+STAGING = [0, 1 << 30, 3 << 20]
+
+
 @needs_cuda
-@pytest.mark.parametrize("lazy", [False, True])
-def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, lazy: bool) -> None:
+@pytest.mark.parametrize("lazy, staging", [(False, 0)] + [(True, s) for s in STAGING])
+def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, lazy: bool, staging: int) -> None:
     # A long kernel keeps the stream busy, then one that writes the parameters is
     # queued: a save that does not wait for the current stream stores old values.
     # (The spin kernel leaves every value finite: a chain of matrix products
@@ -105,7 +109,7 @@ def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, l
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     _train(model, opt, 1, 0)
-    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False, device_staging=staging)
     for step in range(3):  # the first save copies into pageable memory, later ones into locked
         torch.cuda._sleep(int(2e8))  # about 0.1 s of the current stream
         with torch.no_grad():
@@ -121,11 +125,12 @@ def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, l
 
 
 @needs_cuda
-def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str) -> None:
+@pytest.mark.parametrize("staging", STAGING)
+def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str, staging: int) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     _train(model, opt, 2, 1)
-    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False, device_staging=staging)
     want = {}
     for step in range(4):
         ref = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -17,7 +17,10 @@ Per method, in this order: ``none`` (no checkpoint), ckpt eager and lazy,
 ``DefaultStager`` and torch-checkpointing's async save (when installed): the
 peers of ``peers.py``, as every benchmark of ckpt-eval measures them (any
 name of its ``MAKERS`` can be given to ``--methods``), ckpt keeping its last
-two checkpoints. ``ckpt lazy (memory tier)`` saves through
+two checkpoints. ``ckpt lazy (device staging)`` is lazy with
+``device_staging`` the size of the state: the save's copy goes to device
+memory first, the optimizer step waits only for that, and the copy to the
+host follows from there. ``ckpt lazy (memory tier)`` saves through
 ``ckpt.memory.MemoryCheckpointer`` (host memory under ``/dev/shm`` and local
 disk, every save to both from one snapshot) and restores from memory, as a
 restarted process does; its cold restore has the disk's page cache dropped.
@@ -74,8 +77,8 @@ from peers import (  # noqa: E402
     MAKERS, Ckpt, DcpAsync, Method, TorchCheckpointing, done, drop_cache, warm_cache, write_read_floor,
 )
 
-ALL = ["none", "ckpt eager", "ckpt eager (locked ahead)", "ckpt lazy", "ckpt lazy (memory tier)", "torch.save",
-       "dcp.save", "dcp.async_save", "torch-checkpointing"]
+ALL = ["none", "ckpt eager", "ckpt eager (locked ahead)", "ckpt lazy", "ckpt lazy (device staging)",
+       "ckpt lazy (memory tier)", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
 
 
 # ---------------------------------------------------------------- the model
@@ -234,16 +237,23 @@ class GpuCkpt(Ckpt):
 
     ``ahead_bytes`` (the state's): with ``staging_budget`` set to twice that,
     which makes that ``load_latest`` lock the first save's memory in the
-    background."""
+    background. ``staged_bytes``: lazy with ``device_staging`` of that many
+    bytes (the state's: the step waits only for a copy on the device)."""
 
     AHEAD = "ckpt eager (locked ahead)"
+    STAGED = "ckpt lazy (device staging)"
 
-    def __init__(self, work: str, lazy: bool, ahead_bytes: Optional[int] = None) -> None:
+    def __init__(self, work: str, lazy: bool, ahead_bytes: Optional[int] = None,
+                 staged_bytes: Optional[int] = None) -> None:
         super().__init__(work, lazy=lazy, keep_last=2)
         if ahead_bytes is not None:
             self.name = GpuCkpt.AHEAD
             self.dir = os.path.join(work, "ckpt_eager_ahead")
             self.options["staging_budget"] = 2 * ahead_bytes
+        if staged_bytes is not None:
+            self.name = GpuCkpt.STAGED
+            self.dir = os.path.join(work, "ckpt_lazy_staged")
+            self.options["device_staging"] = staged_bytes
         self.step_wait: List[float] = []
 
     def bind(self, model: Any, opt: Any) -> "GpuCkpt":
@@ -341,6 +351,9 @@ def make(name: str, work: str, state_bytes: int) -> Method:
         return GpuCkpt(work, lazy=name == "ckpt lazy")
     if name == GpuCkpt.AHEAD:
         return GpuCkpt(work, lazy=False, ahead_bytes=state_bytes)
+    if name == GpuCkpt.STAGED:
+        # Room for the slots' 256-byte alignment.
+        return GpuCkpt(work, lazy=True, staged_bytes=state_bytes + (64 << 20))
     if name == GpuMemoryTier.name:
         return GpuMemoryTier(work)
     return MAKERS[name](work)
@@ -504,6 +517,10 @@ def targets(res: dict) -> List[dict]:
             add("page-locked bytes / state (budget 2x by default)", lazy["pinned_peak_bytes"] / res["state_bytes"], 2.1)
     if eager and eager["stall_later_s"] is not None:
         add("eager stall / device-to-host floor", eager["stall_later_s"] / fl["d2h_s"], 1.1)
+    staged = by.get(GpuCkpt.STAGED)
+    if staged:
+        add(f"lazy stall with device staging, s ({gib:.1f} GiB)", staged["stall_later_s"], 0.010)
+        add(f"lazy loop slowdown with device staging, every {res['every']} steps", staged["slowdown"], 0.01)
     ahead = by.get(GpuCkpt.AHEAD)
     if ahead and ahead["stall_first_s"] is not None and ahead["stall_later_s"]:
         # staging_budget set: load_latest at the start locked the first save's memory.

@@ -692,6 +692,7 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
             "ckpt eager",
             "ckpt eager (locked ahead)",
             "ckpt lazy",
+            "ckpt lazy (device staging)",
             "ckpt lazy (memory tier)",
             "torch.save",
             "dcp.save",
@@ -716,7 +717,8 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
             .step_wait_s
             .is_some()
     };
-    assert!(waited("ckpt lazy") && waited("ckpt lazy (memory tier)") && waited("dcp.async_save"));
+    assert!(waited("ckpt lazy") && waited("ckpt lazy (device staging)"));
+    assert!(waited("ckpt lazy (memory tier)") && waited("dcp.async_save"));
     assert!(!waited("torch.save"));
     let o = render(&r);
     assert_eq!(o.tables[0].rows.len(), names.len());

@@ -142,6 +142,20 @@ class Checkpointer:
             being written waits for it; 2.05 times leaves room for both. (A
             restart's restore leaves its locked slab to the first save without
             one.)
+        device_staging: bytes of GPU memory (per device) a lazy save may use
+            to snapshot CUDA state on the device first (default 0: none). The
+            optimizer's next step then waits only for that device-to-device
+            copy, and the copy to the host runs from that memory, on ckpt's
+            side stream, while training goes on. Without it the step waits
+            until the whole state has crossed PCIe, which costs the loop
+            whatever part of the copy the forward and backward do not hide
+            (an H200 took 83 ms to copy 4 GiB, more than the 62 ms training
+            step of that state). Tensors that do not fit are copied straight
+            to the host, as without it. The memory is allocated at the first
+            lazy save and kept; it also spares a process's first save the
+            wait for its host memory to be page-locked. Set it to the CUDA
+            bytes of the model and optimizer state where the GPU has them to
+            spare.
         busy: when the budget is in use by earlier saves: ``"wait"`` or
             ``"skip"`` (``save`` raises :class:`~ckpt.SkippedError`).
         rng: also save and restore the global random generators
@@ -209,6 +223,7 @@ class Checkpointer:
         level: int = 3,
         lazy: bool = False,
         staging_budget: Optional[int] = None,
+        device_staging: int = 0,
         busy: str = "wait",
         rng: bool = True,
         format: str = "native",  # noqa: A002 - matches the engine's option
@@ -224,6 +239,8 @@ class Checkpointer:
             raise InvalidInputError(f"collective_timeout must be a number of seconds, not {collective_timeout!r}")
         if not collective_timeout > 0:
             raise InvalidInputError(f"collective_timeout must be positive, not {collective_timeout!r}")
+        if type(device_staging) is not int or device_staging < 0:
+            raise InvalidInputError(f"device_staging must be a non-negative int of bytes, not {device_staging!r}")
         if direct_io is not None and not isinstance(direct_io, bool):
             raise InvalidInputError(f"direct_io must be True, False or None, not {direct_io!r}")
         coordinator = _resolve(coordinate, process_group, collective_timeout)
@@ -254,6 +271,7 @@ class Checkpointer:
         # roots use its durable checkpointer's: one pool, one budget).
         self._pool_of: Optional["Checkpointer"] = None
         self._staging_budget = staging_budget
+        self._device_staging = device_staging
         self._busy = busy
         self._read_only = bool(read_only)
         # ``(rank, ranks)`` whose own state (RNG) this checkpointer saves and
@@ -683,7 +701,7 @@ class Checkpointer:
         if owner._slabs is None and create:
             from .cuda import SlabPool
 
-            owner._slabs = SlabPool(owner._staging_budget, owner._busy)
+            owner._slabs = SlabPool(owner._staging_budget, owner._busy, owner._device_staging)
         return owner._slabs
 
     def _host_stage(self) -> Any:

@@ -14,6 +14,16 @@ one trip over PCIe, no copy through the CPU.
   Tensors that may change before the step (module buffers, loose tensors) are
   first cloned on the current stream, which orders the clone before the next
   forward; the clone is copied to the host like the rest.
+- **Device staging.** With ``device_staging`` bytes, a lazy save first
+  copies the tensors that fit into device memory the pool keeps (allocated
+  once, on the side stream, which alone uses it), and the step pre-hook waits
+  only for that copy (and for any tensors that did not fit, copied straight
+  to the host); the staged bytes then go on to the host from there, on the
+  side stream, while training goes on. Without it the step waits for the
+  whole trip over PCIe, which on an H200 (4 GiB in 83 ms) outlasted the
+  forward and backward of a 62 ms step. With everything staged, a new slab
+  is populated and locked after the device copies are queued, so the first
+  save's step does not wait for that either.
 - **Page locking.** A new slab is populated (its pages mapped, on several
   threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
   its first copies; in lazy mode all of that, and the queueing of the copies,
@@ -217,9 +227,14 @@ class _Slab:
 class SlabPool:
     """The slabs of one checkpointer, under a byte budget (see the module docs)."""
 
-    def __init__(self, budget: Optional[int], busy: str) -> None:
+    def __init__(self, budget: Optional[int], busy: str, device_staging: int = 0) -> None:
         self._budget = budget
         self._busy = busy
+        #: Bytes of device memory a lazy save may snapshot into, per device.
+        self.device_staging = device_staging
+        #: Per device: the staging memory and the views of the last layout in it.
+        self._stages: Dict[torch.device, torch.Tensor] = {}
+        self._stage_views: Dict[torch.device, Tuple[Any, List[torch.Tensor]]] = {}
         self._slabs: List[_Slab] = []
         self._streams: Dict[torch.device, Any] = {}
         self._locked_addresses: List[int] = []
@@ -243,6 +258,42 @@ class SlabPool:
         if s is None:
             s = self._streams[device] = torch.cuda.Stream(device=device)
         return s
+
+    def device_stage(self, device: torch.device, srcs: List[torch.Tensor]) -> Tuple[List[int], List[torch.Tensor]]:
+        """Which of ``srcs`` (tensors of ``device``, by index) a lazy save
+        snapshots into this pool's device memory, and a view of that memory
+        for each: in order, while they fit in ``device_staging`` bytes (at
+        256-byte offsets). The memory is allocated on the side stream, which
+        alone uses it (its copies are ordered there), and kept."""
+        cap = self.device_staging
+        if cap <= 0:
+            return [], []
+        picked: List[int] = []
+        offsets: List[int] = []
+        end = 0
+        for i, t in enumerate(srcs):
+            at = (end + 255) & ~255
+            if at + t.nbytes > cap:
+                continue
+            picked.append(i)
+            offsets.append(at)
+            end = at + t.nbytes
+        if not picked:
+            return [], []
+        layout = tuple((srcs[i].dtype, tuple(srcs[i].shape), at) for i, at in zip(picked, offsets))
+        hit = self._stage_views.get(device)
+        if hit is not None and hit[0] == layout:
+            return picked, hit[1]
+        buf = self._stages.get(device)
+        if buf is None or buf.numel() < end:
+            with torch.cuda.stream(self.stream(device)):
+                buf = torch.empty(end, dtype=torch.uint8, device=device)
+            self._stages[device] = buf
+        views = [
+            buf[at : at + srcs[i].nbytes].view(srcs[i].dtype).view(srcs[i].shape) for i, at in zip(picked, offsets)
+        ]
+        self._stage_views[device] = (layout, views)
+        return picked, views
 
     def launcher(self) -> ThreadPoolExecutor:
         """The thread that prepares slabs and queues lazy saves' copies."""
@@ -478,7 +529,12 @@ class DeviceCopy:
         self.slab: Optional[_Slab] = None
         self._start: Dict[torch.device, Any] = {}
         self._events: List[Tuple[torch.device, Any]] = []
+        #: Lazy, with device staging: events after which the sources were read
+        #: (the step may change them), before the staged copies to the host.
+        self._read: List[Tuple[torch.device, Any]] = []
         self._launch: Optional[Future[None]] = None
+        #: Lazy: done once ``_read`` (or ``_events``) is set, which ``fence`` needs.
+        self._readable: Optional[Future[None]] = None
         self._launched = False
         self._fenced = False
         #: While the walk adds tensors, the slab is this save's even before
@@ -612,7 +668,7 @@ class DeviceCopy:
                 self._start[device] = _now_on(device)
         self._open = False
         if self._lazy:
-            self._launch = Future()
+            self._launch, self._readable = Future(), Future()
         else:
             self._queue()
         return slots
@@ -623,7 +679,8 @@ class DeviceCopy:
         if self._launch is None or self._launched:
             return
         self._launched = True
-        fut = self._launch
+        fut, readable = self._launch, self._readable
+        assert readable is not None
 
         device = self._device()
 
@@ -632,8 +689,12 @@ class DeviceCopy:
                 with _on(device):
                     self._queue()
             except BaseException as e:  # noqa: BLE001 - the save's gate raises it
+                if not readable.done():
+                    readable.set_exception(e)
                 fut.set_exception(e)
             else:
+                if not readable.done():
+                    readable.set_result(None)
                 fut.set_result(None)
 
         self._pool.launcher().submit(run)
@@ -656,9 +717,12 @@ class DeviceCopy:
     def _queue(self) -> None:
         slab = self.slab
         assert slab is not None
-        self._pool.prepare(slab, self._device())
         try:
-            self._queue_copies(slab)
+            staged = self._stage_on_device() if self._lazy else {}
+            # A new slab is populated and locked after the copies into device
+            # memory are queued: with everything staged, the step need not wait.
+            self._pool.prepare(slab, self._device())
+            self._queue_copies(slab, staged)
         except BaseException:
             # Copies queued before the failure still land: the slab is not
             # free until they have (``landed`` sees no events).
@@ -666,8 +730,40 @@ class DeviceCopy:
                 self._pool.stream(device).synchronize()
             raise
 
-    def _queue_copies(self, slab: _Slab) -> None:
+    def _stage_on_device(self) -> Dict[torch.device, Tuple[List[int], List[torch.Tensor]]]:
+        """Lazy: queue the copies of the tensors that fit in the pool's device
+        staging into it (by device: their indices and the staged copies). When
+        all of them fit, the sources are read once these are done: the events
+        that say so are recorded, and ``fence`` may go on."""
+        if self._pool.device_staging <= 0:
+            return {}
+        by_device: Dict[torch.device, List[int]] = {}
+        for i, t in enumerate(self._srcs):
+            by_device.setdefault(t.device, []).append(i)
+        staged: Dict[torch.device, Tuple[List[int], List[torch.Tensor]]] = {}
+        every = True
+        with torch.no_grad():
+            for device, idx in by_device.items():
+                picked, views = self._pool.device_stage(device, [self._srcs[i] for i in idx])
+                every = every and len(picked) == len(idx)
+                if not picked:
+                    continue
+                which = [idx[j] for j in picked]
+                side = self._pool.stream(device)
+                side.wait_event(self._start[device])
+                with torch.cuda.stream(side):
+                    _copy_all(views, [self._srcs[i] for i in which])
+                staged[device] = (which, views)
+        if staged and every:
+            self._read = [(device, _recorded(self._pool.stream(device))) for device in staged]
+            assert self._readable is not None
+            self._readable.set_result(None)
+        return staged
+
+    def _queue_copies(self, slab: _Slab, staged: Dict[torch.device, Tuple[List[int], List[torch.Tensor]]]) -> None:
         events = []
+        #: By device: an event after which its sources are read, when some are staged.
+        read: Dict[torch.device, Any] = {}
         with torch.no_grad():
             if self._queued_early or self._batch:
                 # Eager into the guessed slab: most copies were queued during the walk.
@@ -675,22 +771,35 @@ class DeviceCopy:
                     self._queue_batch(device)
                 devices = list(self._start)
             else:
+                on_device = {i for which, _ in staged.values() for i in which}
                 by_device: Dict[torch.device, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
                 for i, t in enumerate(self._srcs):
                     dst, src = by_device.setdefault(t.device, ([], []))
-                    dst.append(slab.view(i, t.dtype, t.shape))
-                    src.append(t)
+                    if i not in on_device:
+                        dst.append(slab.view(i, t.dtype, t.shape))
+                        src.append(t)
                 for device, (dst, src) in by_device.items():
                     side = self._pool.stream(device)
                     side.wait_event(self._start[device])
                     with torch.cuda.stream(side):
-                        _copy_all(dst, src)
+                        if dst:
+                            _copy_all(dst, src)
+                        if device in staged:
+                            # The sources are read (the step may go on); the
+                            # staged copies then go on to the host.
+                            read[device] = _recorded(side)
+                            which, views = staged[device]
+                            _copy_all([slab.view(i, v.dtype, v.shape) for i, v in zip(which, views)], views)
                 devices = list(by_device)
             for device in devices:
                 # Blocking: a thread that waits for it sleeps instead of spinning a core.
                 ev = torch.cuda.Event(blocking=True)
                 ev.record(self._pool.stream(device))
                 events.append((device, ev))
+        if staged and not self._read:
+            # Some tensors went straight to the host: the step waits for those
+            # copies, and on a device without staging for all of them.
+            self._read = [(device, read.get(device, ev)) for device, ev in events]
         self._events = events
 
     def landed(self) -> bool:
@@ -721,15 +830,22 @@ class DeviceCopy:
         queued (after a new slab was prepared, on a process's first save)."""
         if self._fenced:
             return
-        if self._launch is not None:
-            self._launch.result()
-        for device, ev in self._events:
+        if self._readable is not None:
+            self._readable.result()
+        for device, ev in self._read or self._events:
             torch.cuda.current_stream(device).wait_event(ev)
         self._fenced = True
 
 
 #: Copies an eager save queues at once while it walks the state.
 _BATCH = 64
+
+
+def _recorded(stream: Any) -> Any:
+    """An event recorded on ``stream`` now."""
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev
 
 
 def _now_on(device: torch.device) -> Any:
