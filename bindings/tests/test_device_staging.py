@@ -136,3 +136,17 @@ def test_without_device_staging_the_step_waits_for_every_copy(
 def test_device_staging_must_be_a_count_of_bytes(url: str, bad: Any) -> None:
     with pytest.raises(ckpt.InvalidInputError, match="device_staging"):
         ckpt.Checkpointer(url, device_staging=bad)
+
+
+def test_no_room_on_the_device_copies_straight_to_the_host(
+    url: str, fake_cuda: Dict[str, List[int]], waits: List[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_memory(self: cudam.SlabPool, device: Any, nbytes: int) -> torch.Tensor:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(cudam.SlabPool, "_new_stage", no_memory)
+    with pytest.warns(UserWarning, match="no device memory for device_staging"):
+        cp = _loop(url, device_staging=1 << 20)  # every save's values are stored
+    assert len(fake_cuda["copies"]) == 4, "one copy per save, straight to the host"
+    assert cp._slabs is not None and cp._slabs.device_staging == 0
+    cp.close()

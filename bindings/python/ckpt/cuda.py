@@ -286,14 +286,26 @@ class SlabPool:
             return picked, hit[1]
         buf = self._stages.get(device)
         if buf is None or buf.numel() < end:
-            with torch.cuda.stream(self.stream(device)):
-                buf = torch.empty(end, dtype=torch.uint8, device=device)
+            self._stages.pop(device, None)
+            try:
+                buf = self._new_stage(device, end)
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError among them
+                # No room on the device: this pool copies straight to the host.
+                self.device_staging = 0
+                warnings.warn(f"ckpt: no device memory for device_staging ({end} bytes: {e}); "
+                              "lazy saves copy straight to the host", stacklevel=2)
+                return [], []
             self._stages[device] = buf
         views = [
             buf[at : at + srcs[i].nbytes].view(srcs[i].dtype).view(srcs[i].shape) for i, at in zip(picked, offsets)
         ]
         self._stage_views[device] = (layout, views)
         return picked, views
+
+    def _new_stage(self, device: torch.device, nbytes: int) -> torch.Tensor:
+        """Device memory for staged copies, allocated on the side stream."""
+        with torch.cuda.stream(self.stream(device)):
+            return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def launcher(self) -> ThreadPoolExecutor:
         """The thread that prepares slabs and queues lazy saves' copies."""
