@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use ckpt_core::BoxTarget;
 use ckpt_core::{
-    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, Error, Loaded, Retention,
-    SnapshotMode, SourceTensor, Status, Tensor, TensorData,
+    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, Error, Key, Loaded,
+    Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData, Value,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -239,6 +239,11 @@ impl Checkpointer {
     ) -> PyResult<SaveHandle> {
         let cp = self.core()?.clone();
         let meta = to_value(&meta)?;
+        // A lazy shared save's `save_after` reuses its state tree (converting
+        // it from Python again cost about as much as this whole call).
+        let keep = (share && self.lazy)
+            .then(|| state_of(&meta).cloned())
+            .flatten();
         let mut out = Vec::with_capacity(tensors.len());
         // One source per exported memory span: a weight tied between two
         // modules is staged (and hashed) once.
@@ -303,7 +308,7 @@ impl Checkpointer {
             }
         })
         .and_then(IntoPyResult::py)?;
-        Ok(SaveHandle::spawn(&rt, handle, taken))
+        Ok(SaveHandle::spawn(&rt, handle, taken).keep_state(keep))
     }
 
     /// Save `step` as another checkpointer's lazy save made with `share=True`
@@ -311,7 +316,8 @@ impl Checkpointer {
     /// they are taken (nothing is copied twice), and `meta`. Returns at once;
     /// this save's snapshot is done when `first`'s is, and fails with its
     /// error. A save's snapshot is given once: `InvalidInputError` if `first`
-    /// is eager, unshared, or already given.
+    /// is eager, unshared, or already given. A `meta` mapping without a
+    /// `state` key gets `first`'s `state`, as converted for it.
     fn save_after(
         &self,
         py: Python<'_>,
@@ -320,7 +326,14 @@ impl Checkpointer {
         meta: Bound<'_, PyAny>,
     ) -> PyResult<SaveHandle> {
         let cp = self.core()?.clone();
-        let meta = to_value(&meta)?;
+        let mut meta = to_value(&meta)?;
+        if let Value::Map(entries) = &mut meta {
+            if state_of_entries(entries).is_none() {
+                if let Some(state) = first.take_state() {
+                    entries.push((Key::Str("state".into()), state));
+                }
+            }
+        }
         let later = first.take_later()?.ok_or_else(|| {
             to_py(Error::InvalidInput(
                 "save_after needs a lazy save made with share=True whose snapshot was not given yet"
@@ -584,6 +597,21 @@ impl Checkpointer {
             self.inner.world_size()
         )
     }
+}
+
+/// The `state` entry of a save's metadata mapping.
+fn state_of(meta: &Value) -> Option<&Value> {
+    match meta {
+        Value::Map(entries) => state_of_entries(entries),
+        _ => None,
+    }
+}
+
+fn state_of_entries(entries: &[(Key, Value)]) -> Option<&Value> {
+    entries
+        .iter()
+        .find(|(k, _)| matches!(k, Key::Str(s) if s == "state"))
+        .map(|(_, v)| v)
 }
 
 fn tensors_to_py(py: Python<'_>, tensors: Vec<Tensor>) -> PyResult<Bound<'_, PyDict>> {

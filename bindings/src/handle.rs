@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ckpt_core::{Error, LaterSnapshot, SaveReport, SharedSnapshot};
+use ckpt_core::{Error, LaterSnapshot, SaveReport, SharedSnapshot, Value};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::sync::watch;
@@ -37,6 +37,9 @@ pub struct SaveHandle {
     /// `snapshot_specs` takes them; lazy: the snapshot once taken, until
     /// another checkpointer's `save_after` takes it).
     taken: Mutex<Option<SharedSnapshot>>,
+    /// A lazy save made with `share=True`: its metadata's `state` tree as
+    /// converted once, for the `save_after` that takes its snapshot.
+    state: Mutex<Option<Value>>,
 }
 
 /// Bytes of another save's snapshot, handed to `save` as a tensor's bytes
@@ -75,6 +78,20 @@ impl SaveHandle {
         }
     }
 
+    /// The `state` tree of this save's metadata, taken out of this handle
+    /// (once; see `state`).
+    pub(crate) fn take_state(&self) -> Option<Value> {
+        self.state.lock().ok().and_then(|mut s| s.take())
+    }
+
+    /// Keep `state` (this shared save's metadata tree) for `take_state`.
+    pub(crate) fn keep_state(self, state: Option<Value>) -> Self {
+        if let Ok(mut s) = self.state.lock() {
+            *s = state;
+        }
+        self
+    }
+
     /// Watch a core handle from a task on the runtime; `shared` is the
     /// snapshot `save_shared` handed back.
     pub fn spawn(
@@ -102,6 +119,7 @@ impl SaveHandle {
             done,
             pid: std::process::id(),
             taken: Mutex::new(shared),
+            state: Mutex::new(None),
         }
     }
 }
