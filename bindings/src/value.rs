@@ -37,17 +37,66 @@ impl TensorRef {
 
 /// Convert a Python object tree into a [`Value`].
 pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
-    convert(obj, 0, &mut String::from("$"))
+    convert(obj, 0).map_err(|f| match f {
+        Fail::Py(e) => e,
+        Fail::At { rev_path, msg } => {
+            let mut path = String::from("$");
+            for seg in rev_path.iter().rev() {
+                path.push_str(seg);
+            }
+            invalid(format!("{path}: {msg}"))
+        }
+    })
 }
 
-fn convert(obj: &Bound<'_, PyAny>, depth: usize, path: &mut String) -> PyResult<Value> {
+/// Why a conversion failed. The path of the refused value is made only then,
+/// a segment per level on the way out (a save converts thousands of nodes,
+/// and formatting each one's path cost more than converting it).
+enum Fail {
+    /// An error of Python's own (an extraction).
+    Py(PyErr),
+    /// A refused value: its path from the innermost segment out, and why.
+    At { rev_path: Vec<String>, msg: String },
+}
+
+impl From<PyErr> for Fail {
+    fn from(e: PyErr) -> Self {
+        Fail::Py(e)
+    }
+}
+
+fn refuse(msg: String) -> Fail {
+    Fail::At {
+        rev_path: Vec::new(),
+        msg,
+    }
+}
+
+/// `r` with `seg` (made only on failure) as the next outer segment of its path.
+fn within(r: Result<Value, Fail>, seg: impl FnOnce() -> String) -> Result<Value, Fail> {
+    r.map_err(|f| match f {
+        Fail::At { mut rev_path, msg } => {
+            rev_path.push(seg());
+            Fail::At { rev_path, msg }
+        }
+        other => other,
+    })
+}
+
+fn convert(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Fail> {
     if depth > MAX_DEPTH {
-        return Err(invalid(format!(
-            "{path}: nested deeper than {MAX_DEPTH} levels (a cycle?)"
+        return Err(refuse(format!(
+            "nested deeper than {MAX_DEPTH} levels (a cycle?)"
         )));
     }
     if obj.is_none() {
         return Ok(Value::Null);
+    }
+    if let Ok(r) = obj.cast::<TensorRef>() {
+        return Ok(Value::Tensor(r.get().name.clone()));
+    }
+    if obj.is_exact_instance_of::<PyString>() {
+        return Ok(Value::Str(obj.extract()?));
     }
     if obj.is_exact_instance_of::<PyBool>() {
         return Ok(Value::Bool(obj.extract()?));
@@ -56,27 +105,18 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize, path: &mut String) -> PyResult<
         return obj
             .extract::<i64>()
             .map(Value::Int)
-            .map_err(|_| invalid(format!("{path}: integer {obj} does not fit in 64 bits")));
+            .map_err(|_| refuse(format!("integer {obj} does not fit in 64 bits")));
     }
     if obj.is_exact_instance_of::<PyFloat>() {
         return Ok(Value::Float(obj.extract()?));
     }
-    if obj.is_exact_instance_of::<PyString>() {
-        return Ok(Value::Str(obj.extract()?));
-    }
     if obj.is_exact_instance_of::<PyBytes>() {
         return Ok(Value::Bytes(obj.extract()?));
-    }
-    if let Ok(r) = obj.cast::<TensorRef>() {
-        return Ok(Value::Tensor(r.get().name.clone()));
     }
     if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
         let mut items = Vec::new();
         for (i, item) in obj.try_iter()?.enumerate() {
-            let len = path.len();
-            path.push_str(&format!("[{i}]"));
-            items.push(convert(&item?, depth + 1, path)?);
-            path.truncate(len);
+            items.push(within(convert(&item?, depth + 1), || format!("[{i}]"))?);
         }
         return Ok(if obj.is_exact_instance_of::<PyList>() {
             Value::List(items)
@@ -85,7 +125,7 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize, path: &mut String) -> PyResult<
         });
     }
     if obj.is_exact_instance_of::<PyDict>() {
-        let dict = obj.cast::<PyDict>()?;
+        let dict = obj.cast::<PyDict>().map_err(PyErr::from)?;
         let mut entries = Vec::with_capacity(dict.len());
         for (k, v) in dict.iter() {
             let key = if k.is_exact_instance_of::<PyString>() {
@@ -93,24 +133,23 @@ fn convert(obj: &Bound<'_, PyAny>, depth: usize, path: &mut String) -> PyResult<
             } else if k.is_exact_instance_of::<PyInt>() {
                 Key::Int(
                     k.extract()
-                        .map_err(|_| invalid(format!("{path}: key {k} does not fit in 64 bits")))?,
+                        .map_err(|_| refuse(format!("key {k} does not fit in 64 bits")))?,
                 )
             } else {
                 let ty = k.get_type().name()?;
-                return Err(invalid(format!(
-                    "{path}: dict keys must be str or int, not {ty}"
-                )));
+                return Err(refuse(format!("dict keys must be str or int, not {ty}")));
             };
-            let len = path.len();
-            path.push_str(&format!("[{}]", k.repr()?));
-            entries.push((key, convert(&v, depth + 1, path)?));
-            path.truncate(len);
+            let value = within(convert(&v, depth + 1), || match k.repr() {
+                Ok(r) => format!("[{r}]"),
+                Err(_) => "[?]".into(),
+            })?;
+            entries.push((key, value));
         }
         return Ok(Value::Map(entries));
     }
     let ty = obj.get_type().name()?;
-    Err(invalid(format!(
-        "{path}: cannot store a value of type {ty} (plain data only: None, bool, int, float, str, bytes, list, tuple, dict)"
+    Err(refuse(format!(
+        "cannot store a value of type {ty} (plain data only: None, bool, int, float, str, bytes, list, tuple, dict)"
     )))
 }
 

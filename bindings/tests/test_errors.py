@@ -163,3 +163,19 @@ def test_a_full_disk_is_a_storage_error_with_enospc(full_disk: Path) -> None:
     again = ckpt.Checkpointer(full_disk.as_uri(), rng=False)
     assert again.steps() == [1]
     assert torch.equal(again.read_latest().state["w"], torch.ones(1024))
+
+
+def test_a_refused_value_is_named_by_its_path_in_the_tree() -> None:
+    from ckpt import _ckpt
+
+    with pytest.raises(ckpt.InvalidInputError, match=r"\$\['cfg'\]\[1\]\[2\]: cannot store a value of type object"):
+        _ckpt.encode_tree({"cfg": [0, (1, 2, object())]})
+    with pytest.raises(ckpt.InvalidInputError, match=r"\$\[3\]\['n'\]: integer \d+ does not fit in 64 bits"):
+        _ckpt.encode_tree({"x": 1, 3: {"n": 2**70}})
+    with pytest.raises(ckpt.InvalidInputError, match=r"\$\['a'\]: dict keys must be str or int, not float"):
+        _ckpt.encode_tree({"a": {1.5: 0}})
+    nested: list = []
+    for _ in range(300):
+        nested = [nested]
+    with pytest.raises(ckpt.InvalidInputError, match=r"\$(\[0\]){257}: nested deeper than 256 levels"):
+        _ckpt.encode_tree(nested)
