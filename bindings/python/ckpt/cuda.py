@@ -23,7 +23,8 @@ one trip over PCIe, no copy through the CPU.
   whole trip over PCIe, which on an H200 (4 GiB in 83 ms) outlasted the
   forward and backward of a 62 ms step. With everything staged, a new slab
   is populated and locked after the device copies are queued, so the first
-  save's step does not wait for that either.
+  save's step does not wait for that either. A device without room for it
+  warns, and its saves copy straight to the host from then on.
 - **Page locking.** A new slab is populated (its pages mapped, on several
   threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
   its first copies; in lazy mode all of that, and the queueing of the copies,
