@@ -9,6 +9,7 @@ and events replaced by stand-ins (the ``fake_cuda`` test double of
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, List
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 import ckpt
 import ckpt._repeat as rp
+import ckpt.cuda as cudam
 from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
 
 
@@ -94,3 +96,51 @@ def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
     check_stored(url, expected)
     got = ckpt.Checkpointer(url, read_only=True, rng=False).read(6).state["model"]
     assert torch.equal(got["blocks.6.bias"], torch.full((3,), 2.5))
+
+
+def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Which tensors of a module may wait for the background copy is known by
+    # walking its parameters, a good part of a lazy save's stall. A save whose
+    # plan holds needs no such walk: its parameters are those of the plan, and
+    # its buffer is copied at once as the last time.
+    import ckpt.torch as ct
+
+    looked_up: List[int] = []
+    real = ct.lazy_safe_pointers
+
+    def counted(obj: object) -> object:
+        if isinstance(obj, torch.nn.Module):
+            looked_up.append(len(emitted))
+        return real(obj)
+
+    monkeypatch.setattr(ct, "lazy_safe_pointers", counted)
+    # The background copies wait until the buffer has changed: a buffer left
+    # to them would be stored as it is after the save.
+    gate = threading.Event()
+    real_copy = cudam._copy_all
+
+    def gated(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
+        assert gate.wait(10)
+        real_copy(dst, src)
+
+    monkeypatch.setattr(cudam, "_copy_all", gated)
+    torch.manual_seed(0)
+    model = Net()  # with a buffer
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    expected = {}
+    for step in range(1, 7):
+        expected[step] = snapshot(model, opt)
+        gate.clear()
+        cp.save(step, model=model, optimizer=opt)
+        model.seen += 100  # forward changes buffers before any optimizer step
+        gate.set()
+        train(model, opt)
+        cp.wait()
+    cp.close()
+    assert emitted.count("model") >= 3, emitted
+    assert looked_up and max(looked_up) == 0, (looked_up, emitted)  # the first save's walk only
+    check_stored(url, expected)  # the buffer as it was at each save

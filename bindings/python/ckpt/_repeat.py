@@ -27,7 +27,7 @@ import copy
 import operator
 import weakref
 from itertools import chain
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -50,12 +50,16 @@ _VALUES = dict.values
 #: Mappings with fewer tensors go through the walk (the checks cost more than they save).
 _MIN = 8
 
+#: Lazy-safe pointers for tensors to be copied at once: none.
+_AT_ONCE: FrozenSet[int] = frozenset()
+
 
 class Plan:
     """What the walk made of one mapping of tensors (see the module docs)."""
 
     __slots__ = (
         "keys", "meta", "ptrs", "names", "tree", "raw_meta", "runs", "uniq_ptrs", "nbytes", "device", "specs", "slot_of",
+        "walk_ptrs",
     )
 
     def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
@@ -84,6 +88,11 @@ class Plan:
         self.specs: Dict[int, Tuple[Any, int, List[Any]]] = {}
         #: (Filled while the plan is made: each device tensor's slot, from the mapping's first.)
         self.slot_of: List[Tuple[int, int]] = []
+        #: Whether a tensor the walk takes one by one was left to the
+        #: background copy: then a module's pointers are looked up to decide
+        #: again. Else (buffers cloned at once, the common case) they are
+        #: copied at once again, and the pointers are not looked up.
+        self.walk_ptrs = False
 
 
 class Probe:
@@ -174,7 +183,10 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
     for pos, distinct, first, end in plan.runs:
         if distinct is None:
             if lazy_ptrs is not None and not isinstance(lazy_ptrs, (set, frozenset)):
-                lazy_ptrs = lazy_ptrs.get()  # (a module's, looked up now: its buffers are copied at once)
+                # A module's: looked up now if a tensor taken one by one may
+                # wait for the background copy; else all of them are copied at
+                # once, as the last time (always safe, and what buffers need).
+                lazy_ptrs = lazy_ptrs.get() if plan.walk_ptrs else _AT_ONCE
             for j in pos:
                 # (the walk's own path, for tensors it takes one by one; the name is free)
                 fl.leaf(vals[j], plan.names[j], plan.names[j], lazy_ptrs)
@@ -265,6 +277,9 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
                 return None
         if not dev:
             _run(plan, False).append(j)
+            # (a device tensor with a slot of its own at another address: a clone, copied at once)
+            if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
+                plan.walk_ptrs = True
     if not plan.slot_of or len(srcs) - d0 != len(nbytes):
         return None  # nothing to take in bulk, or a slot the walk took that no tensor here explains
     first = 0

@@ -142,16 +142,19 @@ class _Flattener:
         kind = type(obj)
         if kind in _PLAIN:
             return obj
-        if type(lazy_ptrs) is _Later:
-            lazy_ptrs = lazy_ptrs.get()
         if depth > 200:
             raise InvalidInputError(f"{_Where(path)}: nested too deeply (a cycle?)")
+        if kind is dict or kind is OrderedDict:
+            # (a module's state dict: its pointers stay unlooked-up, see ``_Later``)
+            return self.walk_mapping(obj, path, lazy_ptrs, depth)
+        if type(lazy_ptrs) is _Later:
+            lazy_ptrs = lazy_ptrs.get()
         tensor = self._tensor
         if tensor is not None and isinstance(obj, tensor):
             if self._dtensor is not None and isinstance(obj, self._dtensor):
                 return self.walk_dtensor(obj, path, lazy_ptrs, _Where(path))
             return self.leaf(obj, ".".join(path), _Where(path), lazy_ptrs)
-        if kind is dict or isinstance(obj, Mapping):
+        if isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
         if kind is list or kind is tuple:
             return self.walk_sequence(obj, path, lazy_ptrs, depth)
