@@ -257,6 +257,13 @@ class GpuCkpt(Ckpt):
             self.dir = os.path.join(work, "ckpt_lazy_staged")
             self.options["device_staging"] = staged_bytes
         self.step_wait: List[float] = []
+        #: Each save's ``SaveHandle.phases``: where its stall went.
+        self.phases: List[Any] = []
+
+    def start(self, step: int) -> Callable[[], None]:
+        wait = super().start(step)
+        self.phases.append(self.h.phases)
+        return wait
 
     def bind(self, model: Any, opt: Any) -> "GpuCkpt":
         super().bind(model, opt)
@@ -322,7 +329,9 @@ class GpuMemoryTier(GpuCkpt):
         return self
 
     def start(self, step: int) -> Callable[[], None]:
-        self.mc.save(step, **self.state())
+        h = self.mc.save(step, **self.state())
+        if h is not None:
+            self.phases.append(h.phases)
         return self.mc.wait
 
     def prune(self, step: int) -> None:
@@ -393,6 +402,16 @@ class Rss:
         return self.peak
 
 
+def _phases(phases: List[Any]) -> Optional[Dict[str, float]]:
+    """Medians of the later saves' ``SaveHandle.phases``, in seconds: where
+    ckpt's stall went, timed inside ``save`` (the stall above is timed by the
+    loop, around the call)."""
+    if not phases:
+        return None
+    keys = ("walk", "device", "engine", "other", "total")
+    return {f"{k}_s": statistics.median(getattr(p, k) for p in phases) for k in keys}
+
+
 def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dict:
     """The loop, then the restores; figures in seconds."""
     plain: List[float] = []
@@ -451,6 +470,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         "host_peak_bytes": host_peak,
         "error": None,
         "stalls_s": stalls,
+        "stall_phases": _phases(m.phases[1:len(stalls)]) if isinstance(m, GpuCkpt) else None,
     }
     if isinstance(m, NoCheckpoint):
         return out

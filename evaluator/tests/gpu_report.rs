@@ -87,6 +87,22 @@ fn methods_floors_and_targets_are_rendered() {
 }
 
 #[test]
+fn where_ckpts_stall_went_is_a_table_of_its_own() {
+    let out = render(&fixture());
+    // Only the method that timed its phases has a row.
+    assert_eq!(out.tables.len(), 2);
+    let t = &out.tables[1];
+    assert_eq!(t.id, "gpu-stall");
+    assert_eq!(t.rows.len(), 1);
+    assert_eq!(
+        t.rows[0],
+        ["ckpt lazy", "2.70", "0.40", "1.10", "0.90", "5.10", "6.10"]
+    );
+    // A run whose methods timed no phases has the methods table alone.
+    assert_eq!(render(&read("gpu_bench_h100.json")).tables.len(), 1);
+}
+
+#[test]
 fn without_a_device_it_is_listed_as_not_run_at_the_top() {
     let skipped: GpuResults = serde_json::from_str(
         r#"{"skipped": "no CUDA device (torch.cuda.is_available() is False)"}"#,

@@ -23,7 +23,7 @@ import os as _os
 
 from . import _ckpt, distributed
 from ._ckpt import cpu_threads, set_cpu_threads
-from .checkpointer import Checkpoint, Checkpointer, SaveHandle
+from .checkpointer import Checkpoint, Checkpointer, SaveHandle, SavePhases
 from .errors import (
     CheckpointError,
     CheckpointIOError,
@@ -48,6 +48,7 @@ __all__ = [
     "Checkpointer",
     "MemoryCheckpointer",
     "SaveHandle",
+    "SavePhases",
     "Checkpoint",
     "RNGState",
     "CheckpointError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence
@@ -22,6 +23,34 @@ from .tree import Flattened, flatten
 __all__ = ["Checkpointer", "SaveHandle", "Checkpoint"]
 
 
+@dataclass(frozen=True)
+class SavePhases:
+    """Where one ``save`` call's time went, in seconds (:attr:`SaveHandle.phases`).
+
+    A lazy save's stall is Python's work on the state, not its size: here is
+    which part of it to look at when it is longer than expected."""
+
+    #: The state dicts and the walk of the state (CPU tensors viewed, CUDA
+    #: tensors given their slots): a few microseconds per tensor, less when a
+    #: loop saves the same tensors again.
+    walk: float
+    #: CUDA state: the host slab chosen and the device-to-host copies started
+    #: (eager: and landed).
+    device: float
+    #: The engine's save: the manifest's metadata, and the CPU tensors copied
+    #: in the stall (all of them eager; buffers and loose tensors lazy). A
+    #: memory tier's step saved to both tiers: both engines.
+    engine: float
+    #: The whole call, from entry to return.
+    total: float
+
+    @property
+    def other(self) -> float:
+        """What the phases above leave out: argument checks, finished saves
+        reaped, the collector's pause, the step pre-hooks, waiting for the GIL."""
+        return max(0.0, self.total - self.walk - self.device - self.engine)
+
+
 class SaveHandle:
     """A save in progress, returned by :meth:`Checkpointer.save`.
 
@@ -36,6 +65,16 @@ class SaveHandle:
         #: Lazy mode: CPU tensors are still being copied on a background thread.
         self._host_lazy = False
         self._observed = False  # its outcome reached the caller through wait()
+        #: ``walk``, ``device`` and ``engine`` of :class:`SavePhases`, once timed.
+        self._marks: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+        #: Where the ``save`` call's time went (None for the durable tier's
+        #: half of a memory tier's save: see the memory tier's handle).
+        self.phases: Optional[SavePhases] = None
+
+    def _finish(self, t0: float) -> "SaveHandle":
+        """The save call that began at ``t0`` (``perf_counter``) returns now."""
+        self.phases = SavePhases(*self._marks, time.perf_counter() - t0)
+        return self
 
     @property
     def step(self) -> int:
@@ -49,8 +88,9 @@ class SaveHandle:
 
     @property
     def stall(self) -> float:
-        """Seconds ``save`` kept the caller waiting."""
-        return self._native.stall
+        """Seconds ``save`` kept the caller waiting, from its entry to its
+        return (:attr:`phases` says where they went)."""
+        return self.phases.total if self.phases is not None else self._native.stall
 
     def snapshot_done(self) -> bool:
         """True once the snapshot is copied (the state may be mutated again)."""
@@ -317,9 +357,10 @@ class Checkpointer:
         anything is published: :meth:`SaveHandle.wait` raises the
         :class:`~ckpt.ConflictError`.
         """
+        t0 = time.perf_counter()
         with collector_paused():  # see ckpt._gc: a save's objects die young
             handle, _, _ = self._save_shared(step, self._entries(state, named), None)
-        return handle
+        return handle._finish(t0)
 
     def _save_shared(
         self, step: int, entries: Dict[str, Any], also: Optional["Checkpointer"]
@@ -371,6 +412,7 @@ class Checkpointer:
         me, ranks = self._own_identity()
         prefix = _own.name(me)
         local = {"rng": RNGState()} if self._rng else None
+        t0 = time.perf_counter()
         flat = flatten(entries, self.lazy, exporter, local, prefix)
         info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
         if local is not None:
@@ -382,6 +424,7 @@ class Checkpointer:
             info["local"] = {"ranks": ranks}
         meta = {"ckpt": self._tagged(info), "state": flat.tree}
         device = flat.device
+        t1 = time.perf_counter()
         ready = None
         # Lazy mode: whether the step pre-hook must wait on the host for CPU
         # tensors still copied in the background (CUDA copies are fenced on
@@ -399,6 +442,7 @@ class Checkpointer:
                 device.wait_landed()  # eager: the copy is complete when save returns
         elif self.lazy:
             host_lazy = any(not t.copy_now for t in flat.tensors)
+        t2 = time.perf_counter()
         native = self._native.save(step, flat.tensors, meta, ready, share=also is not None)
         handle = SaveHandle(native, device)
         handle._host_lazy = host_lazy
@@ -422,6 +466,7 @@ class Checkpointer:
             else:
                 second = SaveHandle(native, device)
                 second._host_lazy = host_lazy
+        handle._marks = (t1 - t0, t2 - t1, time.perf_counter() - t2)
         return handle, flat, second, failure
 
     def _tagged(self, info: Dict[str, Any]) -> Dict[str, Any]:

@@ -80,7 +80,7 @@ from . import errors as errs
 from . import _memreshape as reshape
 from ._gc import collector_paused
 from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
-from .checkpointer import Checkpointer
+from .checkpointer import Checkpointer, SaveHandle
 from .distributed import MPICoordinator, TorchCoordinator
 from .errors import CheckpointError, InvalidInputError, StorageError
 
@@ -228,20 +228,27 @@ class MemoryCheckpointer:
     def world_size(self) -> int:
         return self.topology.world_size
 
-    def save(self, step: int, state: Any = None, /, **named: Any) -> None:
+    def save(self, step: int, state: Any = None, /, **named: Any) -> Optional[SaveHandle]:
         """Save ``step`` to the memory tier (and replicate it in the
         background), and every ``durable_every``-th time to the durable tier.
         Returns after the snapshot. A memory-tier failure does not stop the
         durable save; :meth:`wait` raises it on every rank.
 
+        Returns the memory tier's save, whose :attr:`~ckpt.SaveHandle.stall`
+        and :attr:`~ckpt.SaveHandle.phases` cover this whole call (None when
+        the memory tier refused the step). Wait with :meth:`wait`, which
+        covers both tiers and the replication.
+
         A step saved to both tiers is walked and copied once: both engines
         save the same snapshot (CUDA tensors cross to the host once, into one
         slab of one pool; in lazy mode the optimizer's step pre-hook waits for
         both saves)."""
+        t0 = time.perf_counter()
         with collector_paused():  # see ckpt._gc: a save's objects die young
-            self._save(step, state, named)
+            handle = self._save(step, state, named)
+        return handle._finish(t0) if handle is not None else None
 
-    def _save(self, step: int, state: Any, named: Dict[str, Any]) -> None:
+    def _save(self, step: int, state: Any, named: Dict[str, Any]) -> Optional[SaveHandle]:
         durable = self.durable_every > 0 and self._saves % self.durable_every == 0
         self._saves += 1
         handle, error = None, None
@@ -259,6 +266,7 @@ class MemoryCheckpointer:
             raise failure  # the durable tier refused the step (as its own save would)
         if durable and handle is None:
             self.durable.save(step, state, **named)  # the memory save failed: the durable one alone
+        return handle
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until every snapshot in progress is copied (lazy mode)."""

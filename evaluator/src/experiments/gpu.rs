@@ -79,6 +79,24 @@ pub struct GpuMethod {
     pub host_peak_bytes: Option<u64>,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// ckpt's methods: where a later save's stall went, timed inside `save`.
+    #[serde(default)]
+    pub stall_phases: Option<GpuStallPhases>,
+}
+
+/// Medians over the later saves of ckpt's `SaveHandle.phases`, s.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuStallPhases {
+    /// The state dicts and the walk of the state.
+    pub walk_s: f64,
+    /// The host slab chosen and the device-to-host copies started (eager: landed).
+    pub device_s: f64,
+    /// The engine's save (both engines for a memory tier's step to both tiers).
+    pub engine_s: f64,
+    /// The rest of the call (checks, reaping, the collector's pause, GIL waits).
+    pub other_s: f64,
+    /// The whole `save` call.
+    pub total_s: f64,
 }
 
 /// One target of the GPU issue, as the script judged it.
@@ -221,6 +239,39 @@ fn gib(v: Option<u64>) -> String {
     })
 }
 
+/// Where ckpt's later stalls went, for the methods that timed it; beside
+/// each, the stall as the loop timed it around the call.
+fn phases_table(r: &GpuResults) -> Option<Table> {
+    let timed: Vec<(&GpuMethod, &GpuStallPhases)> = r
+        .methods
+        .iter()
+        .filter_map(|m| m.stall_phases.as_ref().map(|p| (m, p)))
+        .collect();
+    if timed.is_empty() {
+        return None;
+    }
+    let mut t = Table::new(
+        "gpu-stall",
+        "GPU: where ckpt's later saves' stall went (medians, timed inside save; the loop's figure times the call from outside)"
+            .to_owned(),
+        &[
+            "method", "walk ms", "device ms", "engine ms", "other ms", "inside save ms", "loop's stall ms",
+        ],
+    );
+    for (m, p) in timed {
+        t.rows.push(vec![
+            m.method.clone(),
+            ms(Some(p.walk_s)),
+            ms(Some(p.device_s)),
+            ms(Some(p.engine_s)),
+            ms(Some(p.other_s)),
+            ms(Some(p.total_s)),
+            ms(m.stall_later_s),
+        ]);
+    }
+    Some(t)
+}
+
 /// The report's view of what the script wrote: the methods table with the
 /// floors in its title, the targets; or, when it did not run, why.
 pub fn render(r: &GpuResults) -> Output {
@@ -274,6 +325,9 @@ pub fn render(r: &GpuResults) -> Output {
         ]);
     }
     out.tables.push(t);
+    if let Some(t) = phases_table(r) {
+        out.tables.push(t);
+    }
     out.targets = r
         .targets
         .iter()

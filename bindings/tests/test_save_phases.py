@@ -1,0 +1,75 @@
+"""Where a save's stall goes: ``SaveHandle.stall`` is the whole ``save`` call,
+and ``SaveHandle.phases`` splits it (the walk of the state, the device
+copies' start, the engine's save), for a plain checkpointer and for the
+memory tier, whose save returns its handle.
+
+The state here includes an object whose ``state_dict()`` takes a known time
+(a sleep): the walk calls it, so the stall and the walk must include it. No
+test here bounds a duration from above.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import torch
+
+import ckpt
+from ckpt.memory import MemoryCheckpointer
+
+SLOW = 0.05
+
+
+class Slow:
+    """Stateful whose ``state_dict`` takes ``SLOW`` seconds."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        time.sleep(SLOW)
+        return {"w": torch.arange(1000, dtype=torch.float32)}
+
+    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+        pass
+
+
+def _check(h: ckpt.SaveHandle, outside: float) -> None:
+    p = h.phases
+    assert isinstance(p, ckpt.SavePhases)
+    assert p.walk >= SLOW  # the state dicts are walked in the stall
+    assert p.device >= 0 and p.engine > 0
+    assert p.total >= p.walk + p.device + p.engine
+    assert abs(p.other - (p.total - p.walk - p.device - p.engine)) < 1e-9
+    assert h.stall == p.total
+    assert p.total <= outside  # the call as its caller timed it
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_saves_stall_is_the_whole_call_and_its_phases_add_up(url: str, lazy: bool) -> None:
+    model = torch.nn.Linear(64, 64)
+    with ckpt.Checkpointer(url, lazy=lazy) as cp:
+        t0 = time.perf_counter()
+        h = cp.save(1, model=model, slow=Slow())
+        outside = time.perf_counter() - t0
+        _check(h, outside)
+        # The engine's own figure is its part only, within the whole.
+        assert h.wait()["stall"] <= h.stall
+
+
+@pytest.mark.parametrize("durable_every", [1, 2])
+def test_the_memory_tiers_save_returns_its_handle_timed_over_the_whole_call(
+    tmp_path: Path, shm: Path, durable_every: int
+) -> None:
+    model = torch.nn.Linear(64, 64)
+    with MemoryCheckpointer(
+        (tmp_path / "d").as_uri(), memory_dir=str(shm / "node{node}"), coordinate="none",
+        durable_every=durable_every,
+    ) as mc:
+        for step in (1, 2):  # with durable_every=2, one to both tiers and one to memory only
+            t0 = time.perf_counter()
+            h = mc.save(step, model=model, slow=Slow())
+            outside = time.perf_counter() - t0
+            assert h is not None and h.step == step
+            _check(h, outside)
+        mc.wait()
