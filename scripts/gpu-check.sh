@@ -4,7 +4,7 @@
 # elsewhere (on the stable ABI, so one wheel serves any Python from 3.11):
 #
 #   scripts/wheel.sh                                        # where Rust is
-#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick]    # on the GPU machine
+#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt]    # on the GPU machine
 #
 # It installs the wheel into a private directory (no network, no other
 # package), then runs, each bounded in time and logged under OUT:
@@ -18,6 +18,8 @@
 #      OUT/memtier.json;
 #   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
 #      2048), ckpt lazy (plain and with device staging) beside the control, in OUT/gpu-15g.json.
+# --ckpt is for a short lent machine once the peers were measured: step 2 with
+# ckpt's methods and the control only, no step 3, then step 4.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
 # within that time: each step gets what is left (at most its own limit) and
@@ -27,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,28p' "$0" >&2
+  sed -n '2,30p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -67,9 +69,13 @@ if [ "$cuda" != 1 ]; then
   echo "[gpu-check] no CUDA device: the benchmark needs one (the CUDA tests skipped)" >&2
   exit "$status"
 fi
-step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json"
-step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
-  --json "$out/memtier.json"
+methods=()
+[ "$quick" != "--ckpt" ] || methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)")
+step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" "${methods[@]}"
+if [ "$quick" != "--ckpt" ]; then
+  step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
+    --json "$out/memtier.json"
+fi
 if [ "$quick" != "--quick" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
     --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy,ckpt lazy (device staging)"
