@@ -163,7 +163,8 @@ fn wait_outcome<T: Send + Sync>(
 
 #[pymethods]
 impl SaveHandle {
-    /// Seconds `save` kept the caller waiting.
+    /// Seconds the engine's `save` took, its part of the stall (the Python
+    /// `SaveHandle.stall` is the whole call).
     #[getter]
     fn stall(&self) -> f64 {
         self.stall.as_secs_f64()
