@@ -210,6 +210,7 @@ class _Flattener:
         n0 = len(self.out.tensors)
         d0 = len(self.exporter.device) if self.exporter.device is not None else 0
         leaf = self.leaf
+        dtensor = self._dtensor  # (FSDP2 and TP state dicts: taken here too)
         for k, v in obj.items():
             kk = type(k)
             if kk is str:
@@ -224,6 +225,9 @@ class _Flattener:
             if kv is tensor:  # (never when torch is not imported: no type is None)
                 here.key = k
                 items[k] = leaf(v, prefix + key, here, lazy_ptrs)
+            elif kv is dtensor:
+                here.key = k
+                items[k] = self.dleaf(v, prefix + key, here, lazy_ptrs)
             elif kv in _PLAIN:
                 items[k] = v
             elif kv is dict and depth < 200:
@@ -247,11 +251,22 @@ class _Flattener:
 
     def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: object) -> Any:
         """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
+        return self.dleaf(obj, ".".join(path), where, lazy_ptrs)
+
+    def dleaf(self, obj: Any, base: str, where: object, lazy_ptrs: Any) -> Any:
+        """A DTensor named ``base`` (made unique): see :meth:`walk_dtensor`."""
+        if type(lazy_ptrs) is _Later:
+            lazy_ptrs = lazy_ptrs.get()
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
         may_defer = lazy_ptrs is None or local.data_ptr() in lazy_ptrs
         copy_now = self.lazy and not may_defer
-        name = self.name_for(path)
+        names = self.names
+        if base and base not in names:  # (``unique``'s common case, inline)
+            name = base
+            names.add(name)
+        else:
+            name = self.unique(base)
         whole = len(pieces) == 1 and pieces[0].shape == global_shape
         if whole or (not pieces and 0 in global_shape):
             # Replicated everywhere (or empty): a plain tensor of that name, stored once.
