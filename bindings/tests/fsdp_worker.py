@@ -1,6 +1,7 @@
 """One rank of the sharded-state tests (test_sharded.py runs it under torchrun).
 
     fsdp_worker.py train URL OUT --steps 6 --save-at 3[,5] [--tp] [--lazy] [--die-rank R --die-at S] [--timeout T]
+                   [--depth D] [--stand-in]
     fsdp_worker.py load URL OUT --steps 6 [--tp]
     fsdp_worker.py plain URL OUT --steps 6           (one process, no process group)
 
@@ -12,6 +13,12 @@ current ranks (any count, FSDP or FSDP x TP) and restores the newest
 checkpoint; ``plain`` restores into an unsharded model in a single process.
 Each rank writes ``OUT/<mode>-rank<r>.json``: digests of the full state (as
 PyTorch gathers it itself) after the save/load and at the end, and its I/O.
+
+``--depth D`` (every mode) builds a narrower MLP of D hidden layers instead,
+with enough tensors per mapping for repeated saves to be taken in bulk.
+``--stand-in`` routes the CPU tensors through ckpt's CUDA path
+(``cuda_stand_in``, a test double) and records per save how many mappings
+were taken in bulk (``bulk``).
 """
 
 from __future__ import annotations
@@ -30,10 +37,17 @@ from torch import nn
 import ckpt
 
 DIMS = (1024, 1536, 1031, 5)  # 1031 and 5 shard unevenly over 2, 3 and 4 ranks; TP splits 1536
+DEEP = 64  # the input width of ``--depth``'s model
 
 
-def build() -> nn.Module:
+def build(depth: int = 0) -> nn.Module:
     torch.manual_seed(0)
+    if depth:
+        dims = (DEEP,) + (97,) * depth + (DIMS[3],)  # 97 shards unevenly over 2 and 3 ranks
+        layers: list = []
+        for a, b in zip(dims, dims[1:]):
+            layers += [nn.Linear(a, b), nn.ReLU()]
+        return nn.Sequential(*layers[:-1])
     return nn.Sequential(nn.Linear(DIMS[0], DIMS[1]), nn.ReLU(), nn.Linear(DIMS[1], DIMS[2]), nn.ReLU(), nn.Linear(DIMS[2], DIMS[3]))
 
 
@@ -50,19 +64,19 @@ def shard(model: nn.Module, tp: bool) -> nn.Module:
         dp = mesh["dp"]
     else:
         dp = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
-    for i in (0, 2, 4):
+    for i in range(0, len(model), 2):  # the Linear layers
         fully_shard(model[i], mesh=dp)
     fully_shard(model, mesh=dp)
     return model
 
 
-def batch(step: int, rank: int) -> tuple:
+def batch(step: int, rank: int, width: int = DIMS[0]) -> tuple:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
+    return torch.randn(8, width, generator=g), torch.randn(8, DIMS[3], generator=g)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
-    x, y = batch(step, rank)
+    x, y = batch(step, rank, model[0].in_features)
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
     opt.step()
@@ -119,7 +133,23 @@ def main() -> None:
     ap.add_argument("--die-rank", type=int, default=-1)
     ap.add_argument("--die-at", type=int, default=-1)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--stand-in", action="store_true")
     a = ap.parse_args()
+    bulk: list = []  # mappings taken in bulk since the last save
+    if a.stand_in:
+        import ckpt._repeat as rp
+        import cuda_stand_in
+
+        cuda_stand_in.install(setattr)
+        real_emit = rp._emit
+
+        def emit(*args: object) -> bool:
+            ok = real_emit(*args)
+            bulk.append(ok)
+            return ok
+
+        rp._emit = emit
     save_at = {int(x) for x in a.save_at.split(",")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +157,7 @@ def main() -> None:
     if sharded:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if sharded else 0
-    model = build()
+    model = build(a.depth)
     if sharded:
         model = shard(model, a.tp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -161,6 +191,8 @@ def main() -> None:
             row["stored_bytes"] = report["stored_bytes"]
             row["local_bytes"] = local_bytes(model, opt)
             row["at_save"] = digests(full_state(model, opt))
+            row.setdefault("bulk", []).append(sum(bulk))
+            bulk.clear()
     cp.close()
     row["final"] = digests(full_state(model, opt))
     (out / f"{a.mode}-rank{rank}.json").write_text(json.dumps(row))

@@ -11,74 +11,20 @@ copies' ordering on a real device is checked by ``test_cuda.py`` on a GPU.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import pytest
 import torch
 from torch import nn
 
 import ckpt
-import ckpt.checkpointer as cpm
-import ckpt.cuda as cudam
-from ckpt.torch import Exporter, dtype_name
-
-
-class _Event:
-    def __init__(self, blocking: bool = False) -> None:
-        pass
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-
-class _Stream:
-    def __init__(self, device: Any = None) -> None:
-        pass
-
-    def wait_event(self, ev: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
+import cuda_stand_in
 
 
 @pytest.fixture()
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[int]]:
     """CPU tensors take the CUDA path; the calls that queue copies are counted."""
-    calls: Dict[str, List[int]] = {"copies": [], "into_slots": []}
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
-    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n: True)
-    monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: None)
-    monkeypatch.setattr(cudam, "_on", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(cpm, "_cuda_ready", lambda: True)
-
-    def export(self: Exporter, t: torch.Tensor, path: object, copy_now: bool) -> Any:
-        return dtype_name(t.dtype), t.shape, self._device().add(t, copy_now), False
-
-    monkeypatch.setattr(Exporter, "export", export)
-    real_copy, real_into = cudam._copy_all, cpm._into_slots
-
-    def copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
-        calls["copies"].append(len(dst))
-        real_copy(dst, src)
-
-    def into_slots(tensors: Any, slots: Any) -> Any:
-        calls["into_slots"].append(len(slots))
-        return real_into(tensors, slots)
-
-    monkeypatch.setattr(cudam, "_copy_all", copy_all)
-    monkeypatch.setattr(cpm, "_into_slots", into_slots)
-    return calls
+    return cuda_stand_in.install(monkeypatch.setattr)
 
 
 class Net(nn.Module):

@@ -102,6 +102,30 @@ def test_fsdp2_saved_by_2_loads_into_3_1_and_2_bitwise(tmp_path: Path) -> None:
         assert r["read_bytes"] < 0.62 * total, (r["read_bytes"], total)
 
 
+def test_fsdp2_repeated_lazy_saves_through_the_cuda_path_take_the_shards_in_bulk(tmp_path: Path) -> None:
+    # A loop's later saves take a mapping of DTensors (the model's state dict,
+    # the optimizer's state) in bulk, as the last save's plan says, with each
+    # local shard's piece of the global tensor. The CUDA path runs on CPU
+    # tensors with the worker's CUDA stand-in (see cuda_stand_in.py).
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    deep = ("--depth", "6")
+    torchrun(2, "train", url, str(out / "a"), "--steps", "5", "--save-at", "2,3,4,5", "--lazy", "--stand-in", *deep)
+    saved = rows(out / "a", "train", 2)
+    ref = saved[0]["at_save"]
+    assert all(r["at_save"] == ref for r in saved)
+    for r in saved:
+        # The first save records the plans; from the third on, a slab is
+        # guessed and both mappings go in bulk.
+        assert r["bulk"][0] == 0 and r["bulk"][2:] == [2, 2], r["bulk"]
+    # The last save's shards, as PyTorch gathers the state: into one plain
+    # process, and into 3 ranks sharded anew.
+    plain(url, str(out / "b"), "--steps", "5", *deep)
+    assert rows(out / "b", "plain", 1)[0]["at_save"] == ref
+    torchrun(3, "load", url, str(out / "c"), "--steps", "5", *deep)
+    assert all(r["loaded"] == 5 and r["at_save"] == ref for r in rows(out / "c", "load", 3))
+
+
 def test_fsdp2_saved_by_3_loads_into_2(tmp_path: Path) -> None:
     root, out = tmp_path / "ck", tmp_path / "out"
     torchrun(3, "train", root.as_uri(), str(out / "a"), "--steps", "4", "--save-at", "2", "--lazy")

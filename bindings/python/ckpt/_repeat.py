@@ -47,6 +47,17 @@ _NEG = torch.Tensor.is_neg
 _CONTIGUOUS = torch.Tensor.is_contiguous
 _VALUES = dict.values
 
+
+def _layout(v: Any) -> Any:
+    """What fixes a DTensor's pieces besides its local tensor's shape: its spec
+    and the spec's placements, mesh and global metadata, compared by identity
+    (FSDP2 and TP keep one spec per parameter and optimizer state), as
+    :func:`ckpt.dtensor.local_pieces` caches them."""
+    spec = getattr(v, "_spec", None)
+    if spec is None:
+        return object()  # (equal to nothing, a plan's included: the walk decides)
+    return (spec, getattr(spec, "placements", None), getattr(spec, "mesh", None), getattr(spec, "tensor_meta", None))
+
 #: Mappings with fewer tensors go through the walk (the checks cost more than they save).
 _MIN = 8
 
@@ -59,7 +70,7 @@ class Plan:
 
     __slots__ = (
         "keys", "meta", "ptrs", "names", "tree", "raw_meta", "runs", "uniq_ptrs", "nbytes", "device", "specs", "slot_of",
-        "walk_ptrs",
+        "walk_ptrs", "layouts", "made",
     )
 
     def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
@@ -93,13 +104,18 @@ class Plan:
         #: again. Else (buffers cloned at once, the common case) they are
         #: copied at once again, and the pointers are not looked up.
         self.walk_ptrs = False
+        #: Per tensor, a DTensor's layout (:func:`_layout`), None for a plain tensor.
+        self.layouts: Optional[List[Any]] = None
+        #: (Filled while the plan is made: what the walk made of each device
+        #: tensor, ``(dtype, shape, shard)`` of its spec.)
+        self.made: Dict[int, Tuple[str, Any, Any]] = {}
 
 
 class Probe:
     """One mapping checked against its plan: ``tree`` when it was walked in
     bulk, else :meth:`record` after the walk."""
 
-    __slots__ = ("tree", "_plans", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested")
+    __slots__ = ("tree", "_plans", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested", "_layouts")
 
     def __init__(self, plans: Dict[str, Plan], prefix: str, keys: Any, vals: List[Any], nested: bool) -> None:
         self.tree: Any = None
@@ -111,6 +127,8 @@ class Probe:
         self._meta: Optional[List[Any]] = None
         self._ptrs: List[int] = []
         self._ok = False
+        #: Per tensor, a DTensor's layout, None for a plain tensor (None: no DTensor).
+        self._layouts: Optional[List[Any]] = None
 
     def record(self, fl: Any, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> None:
         """After the walk of the mapping (its walked form ``tree``): its tensor
@@ -132,22 +150,30 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
         return None
     outer = list(obj.values())
     types = set(map(type, outer))
-    if len(types) != 1:
-        return None
-    kind = types.pop()
-    if kind is torch.Tensor:
+    dtensor = fl._dtensor
+    # Plain tensors, and DTensors (FSDP2, TP) taken by their local tensors.
+    tensors = {torch.Tensor, dtensor} if dtensor is not None else {torch.Tensor}
+    if types <= tensors:
         if len(outer) < _MIN:
             return None
         p = Probe(plans, prefix, tuple(obj), outer, False)
-    elif kind is dict:
+    elif types == {dict}:
         # An optimizer's state: every value a dict of tensors.
         vals = list(chain.from_iterable(map(_VALUES, outer)))
-        if len(vals) < _MIN or set(map(type, vals)) != {torch.Tensor}:
+        if len(vals) < _MIN:
+            return None
+        types = set(map(type, vals))
+        if not types <= tensors:
             return None
         p = Probe(plans, prefix, (tuple(obj), tuple(map(tuple, outer))), vals, True)
     else:
         return None
     vals = p._vals
+    if dtensor is not None and dtensor in types:
+        from .dtensor import local_of
+
+        p._layouts = [_layout(v) if type(v) is dtensor else None for v in vals]
+        vals = p._vals = [local_of(v) if type(v) is dtensor else v for v in vals]
     try:
         ptrs = list(map(_PTR, vals))
     except RuntimeError:  # a tensor without storage of its own (sparse, ...): the walk says what
@@ -158,6 +184,8 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
     p._ptrs = ptrs
     plan = plans.get(prefix)
     if plan is None or plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
+        return p
+    if plan.layouts != p._layouts:  # (identical objects compare equal without __eq__)
         return p
     if plan.raw_meta != getattr(obj, "_metadata", None):
         return p
@@ -203,12 +231,10 @@ def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     hit = plan.specs.get(id(slab))
     if hit is not None and hit[0]() is slab and hit[1] == i0:
         return hit[2]
-    from .torch import dtype_name
-
     specs = []
     for j, f in plan.slot_of:
-        dtype, shape = plan.meta[j]
-        specs.append(TensorSpec(name=plan.names[j], dtype=dtype_name(dtype), shape=shape, data=slots[i0 + f]))
+        dtype, shape, shard = plan.made[j]
+        specs.append(TensorSpec(name=plan.names[j], dtype=dtype, shape=shape, data=slots[i0 + f], shard=shard))
     plan.specs[id(slab)] = (weakref.ref(slab), i0, specs)
     return specs
 
@@ -239,10 +265,17 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             names.append(prefix + (k if type(k) is str else str(k)))
     if [getattr(r, "name", None) for r in refs] != names:
         return None  # a name the walk had to make unique, or a shape it did not expect
-    specs = {t.name: t for t in fl.out.tensors[n0:]}
+    specs: Dict[str, Any] = {}
+    twice: Set[str] = set()  # (names of DTensors stored in several pieces)
+    for t in fl.out.tensors[n0:]:
+        if t.name in specs:
+            twice.add(t.name)
+        specs[t.name] = t
     device = fl.exporter.device
     srcs = device._srcs if device is not None else []
     plan = Plan(p._keys, p._meta, p._ptrs)
+    plan.layouts = p._layouts
+    vals = p._vals
     plan.names, plan.tree = names, tree
     meta = getattr(obj, "_metadata", None)
     plan.raw_meta = copy.deepcopy(meta) if meta is not None else None
@@ -259,13 +292,15 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             new_slot = f == len(nbytes)
             if new_slot:
                 nbytes.append(src.nbytes)  # the tensor's own slot, or its clone's
-            if _PTR(src) == p._ptrs[j]:
+            if _PTR(src) == p._ptrs[j] and name not in twice and src.nbytes == vals[j].nbytes:
                 if plan.device is None:
                     plan.device = src.device
                 elif plan.device != src.device:
                     return None
                 dev = True
                 plan.slot_of.append((j, f))
+                assert spec is not None
+                plan.made[j] = (spec.dtype, spec.shape, spec.shard)
                 _run(plan, True).append(j)
                 if new_slot:
                     distinct = plan.runs[-1][1]
@@ -276,6 +311,8 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             elif not new_slot:
                 return None
         if not dev:
+            if p._layouts is not None and p._layouts[j] is not None:
+                return None  # a DTensor taken one by one: its pieces are the walk's to make
             _run(plan, False).append(j)
             # (a device tensor with a slot of its own at another address: a clone, copied at once)
             if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
