@@ -307,24 +307,43 @@ def test_a_sigkill_while_copies_are_in_flight_leaves_the_last_checkpoint_loadabl
 
 @needs_cuda
 def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -> None:
+    # Repeated lazy saves, training going on after each: the later ones take
+    # the DTensor state dicts in bulk (ckpt._repeat), which the script checks.
     script = tmp_path / "fsdp_nccl.py"
     script.write_text(textwrap.dedent("""
         import sys, torch, torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
         import ckpt
+        import ckpt._repeat as rp
+        taken = []
+        real_emit = rp._emit
+        def emit(*args):
+            ok = real_emit(*args)
+            taken.append(ok)
+            return ok
+        rp._emit = emit
         dist.init_process_group("nccl")
         torch.cuda.set_device(0)
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)).cuda()
+        model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(5)]).cuda()
         for m in model:
             fully_shard(m)
         fully_shard(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        model(torch.randn(8, 128, device="cuda")).sum().backward(); opt.step()
+        def train():
+            model(torch.randn(8, 128, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
         cp = ckpt.Checkpointer(sys.argv[1], lazy=True)
-        cp.save(1, model=model, optimizer=opt)
-        cp.close()
+        for step in range(1, 5):
+            train()
+            cp.save(step, model=model, optimizer=opt)
+            if step < 4:
+                cp.wait()  # (its slab is free again: the next save guesses it)
         full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        train()  # lazy: the last save keeps the values it had
+        cp.close()
+        assert sum(taken) >= 2, taken
         torch.save(full, sys.argv[2])
         dist.destroy_process_group()
     """))
@@ -334,8 +353,8 @@ def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", str(script), url, str(ref)]
     out = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
-    plain = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Linear(512, 128)).cuda()
-    assert ckpt.Checkpointer(url).load_latest(model=plain) == 1
+    plain = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(5)]).cuda()
+    assert ckpt.Checkpointer(url).load_latest(model=plain) == 4
     want = torch.load(ref, weights_only=True)
     for k, v in plain.state_dict().items():
         assert torch.equal(v.cpu(), want[k]), k
