@@ -13,7 +13,10 @@ for all of them at once (:meth:`ckpt.cuda.DeviceCopy.add_many`), with the
 ``TensorSpec`` objects made for that slab the last time it was used.
 
 Two shapes of mapping are taken: tensors by key (a module's state dict), and
-dicts of tensors by key (an optimizer's ``state``). Anything that differs (a
+dicts of tensors by key (an optimizer's ``state``). A DTensor (FSDP2, tensor
+parallel) is taken by its local tensor, with the shard the walk gave it, as
+long as its spec (and the spec's placements, mesh and global metadata) is
+the same object as at the last save. Anything that differs (a
 key, a dtype, a shape, an address, a tensor that is not contiguous or has its
 conjugate or negative bit set, a name already taken, a save without a guessed
 slab) sends the mapping through the walk, which records a new plan. Tensors
@@ -57,6 +60,7 @@ def _layout(v: Any) -> Any:
     if spec is None:
         return object()  # (equal to nothing, a plan's included: the walk decides)
     return (spec, getattr(spec, "placements", None), getattr(spec, "mesh", None), getattr(spec, "tensor_meta", None))
+
 
 #: Mappings with fewer tensors go through the walk (the checks cost more than they save).
 _MIN = 8
