@@ -23,7 +23,8 @@ from torch import nn
 
 import ckpt
 import ckpt.cuda as cudam
-from test_device_copy import Net, _Event, fake_cuda, train  # noqa: F401 - the fixture is used by name
+from cuda_stand_in import Event as _Event
+from test_device_copy import Net, fake_cuda, train  # noqa: F401 - the fixture is used by name
 
 
 class _Landing:
