@@ -115,8 +115,13 @@ def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, l
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(float(step + 1))
-        cp.save(step, model=model, optimizer=opt)
+        h = cp.save(step, model=model, optimizer=opt)
         want = {k: bits(v) for k, v in model.state_dict().items()}  # synchronizes
+        # Where the stall went: the walk, the device copies' start (eager:
+        # until landed), the engine; the whole call holds them all.
+        ph = h.phases
+        assert ph is not None and ph.walk > 0 and ph.device > 0 and ph.engine > 0, ph
+        assert h.stall >= ph.walk + ph.device + ph.engine
         cp.wait()
         saved = cp.read(step).state["model"]
         assert all(torch.isfinite(v).all() for v in saved.values() if v.is_floating_point()), "NaN hides a race"

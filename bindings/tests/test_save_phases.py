@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 import torch
 
 import ckpt
 from ckpt.memory import MemoryCheckpointer
+from test_device_copy import Net, fake_cuda, train  # noqa: F401 - the fixture is used by name
 
 SLOW = 0.05
 
@@ -73,3 +74,28 @@ def test_the_memory_tiers_save_returns_its_handle_timed_over_the_whole_call(
             assert h is not None and h.step == step
             _check(h, outside)
         mc.wait()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_cuda_states_device_copies_start_is_its_own_phase(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, lazy: bool
+) -> None:
+    # CPU tensors through the CUDA path (the stand-in of test_device_copy.py);
+    # the copies' start is made to take a known time.
+    import ckpt.cuda as cudam
+
+    real = cudam.DeviceCopy.start
+
+    def slow_start(self: Any, step: int) -> Any:
+        time.sleep(SLOW)
+        return real(self, step)
+
+    monkeypatch.setattr(cudam.DeviceCopy, "start", slow_start)
+    model = Net(layers=4)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    with ckpt.Checkpointer(url, lazy=lazy, rng=False) as cp:
+        h = cp.save(1, model=model, optimizer=opt)
+        assert h.phases is not None
+        assert h.phases.device >= SLOW
+        assert h.stall >= h.phases.device
