@@ -152,7 +152,7 @@ class _Flattener:
         tensor = self._tensor
         if tensor is not None and isinstance(obj, tensor):
             if self._dtensor is not None and isinstance(obj, self._dtensor):
-                return self.walk_dtensor(obj, path, lazy_ptrs, _Where(path))
+                return self.dleaf(obj, ".".join(path), _Where(path), lazy_ptrs)
             return self.leaf(obj, ".".join(path), _Where(path), lazy_ptrs)
         if isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
@@ -249,24 +249,16 @@ class _Flattener:
             return {TAG: "odict", "items": items, "metadata": encoded_meta}
         return items
 
-    def walk_dtensor(self, obj: Any, path: List[str], lazy_ptrs: Optional[Set[int]], where: object) -> Any:
-        """A DTensor: its local shard, as pieces of the global tensor (no gather)."""
-        return self.dleaf(obj, ".".join(path), where, lazy_ptrs)
-
     def dleaf(self, obj: Any, base: str, where: object, lazy_ptrs: Any) -> Any:
-        """A DTensor named ``base`` (made unique): see :meth:`walk_dtensor`."""
+        """A DTensor named ``base`` (made unique): its local shard, as pieces
+        of the global tensor (no gather)."""
         if type(lazy_ptrs) is _Later:
             lazy_ptrs = lazy_ptrs.get()
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
         may_defer = lazy_ptrs is None or local.data_ptr() in lazy_ptrs
         copy_now = self.lazy and not may_defer
-        names = self.names
-        if base and base not in names:  # (``unique``'s common case, inline)
-            name = base
-            names.add(name)
-        else:
-            name = self.unique(base)
+        name = self.unique(base)
         whole = len(pieces) == 1 and pieces[0].shape == global_shape
         if whole or (not pieces and 0 in global_shape):
             # Replicated everywhere (or empty): a plain tensor of that name, stored once.
