@@ -144,3 +144,119 @@ def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
     assert emitted.count("model") >= 3, emitted
     assert looked_up and max(looked_up) == 0, (looked_up, emitted)  # the first save's walk only
     check_stored(url, expected)  # the buffer as it was at each save
+
+
+def test_a_save_while_the_last_slab_is_still_being_written_takes_the_state_in_bulk(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # When writing a save takes about as long as the interval between saves,
+    # the next save finds the last slab still busy: there is no slab to guess,
+    # and one is chosen at its start. Its plans hold all the same: its tensors
+    # go in bulk, their bytes pending until that start.
+    gate = threading.Event()
+    gate.set()
+    real_copy = cudam._copy_all
+
+    def gated(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
+        assert gate.wait(10)
+        real_copy(dst, src)
+
+    monkeypatch.setattr(cudam, "_copy_all", gated)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    expected = {1: snapshot(model, opt)}
+    gate.clear()  # the first save's copies do not land, so its slab stays busy
+    cp.save(1, model=model, optimizer=opt)  # the walk records the plans
+    pool = cp._pool(False)
+    assert pool.guess() is None  # (the one slab of this layout is save 1's)
+    expected[2] = snapshot(model, opt)
+    cp.save(2, model=model, optimizer=opt)
+    assert emitted == ["model", "optimizer"], emitted
+    gate.set()
+    train(model, opt)
+    cp.wait()
+    # Then a slab is free again, and guessed.
+    expected[3] = snapshot(model, opt)
+    cp.save(3, model=model, optimizer=opt)
+    train(model, opt)
+    cp.wait()
+    assert emitted[-2:] == ["model", "optimizer"], emitted
+    assert len(pool._slabs) == 2  # (saves 1 and 2 had one each)
+    cp.close()
+    check_stored(url, expected)
+
+
+def test_an_eager_save_without_a_guessed_slab_takes_the_state_in_bulk(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
+) -> None:
+    # The same for an eager save: its copies are queued at its start (none
+    # during the walk, with no slab to put them in), and stored bitwise.
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False)
+    expected = {1: snapshot(model, opt)}
+    cp.save(1, model=model, optimizer=opt)
+    cp.wait()
+    train(model, opt)
+    pool = cp._pool(False)
+    holder = cudam.DeviceCopy(pool, lazy=False)  # another save's copies hold the one slab
+    assert pool.guess() is None
+    before = len(emitted)
+    expected[2] = snapshot(model, opt)
+    cp.save(2, model=model, optimizer=opt)
+    assert emitted[before:] == ["model", "optimizer"], emitted
+    train(model, opt)  # (eager: the copies were taken in the save)
+    cp.wait()
+    holder.abandon()
+    cp.close()
+    check_stored(url, expected)
+
+
+def _described(plans: Dict[str, rp.Plan]) -> Dict[str, object]:
+    return {
+        k: (p.names, p.runs, p.slot_of, {j: (d, tuple(s), repr(sh)) for j, (d, s, sh) in p.made.items()},
+            p.uniq_ptrs, p.nbytes, p.device, p.walk_ptrs)
+        for k, p in plans.items()
+    }
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_plan_checked_in_bulk_is_the_plan_made_tensor_by_tensor(
+    tmp_path: object, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, lazy: bool, tied: bool
+) -> None:
+    # Most mappings are plain (each tensor copied as it is into a slot of its
+    # own, in order), and their plan is checked in bulk; the rest go tensor by
+    # tensor. Both must make the same plan where the bulk check applies.
+    torch.manual_seed(0)
+    model = Net()
+    if not tied:
+        model.head.weight = torch.nn.Parameter(model.emb.weight.detach().clone())
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    real = rp._in_order
+    fast: List[bool] = []
+
+    def counted(*args: object) -> bool:
+        ok = real(*args)  # type: ignore[arg-type]
+        fast.append(ok)
+        return ok
+
+    made = []
+    for bulk in (True, False):
+        monkeypatch.setattr(rp, "_in_order", counted if bulk else (lambda *args: False))
+        cp = ckpt.Checkpointer(f"file://{tmp_path}/{bulk}", lazy=lazy, rng=False)
+        cp.save(1, model=model, optimizer=opt)
+        cp.wait()
+        made.append(_described(cp._pool(False).plans))
+        cp.close()
+    assert made[0] == made[1]
+    assert set(made[0]) == {"model.", "optimizer.state."}
+    # The optimizer's state is plain; the model's is not when its head is
+    # tied, nor in lazy mode (its buffer is cloned at once).
+    assert fast == [not tied and not lazy, True], fast

@@ -10,7 +10,11 @@ tensors are tied), and a later save checks the mapping against the plan with
 a handful of calls that each run over all of its tensors in C (``map`` of
 attribute getters, list comparisons), then hands out the guessed slab's slots
 for all of them at once (:meth:`ckpt.cuda.DeviceCopy.add_many`), with the
-``TensorSpec`` objects made for that slab the last time it was used.
+``TensorSpec`` objects made for that slab the last time it was used. Without
+a guessed slab (the last one of this layout still being written, as when a
+save's write takes about as long as the interval between saves), they are
+handed out as :class:`ckpt.cuda.Pending`, as the walk would, and the save's
+``start`` puts them in the slab it chooses.
 
 Two shapes of mapping are taken: tensors by key (a module's state dict), and
 dicts of tensors by key (an optimizer's ``state``). A DTensor (FSDP2, tensor
@@ -18,8 +22,8 @@ parallel) is taken by its local tensor, with the shard the walk gave it, as
 long as its spec (and the spec's placements, mesh and global metadata) is
 the same object as at the last save. Anything that differs (a
 key, a dtype, a shape, an address, a tensor that is not contiguous or has its
-conjugate or negative bit set, a name already taken, a save without a guessed
-slab) sends the mapping through the walk, which records a new plan. Tensors
+conjugate or negative bit set, a name already taken, a tensor this save
+met before) sends the mapping through the walk, which records a new plan. Tensors
 the walk copies at once (module buffers in lazy mode) or that are not on a
 CUDA device are taken by the walk one by one, as always.
 """
@@ -35,6 +39,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 import torch
 
 from ._ckpt import SlabSlot, TensorSpec
+from .cuda import Pending
 from .tree import TAG
 
 __all__ = ["Plan", "Probe", "probe"]
@@ -49,6 +54,15 @@ _CONJ = torch.Tensor.is_conj
 _NEG = torch.Tensor.is_neg
 _CONTIGUOUS = torch.Tensor.is_contiguous
 _VALUES = dict.values
+#: What a plan reads of the walk's specs and copies, in bulk (:func:`_in_order`).
+_NAME = operator.attrgetter("name")
+_DATA = operator.attrgetter("data")
+_COPY_NOW = operator.attrgetter("copy_now")
+_INDEX = operator.attrgetter("index")
+_MADE = operator.attrgetter("dtype", "shape", "shard")
+_NBYTES = operator.attrgetter("nbytes")
+_DEVICE = operator.attrgetter("device")
+_SLOTS = {Pending, SlabSlot}
 
 
 def _layout(v: Any) -> Any:
@@ -74,7 +88,7 @@ class Plan:
 
     __slots__ = (
         "keys", "meta", "ptrs", "names", "tree", "raw_meta", "runs", "uniq_ptrs", "nbytes", "device", "specs", "slot_of",
-        "walk_ptrs", "layouts", "made",
+        "walk_ptrs", "layouts", "made", "pending",
     )
 
     def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
@@ -113,6 +127,8 @@ class Plan:
         #: (Filled while the plan is made: what the walk made of each device
         #: tensor, ``(dtype, shape, shard)`` of its spec.)
         self.made: Dict[int, Tuple[str, Any, Any]] = {}
+        #: The specs made for a slab not yet chosen: ``(first slot index, specs)``.
+        self.pending: Optional[Tuple[int, List[Any]]] = None
 
 
 class Probe:
@@ -139,7 +155,7 @@ class Probe:
         specs are ``fl.out.tensors[n0:]``, its device copies the DeviceCopy's
         from index ``d0`` on."""
         if self._ok:
-            return  # the plan held (the save had no guessed slab, or a name was taken): keep it
+            return  # the plan held (a name was taken, or a tensor met before): keep it
         plan = _plan(fl, self, obj, n0, d0, tree)
         if plan is None:
             self._plans.pop(self._prefix, None)
@@ -209,7 +225,7 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
     if got is None:
         return False
     i0, slab, slots = got
-    specs = _specs(slab, plan, i0, slots)
+    specs = _specs(slab, plan, i0, slots) if slab is not None else _pending(plan, i0)
     out = fl.out.tensors
     names = fl.names
     for pos, distinct, first, end in plan.runs:
@@ -230,6 +246,21 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
     return True
 
 
+def _pending(plan: Plan, i0: int) -> List[Any]:
+    """The specs of the plan's device tensors from slot ``i0`` of a slab not
+    yet chosen: their bytes :class:`ckpt.cuda.Pending` until the save's
+    ``start`` (made once per ``i0``; specs and ``Pending`` do not change)."""
+    hit = plan.pending
+    if hit is not None and hit[0] == i0:
+        return hit[1]
+    specs = []
+    for j, f in plan.slot_of:
+        dtype, shape, shard = plan.made[j]
+        specs.append(TensorSpec(name=plan.names[j], dtype=dtype, shape=shape, data=Pending(i0 + f), shard=shard))
+    plan.pending = (i0, specs)
+    return specs
+
+
 def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     """The specs of the plan's device tensors in ``slab`` from slot ``i0`` (made once per slab)."""
     hit = plan.specs.get(id(slab))
@@ -248,8 +279,6 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
     tensors cannot be taken in bulk next time."""
     if p._meta is None:
         return None
-    from .cuda import Pending
-
     prefix = p._prefix
     items = tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree
     refs: List[Any] = []
@@ -269,12 +298,6 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             names.append(prefix + (k if type(k) is str else str(k)))
     if [getattr(r, "name", None) for r in refs] != names:
         return None  # a name the walk had to make unique, or a shape it did not expect
-    specs: Dict[str, Any] = {}
-    twice: Set[str] = set()  # (names of DTensors stored in several pieces)
-    for t in fl.out.tensors[n0:]:
-        if t.name in specs:
-            twice.add(t.name)
-        specs[t.name] = t
     device = fl.exporter.device
     srcs = device._srcs if device is not None else []
     plan = Plan(p._keys, p._meta, p._ptrs)
@@ -283,6 +306,15 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
     plan.names, plan.tree = names, tree
     meta = getattr(obj, "_metadata", None)
     plan.raw_meta = copy.deepcopy(meta) if meta is not None else None
+    if _in_order(plan, fl.out.tensors[n0:], srcs[d0:], d0, vals):
+        return plan
+    # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
+    specs: Dict[str, Any] = {}
+    twice: Set[str] = set()  # (names of DTensors stored in several pieces)
+    for t in fl.out.tensors[n0:]:
+        if t.name in specs:
+            twice.add(t.name)
+        specs[t.name] = t
     nbytes: List[int] = []
     for j, name in enumerate(names):
         spec = specs.get(name)
@@ -330,6 +362,34 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             first += len(pos)
     plan.nbytes = tuple(nbytes)
     return plan
+
+
+def _in_order(plan: Plan, outs: List[Any], srcs: List[Any], d0: int, vals: List[Any]) -> bool:
+    """Fill ``plan`` for the common case, checked in bulk: each tensor of the
+    mapping (``vals``) made one spec (``outs``) and is copied from one device
+    as it is, into a slot of its own, in order (``srcs``, from slot ``d0``):
+    no tied weights, clones, DTensors in pieces or tensors taken one by one.
+    False (the plan untouched) when that is not so."""
+    n = len(plan.names)
+    if len(outs) != n or len(srcs) != n or list(map(_NAME, outs)) != plan.names or any(map(_COPY_NOW, outs)):
+        return False
+    datas = list(map(_DATA, outs))
+    if not set(map(type, datas)) <= _SLOTS or list(map(_INDEX, datas)) != list(range(d0, d0 + n)):
+        return False
+    if list(map(_PTR, srcs)) != plan.ptrs:
+        return False
+    nbytes = list(map(_NBYTES, srcs))
+    devices = set(map(_DEVICE, srcs))
+    if nbytes != list(map(_NBYTES, vals)) or len(devices) != 1:
+        return False
+    every = list(range(n))
+    plan.device = devices.pop()
+    plan.runs = [(every, list(every), 0, n)]
+    plan.slot_of = list(zip(every, every))
+    plan.made = dict(enumerate(map(_MADE, outs)))
+    plan.uniq_ptrs = list(plan.ptrs)
+    plan.nbytes = tuple(nbytes)
+    return True
 
 
 def _run(plan: Plan, dev: bool) -> List[int]:

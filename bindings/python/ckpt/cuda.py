@@ -598,30 +598,36 @@ class DeviceCopy:
             self._drop_guess()
         return Pending(i)
 
-    def fits(self, nbytes: Tuple[int, ...], ptrs: List[int]) -> Optional[Tuple[int, _Slab, List[Any]]]:
-        """Whether the next ``len(nbytes)`` slots of the guessed slab have these
-        lengths, and no tensor at ``ptrs`` was met before in this save:
-        ``(index of the next slot, slab, its slots)``, else None. Changes nothing
-        (:mod:`ckpt._repeat` checks a mapping before it takes it in bulk)."""
-        slots, slab = self._guess_slots, self._guess
-        if slots is None or slab is None:
+    def fits(self, nbytes: Tuple[int, ...], ptrs: List[int]) -> Optional[Tuple[int, Optional[_Slab], Optional[List[Any]]]]:
+        """Where the next ``len(nbytes)`` tensors go, if no tensor at ``ptrs``
+        was met before in this save (:mod:`ckpt._repeat` checks a mapping
+        before it takes it in bulk): ``(index of the next slot, slab, its
+        slots)`` when the next slots of the guessed slab have these lengths;
+        ``(index, None, None)`` when there is no guessed slab (the previous
+        slab of this layout still being written, or a layout that differs
+        from the last save's): their bytes are :class:`Pending` until
+        :meth:`start`. A guessed slab that does not fit is let go first, as
+        :meth:`add` would let it go. None when a tensor was met before."""
+        if not self._seen.keys().isdisjoint(ptrs):
             return None
         i0 = len(self._srcs)
-        if self._guess_lens[i0 : i0 + len(nbytes)] != nbytes or not self._seen.keys().isdisjoint(ptrs):
-            return None
-        return i0, slab, slots
+        slots, slab = self._guess_slots, self._guess
+        if slots is not None and slab is not None and self._guess_lens[i0 : i0 + len(nbytes)] == nbytes:
+            return i0, slab, slots
+        self._drop_guess()
+        return i0, None, None
 
     def add_many(self, ts: List[torch.Tensor], ptrs: List[int], device: torch.device) -> None:
         """Queue distinct tensors ``ts`` of one device at their addresses
-        ``ptrs``, to be copied as they are, into the next slots of the guessed
-        slab (which :meth:`fits` said they fit)."""
+        ``ptrs``, to be copied as they are, into the next slots (of the guessed
+        slab, if :meth:`fits` said they fit in it)."""
         i0 = len(self._srcs)
         n = len(ts)
         self._srcs.extend(ts)
         if n:
             self._devices.add(device)
         self._seen.update(zip(ptrs, range(i0, i0 + n)))
-        if not self._lazy and n:
+        if not self._lazy and n and self._guess is not None:
             batch = self._batch.setdefault(device, [])
             batch.extend(range(i0, i0 + n))
             if len(batch) >= _BATCH:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
+from . import _repeat
 from .errors import InvalidInputError, UnsupportedError
 
 __all__ = ["dtype_name", "torch_dtype", "Exporter", "from_buffer", "lazy_safe_pointers"]
@@ -134,10 +135,10 @@ class Exporter:
     def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
         """A mapping of CUDA tensors walked in bulk, as the last save's (see
         :mod:`ckpt._repeat`); None when it is no mapping of tensors."""
-        if self._slabs is None or self._slabs._layout is None:
-            return None  # a first save: no slab to guess, and no plan worth making yet
-        from . import _repeat
-
+        if self._slabs is None:
+            return None
+        # (A first save records the plans: the next may come while its slab is
+        # still being written, and take its tensors in bulk all the same.)
         return _repeat.probe(fl, self._slabs.plans, obj, prefix, lazy_ptrs)
 
     def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
