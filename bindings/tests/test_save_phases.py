@@ -39,9 +39,9 @@ def _check(h: ckpt.SaveHandle, outside: float) -> None:
     p = h.phases
     assert isinstance(p, ckpt.SavePhases)
     assert p.walk >= SLOW  # the state dicts are walked in the stall
-    assert p.device >= 0 and p.engine > 0
-    assert p.total >= p.walk + p.device + p.engine
-    assert abs(p.other - (p.total - p.walk - p.device - p.engine)) < 1e-9
+    assert p.device >= 0 and p.engine > 0 and p.before >= 0 and p.after >= 0
+    assert p.total >= p.before + p.walk + p.device + p.engine + p.after - 1e-9
+    assert abs(p.other - max(0.0, p.total - p.before - p.walk - p.device - p.engine - p.after)) < 1e-9
     assert h.stall == p.total
     assert p.total <= outside  # the call as its caller timed it
 
@@ -99,3 +99,28 @@ def test_cuda_states_device_copies_start_is_its_own_phase(
         assert h.phases is not None
         assert h.phases.device >= SLOW
         assert h.stall >= h.phases.device
+
+
+def test_the_calls_two_ends_are_phases_of_their_own(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reaping finished saves comes before the walk; the step pre-hooks come
+    # after the engine's save. Each is made to take a known time.
+    real_reap, real_guard = ckpt.Checkpointer._reap, ckpt.Checkpointer._guard
+
+    def slow_reap(self: Any) -> None:
+        time.sleep(SLOW)
+        real_reap(self)
+
+    def slow_guard(self: Any, obj: Any) -> None:
+        time.sleep(SLOW)
+        real_guard(self, obj)
+
+    monkeypatch.setattr(ckpt.Checkpointer, "_reap", slow_reap)
+    monkeypatch.setattr(ckpt.Checkpointer, "_guard", slow_guard)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ckpt.Checkpointer(url, lazy=True) as cp:
+        h = cp.save(1, model=model, optimizer=opt)
+        p = h.phases
+        assert p is not None
+        assert p.before >= SLOW and p.after >= SLOW
+        assert p.walk < SLOW and p.other < SLOW  # (neither counted twice)

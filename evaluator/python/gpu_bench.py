@@ -408,7 +408,7 @@ def _phases(phases: List[Any]) -> Optional[Dict[str, float]]:
     loop, around the call)."""
     if not phases:
         return None
-    keys = ("walk", "device", "engine", "other", "total")
+    keys = ("before", "walk", "device", "engine", "after", "other", "total")
     return {f"{k}_s": statistics.median(getattr(p, k) for p in phases) for k in keys}
 
 

@@ -96,8 +96,24 @@ fn where_ckpts_stall_went_is_a_table_of_its_own() {
     assert_eq!(t.rows.len(), 1);
     assert_eq!(
         t.rows[0],
-        ["ckpt lazy", "2.70", "0.40", "1.10", "0.90", "5.10", "6.10"]
+        [
+            "ckpt lazy",
+            "0.30",
+            "2.70",
+            "0.40",
+            "1.10",
+            "0.20",
+            "0.40",
+            "5.10",
+            "6.10"
+        ]
     );
+    // Results written before the call's two ends were timed read as zero there.
+    let older: ckpt_eval::experiments::gpu::GpuStallPhases = serde_json::from_str(
+        r#"{"walk_s": 0.0027, "device_s": 0.0004, "engine_s": 0.0011, "other_s": 0.0009, "total_s": 0.0051}"#,
+    )
+    .unwrap();
+    assert_eq!((older.before_s, older.after_s), (0.0, 0.0));
     // A run whose methods timed no phases has the methods table alone.
     assert_eq!(render(&read("gpu_bench_h100.json")).tables.len(), 1);
 }

@@ -43,12 +43,18 @@ class SavePhases:
     engine: float
     #: The whole call, from entry to return.
     total: float
+    #: From the call's entry to the walk: argument checks, finished saves
+    #: reaped (their errors raised), the exporter made.
+    before: float = 0.0
+    #: From the engine's save to the return: a lazy save's copies handed to
+    #: the launcher thread, the step pre-hooks, the collector on again.
+    after: float = 0.0
 
     @property
     def other(self) -> float:
-        """What the phases above leave out: argument checks, finished saves
-        reaped, the collector's pause, the step pre-hooks, waiting for the GIL."""
-        return max(0.0, self.total - self.walk - self.device - self.engine)
+        """What no phase above covers (the memory tier's own work around a
+        save, a wait for the GIL between phases)."""
+        return max(0.0, self.total - self.walk - self.device - self.engine - self.before - self.after)
 
 
 class SaveHandle:
@@ -66,14 +72,23 @@ class SaveHandle:
         self._host_lazy = False
         self._observed = False  # its outcome reached the caller through wait()
         #: ``walk``, ``device`` and ``engine`` of :class:`SavePhases`, once timed.
-        self._marks: Tuple[float, float, float] = (0.0, 0.0, 0.0)
+        #: When (``perf_counter``) the walk began, the device copies' start
+        #: began, the engine's save began and ended.
+        self._marks: Tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
         #: Where the ``save`` call's time went (None for the durable tier's
         #: half of a memory tier's save: see the memory tier's handle).
         self.phases: Optional[SavePhases] = None
 
     def _finish(self, t0: float) -> "SaveHandle":
         """The save call that began at ``t0`` (``perf_counter``) returns now."""
-        self.phases = SavePhases(*self._marks, time.perf_counter() - t0)
+        t_walk, t_device, t_engine, t_end = self._marks
+        now = time.perf_counter()
+        if t_walk < t0:  # (not timed: nothing to split)
+            t_walk = t_device = t_engine = t_end = t0
+        self.phases = SavePhases(
+            walk=t_device - t_walk, device=t_engine - t_device, engine=t_end - t_engine, total=now - t0,
+            before=t_walk - t0, after=now - t_end,
+        )
         return self
 
     @property
@@ -466,7 +481,7 @@ class Checkpointer:
             else:
                 second = SaveHandle(native, device)
                 second._host_lazy = host_lazy
-        handle._marks = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        handle._marks = (t0, t1, t2, time.perf_counter())
         return handle, flat, second, failure
 
     def _tagged(self, info: Dict[str, Any]) -> Dict[str, Any]:

@@ -93,7 +93,14 @@ pub struct GpuStallPhases {
     pub device_s: f64,
     /// The engine's save (both engines for a memory tier's step to both tiers).
     pub engine_s: f64,
-    /// The rest of the call (checks, reaping, the collector's pause, GIL waits).
+    /// From the call's entry to the walk (checks, finished saves reaped).
+    #[serde(default)]
+    pub before_s: f64,
+    /// From the engine's save to the return (lazy copies handed to their
+    /// thread, the step pre-hooks, the collector on again).
+    #[serde(default)]
+    pub after_s: f64,
+    /// What no phase covers (a memory tier's own work, GIL waits between phases).
     pub other_s: f64,
     /// The whole `save` call.
     pub total_s: f64,
@@ -255,15 +262,25 @@ fn phases_table(r: &GpuResults) -> Option<Table> {
         "GPU: where ckpt's later saves' stall went (medians, timed inside save; the loop's figure times the call from outside)"
             .to_owned(),
         &[
-            "method", "walk ms", "device ms", "engine ms", "other ms", "inside save ms", "loop's stall ms",
+            "method",
+            "before ms",
+            "walk ms",
+            "device ms",
+            "engine ms",
+            "after ms",
+            "other ms",
+            "inside save ms",
+            "loop's stall ms",
         ],
     );
     for (m, p) in timed {
         t.rows.push(vec![
             m.method.clone(),
+            ms(Some(p.before_s)),
             ms(Some(p.walk_s)),
             ms(Some(p.device_s)),
             ms(Some(p.engine_s)),
+            ms(Some(p.after_s)),
             ms(Some(p.other_s)),
             ms(Some(p.total_s)),
             ms(m.stall_later_s),
