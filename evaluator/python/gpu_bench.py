@@ -145,6 +145,21 @@ class Trainer:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
+    def mark(self) -> Any:
+        """A point in the device's timeline, read by :meth:`between` after a ``sync``."""
+        if self.device == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    @staticmethod
+    def between(marks: List[Any]) -> List[float]:
+        """Seconds between consecutive marks (once the device has passed them)."""
+        if marks and isinstance(marks[0], float):
+            return [b - a for a, b in zip(marks, marks[1:])]
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+
     def tensors(self) -> Dict[str, torch.Tensor]:
         out = {f"model.{k}": v for k, v in self.model.state_dict().items()}
         names = {id(p): n for n, p in self.model.named_parameters()}
@@ -428,14 +443,22 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         fn()
         durable.append(time.perf_counter() - t0)
 
+    # Each step's time in the device's timeline, per round: without a save,
+    # and after one (the first of those includes the save's stall).
+    plain_steps: List[List[float]] = []
+    ckpt_steps: List[List[float]] = []
     for r in range(a.rounds):
         tr.sync()
         t0 = time.perf_counter()
+        marks = [tr.mark()]
         for _ in range(a.every):
             tr.step()
+            marks.append(tr.mark())
         tr.sync()
         plain.append(time.perf_counter() - t0)
+        plain_steps.append(tr.between(marks))
         t0 = time.perf_counter()
+        marks = [tr.mark()]
         if not isinstance(m, NoCheckpoint):
             step += 1
             durable_wait = m.start(step)
@@ -445,8 +468,10 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             waiters.append(w)
         for i in range(a.every):
             _step(tr, m, i == 0, waits)
+            marks.append(tr.mark())
         tr.sync()
         with_ckpt.append(time.perf_counter() - t0)
+        ckpt_steps.append(tr.between(marks))
     for w in waiters:
         w.join()
     host_peak = rss.stop()
@@ -471,6 +496,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         "error": None,
         "stalls_s": stalls,
         "stall_phases": _phases(m.phases[1:len(stalls)]) if isinstance(m, GpuCkpt) else None,
+        "step_excess": _excess(plain_steps[1:] or plain_steps, ckpt_steps[1:] or ckpt_steps),
     }
     if isinstance(m, NoCheckpoint):
         return out
@@ -494,6 +520,23 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         tr.check(ref, f"{m.name} ({kind})")
     del ref
     return out
+
+
+def _excess(plain: List[List[float]], after: List[List[float]]) -> Dict[str, Any]:
+    """Where a loop's slowdown went, in seconds per save (the rounds after the
+    first): each step after a save against the median step without one, by
+    the step's place after the save (medians over rounds), summed as the
+    first step (the save's stall, and ckpt lazy's wait for its copies), the
+    next three, and the rest (work in the background)."""
+    base = statistics.median(t for r in plain for t in r)
+    by_place = [statistics.median(r[k] for r in after) - base for k in range(len(after[0]))] if after else []
+    return {
+        "step_s": base,
+        "by_place_s": by_place,
+        "first_s": sum(by_place[:1]),
+        "next3_s": sum(by_place[1:4]),
+        "rest_s": sum(by_place[4:]),
+    }
 
 
 def _slowdown(plain: List[float], with_ckpt: List[float]) -> float:

@@ -90,7 +90,7 @@ fn methods_floors_and_targets_are_rendered() {
 fn where_ckpts_stall_went_is_a_table_of_its_own() {
     let out = render(&fixture());
     // Only the method that timed its phases has a row.
-    assert_eq!(out.tables.len(), 2);
+    assert_eq!(out.tables.len(), 3);
     let t = &out.tables[1];
     assert_eq!(t.id, "gpu-stall");
     assert_eq!(t.rows.len(), 1);
@@ -116,6 +116,16 @@ fn where_ckpts_stall_went_is_a_table_of_its_own() {
     assert_eq!((older.before_s, older.after_s), (0.0, 0.0));
     // A run whose methods timed no phases has the methods table alone.
     assert_eq!(render(&read("gpu_bench_h100.json")).tables.len(), 1);
+}
+
+#[test]
+fn where_the_slowdown_went_is_a_table_of_the_steps_after_a_save() {
+    let out = render(&fixture());
+    let t = out.tables.iter().find(|t| t.id == "gpu-steps").unwrap();
+    assert_eq!(
+        t.rows,
+        [["ckpt lazy", "71.20", "8.10", "1.20", "2.10", "11.40"]]
+    );
 }
 
 #[test]

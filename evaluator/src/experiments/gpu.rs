@@ -82,6 +82,26 @@ pub struct GpuMethod {
     /// ckpt's methods: where a later save's stall went, timed inside `save`.
     #[serde(default)]
     pub stall_phases: Option<GpuStallPhases>,
+    /// Where the loop's slowdown went, step by step after a save.
+    #[serde(default)]
+    pub step_excess: Option<GpuStepExcess>,
+}
+
+/// Each step after a save against the median step without one, in the
+/// device's timeline (medians over the rounds after the first), s per save.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuStepExcess {
+    /// The median step without a save.
+    pub step_s: f64,
+    /// The first step after the save: the save's stall, and what it waited for.
+    pub first_s: f64,
+    /// The three steps after it.
+    pub next3_s: f64,
+    /// The rest of the interval (work in the background).
+    pub rest_s: f64,
+    /// Every step's excess, by its place after the save.
+    #[serde(default)]
+    pub by_place_s: Vec<f64>,
 }
 
 /// Medians over the later saves of ckpt's `SaveHandle.phases`, s.
@@ -289,6 +309,44 @@ fn phases_table(r: &GpuResults) -> Option<Table> {
     Some(t)
 }
 
+/// Where each method's slowdown went: the steps after a save, against a
+/// step without one (the no-checkpoint control's row is the noise).
+fn excess_table(r: &GpuResults) -> Option<Table> {
+    let rows: Vec<(&GpuMethod, &GpuStepExcess)> = r
+        .methods
+        .iter()
+        .filter_map(|m| m.step_excess.as_ref().map(|x| (m, x)))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut t = Table::new(
+        "gpu-steps",
+        "GPU: where the loop's slowdown went, per save: the steps after it against a step without one \
+         (device timeline, medians over the later rounds)"
+            .to_owned(),
+        &[
+            "method",
+            "step ms",
+            "first step +ms",
+            "next 3 steps +ms",
+            "rest +ms",
+            "total +ms",
+        ],
+    );
+    for (m, x) in rows {
+        t.rows.push(vec![
+            m.method.clone(),
+            ms(Some(x.step_s)),
+            ms(Some(x.first_s)),
+            ms(Some(x.next3_s)),
+            ms(Some(x.rest_s)),
+            ms(Some(x.first_s + x.next3_s + x.rest_s)),
+        ]);
+    }
+    Some(t)
+}
+
 /// The report's view of what the script wrote: the methods table with the
 /// floors in its title, the targets; or, when it did not run, why.
 pub fn render(r: &GpuResults) -> Output {
@@ -343,6 +401,9 @@ pub fn render(r: &GpuResults) -> Output {
     }
     out.tables.push(t);
     if let Some(t) = phases_table(r) {
+        out.tables.push(t);
+    }
+    if let Some(t) = excess_table(r) {
         out.tables.push(t);
     }
     out.targets = r
