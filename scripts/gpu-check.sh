@@ -4,7 +4,7 @@
 # elsewhere (on the stable ABI, so one wheel serves any Python from 3.11):
 #
 #   scripts/wheel.sh                                        # where Rust is
-#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt]    # on the GPU machine
+#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt|--lazy]   # on the GPU machine
 #
 # It installs the wheel into a private directory (no network, no other
 # package), then runs, each bounded in time and logged under OUT:
@@ -19,7 +19,9 @@
 #   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
 #      2048), ckpt lazy (plain and with device staging) beside the control, in OUT/gpu-15g.json.
 # --ckpt is for a short lent machine once the peers were measured: step 2 with
-# ckpt's methods and the control only, no step 3, then step 4.
+# ckpt's methods and the control only, no step 3, then step 4. --lazy is
+# shorter still: step 2 with lazy mode (plain and with device staging) beside
+# the control, over 5 rounds, then step 4.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
 # within that time: each step gets what is left (at most its own limit) and
@@ -70,9 +72,12 @@ if [ "$cuda" != 1 ]; then
   exit "$status"
 fi
 methods=()
-[ "$quick" != "--ckpt" ] || methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)")
+case "$quick" in
+  --ckpt) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)") ;;
+  --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging)" --rounds 5) ;;
+esac
 step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" "${methods[@]}"
-if [ "$quick" != "--ckpt" ]; then
+if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ]; then
   step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
     --json "$out/memtier.json"
 fi
