@@ -46,6 +46,16 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 import ckpt, torch
 dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
 print(f"ckpt {ckpt.__version__}, torch {torch.__version__}, {dev}")
+import os
+def first(path):
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+# What host-side figures depend on: cores, and whether the slabs' memory gets huge pages.
+print(f"{os.cpu_count()} cores; transparent huge pages: {first('/sys/kernel/mm/transparent_hugepage/enabled')}, "
+      f"defrag: {first('/sys/kernel/mm/transparent_hugepage/defrag')}")
 EOF
 cuda=$("$py" -c "import torch; print(int(torch.cuda.is_available()))")
 status=0
