@@ -22,7 +22,9 @@ name of its ``MAKERS`` can be given to ``--methods``), ckpt keeping its last
 two checkpoints. ``ckpt lazy (device staging)`` is lazy with
 ``device_staging`` the size of the state: the save's copy goes to device
 memory first, the optimizer step waits only for that, and the copy to the
-host follows from there. ``ckpt lazy (memory tier)`` saves through
+host follows from there; ``ckpt lazy (half staged)`` has room on the device
+for half the state, the rest copied straight to the host from ``save`` on,
+while forward and backward run. ``ckpt lazy (memory tier)`` saves through
 ``ckpt.memory.MemoryCheckpointer`` (host memory under ``/dev/shm`` and local
 disk, every save to both from one snapshot) and restores from memory, as a
 restarted process does; its cold restore has the disk's page cache dropped.
@@ -80,7 +82,7 @@ from peers import (  # noqa: E402
 )
 
 ALL = ["none", "ckpt eager", "ckpt eager (locked ahead)", "ckpt lazy", "ckpt lazy (device staging)",
-       "ckpt lazy (memory tier)", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
+       "ckpt lazy (half staged)", "ckpt lazy (memory tier)", "torch.save", "dcp.save", "dcp.async_save", "torch-checkpointing"]
 
 
 # ---------------------------------------------------------------- the model
@@ -259,17 +261,18 @@ class GpuCkpt(Ckpt):
 
     AHEAD = "ckpt eager (locked ahead)"
     STAGED = "ckpt lazy (device staging)"
+    HALF = "ckpt lazy (half staged)"
 
     def __init__(self, work: str, lazy: bool, ahead_bytes: Optional[int] = None,
-                 staged_bytes: Optional[int] = None) -> None:
+                 staged_bytes: Optional[int] = None, name: Optional[str] = None) -> None:
         super().__init__(work, lazy=lazy, keep_last=2)
         if ahead_bytes is not None:
             self.name = GpuCkpt.AHEAD
             self.dir = os.path.join(work, "ckpt_eager_ahead")
             self.options["staging_budget"] = 2 * ahead_bytes
         if staged_bytes is not None:
-            self.name = GpuCkpt.STAGED
-            self.dir = os.path.join(work, "ckpt_lazy_staged")
+            self.name = name or GpuCkpt.STAGED
+            self.dir = os.path.join(work, "ckpt_lazy_staged" if self.name == GpuCkpt.STAGED else "ckpt_lazy_half")
             self.options["device_staging"] = staged_bytes
         self.step_wait: List[float] = []
         #: Each save's ``SaveHandle.phases``: where its stall went.
@@ -380,6 +383,8 @@ def make(name: str, work: str, state_bytes: int) -> Method:
     if name == GpuCkpt.STAGED:
         # Room for the slots' 256-byte alignment.
         return GpuCkpt(work, lazy=True, staged_bytes=state_bytes + (64 << 20))
+    if name == GpuCkpt.HALF:
+        return GpuCkpt(work, lazy=True, staged_bytes=state_bytes // 2, name=GpuCkpt.HALF)
     if name == GpuMemoryTier.name:
         return GpuMemoryTier(work)
     return MAKERS[name](work)
