@@ -168,23 +168,28 @@ def test_a_save_while_the_last_slab_is_still_being_written_takes_the_state_in_bu
     train(model, opt)
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     expected = {1: snapshot(model, opt)}
-    gate.clear()  # the first save's copies do not land, so its slab stays busy
     cp.save(1, model=model, optimizer=opt)  # the walk records the plans
-    pool = cp._pool(False)
-    assert pool.guess() is None  # (the one slab of this layout is save 1's)
+    cp.wait()  # (and they are made once the save has started)
+    train(model, opt)
     expected[2] = snapshot(model, opt)
+    gate.clear()  # save 2's copies do not land, so its slab stays busy
     cp.save(2, model=model, optimizer=opt)
-    assert emitted == ["model", "optimizer"], emitted
+    pool = cp._pool(False)
+    assert pool.guess() is None  # (the one slab of this layout is save 2's)
+    before = len(emitted)
+    expected[3] = snapshot(model, opt)
+    cp.save(3, model=model, optimizer=opt)
+    assert emitted[before:] == ["model", "optimizer"], emitted
     gate.set()
     train(model, opt)
     cp.wait()
     # Then a slab is free again, and guessed.
-    expected[3] = snapshot(model, opt)
-    cp.save(3, model=model, optimizer=opt)
+    expected[4] = snapshot(model, opt)
+    cp.save(4, model=model, optimizer=opt)
     train(model, opt)
     cp.wait()
     assert emitted[-2:] == ["model", "optimizer"], emitted
-    assert len(pool._slabs) == 2  # (saves 1 and 2 had one each)
+    assert len(pool._slabs) == 2  # (saves 2 and 3 had one each)
     cp.close()
     check_stored(url, expected)
 
@@ -260,3 +265,28 @@ def test_a_plan_checked_in_bulk_is_the_plan_made_tensor_by_tensor(
     # The optimizer's state is plain; the model's is not when its head is
     # tied, nor in lazy mode (its buffer is cloned at once).
     assert fast == [not tied and not lazy, True], fast
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_plans_are_made_out_of_the_stall(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, lazy: bool
+) -> None:
+    # A first save's plans cost about as much as its walk: the walk takes what
+    # they need, and ckpt's background thread makes them once the save has started.
+    where: List[str] = []
+    real = rp._plan
+
+    def plan(*args: object) -> object:
+        where.append(threading.current_thread().name)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rp, "_plan", plan)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    with ckpt.Checkpointer(url, lazy=lazy, rng=False) as cp:
+        cp.save(1, model=model, optimizer=opt)
+        cp.wait()
+        assert set(cp._pool(False).plans) == {"model.", "optimizer.state."}
+    assert len(where) == 2 and all(w.startswith("ckpt-d2h") for w in where), where

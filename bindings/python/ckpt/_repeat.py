@@ -153,14 +153,36 @@ class Probe:
     def record(self, fl: Any, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> None:
         """After the walk of the mapping (its walked form ``tree``): its tensor
         specs are ``fl.out.tensors[n0:]``, its device copies the DeviceCopy's
-        from index ``d0`` on."""
+        from index ``d0`` on. What the plan needs of them is taken now; the
+        plan is made later, out of the save's stall (the exporter's
+        ``later``, run on the pool's launcher thread once the save's copies
+        are queued: see :func:`make_later`)."""
         if self._ok:
             return  # the plan held (a name was taken, or a tensor met before): keep it
-        plan = _plan(fl, self, obj, n0, d0, tree)
+        device = fl.exporter.device
+        if self._meta is None or device is None:
+            self._plans.pop(self._prefix, None)
+            return
+        outs = fl.out.tensors[n0:]
+        srcs = device._srcs[d0:]
+        fl.exporter.later.append((self, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
+
+    def make(self, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> None:
+        """Make the plan :meth:`record` took the makings of."""
+        try:
+            plan = _plan(self, outs, srcs, d0, tree, meta)
+        except Exception:  # noqa: BLE001 - no plan: the next save walks, as it would
+            plan = None
         if plan is None:
             self._plans.pop(self._prefix, None)
         else:
             self._plans[self._prefix] = plan
+
+
+def make_later(jobs: List[Tuple[Any, ...]]) -> None:
+    """Make the plans a save's walk recorded (:meth:`Probe.record`), in order."""
+    for probe_, *args in jobs:
+        probe_.make(*args)
 
 
 def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any) -> Optional[Probe]:
@@ -274,9 +296,11 @@ def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     return specs
 
 
-def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> Optional[Plan]:
-    """A plan from what the walk just did with the mapping, or None if its
-    tensors cannot be taken in bulk next time."""
+def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> Optional[Plan]:
+    """A plan from what the walk did with the mapping (the specs it made,
+    ``outs``; the device tensors it took from slot ``d0`` on, ``srcs``; the
+    walked form ``tree``; the mapping's ``_metadata``), or None if its tensors
+    cannot be taken in bulk next time."""
     if p._meta is None:
         return None
     prefix = p._prefix
@@ -298,20 +322,17 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             names.append(prefix + (k if type(k) is str else str(k)))
     if [getattr(r, "name", None) for r in refs] != names:
         return None  # a name the walk had to make unique, or a shape it did not expect
-    device = fl.exporter.device
-    srcs = device._srcs if device is not None else []
     plan = Plan(p._keys, p._meta, p._ptrs)
     plan.layouts = p._layouts
     vals = p._vals
     plan.names, plan.tree = names, tree
-    meta = getattr(obj, "_metadata", None)
     plan.raw_meta = copy.deepcopy(meta) if meta is not None else None
-    if _in_order(plan, fl.out.tensors[n0:], srcs[d0:], d0, vals):
+    if _in_order(plan, outs, srcs, d0, vals):
         return plan
     # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
     specs: Dict[str, Any] = {}
     twice: Set[str] = set()  # (names of DTensors stored in several pieces)
-    for t in fl.out.tensors[n0:]:
+    for t in outs:
         if t.name in specs:
             twice.add(t.name)
         specs[t.name] = t
@@ -322,9 +343,9 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
         dev = False
         if spec is not None and isinstance(data, (Pending, SlabSlot)) and not spec.copy_now:
             f = data.index - d0
-            if not 0 <= f <= len(nbytes) or d0 + f >= len(srcs):
+            if not 0 <= f <= len(nbytes) or f >= len(srcs):
                 return None
-            src = srcs[d0 + f]
+            src = srcs[f]
             new_slot = f == len(nbytes)
             if new_slot:
                 nbytes.append(src.nbytes)  # the tensor's own slot, or its clone's
@@ -353,7 +374,7 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
             # (a device tensor with a slot of its own at another address: a clone, copied at once)
             if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
                 plan.walk_ptrs = True
-    if not plan.slot_of or len(srcs) - d0 != len(nbytes):
+    if not plan.slot_of or len(srcs) != len(nbytes):
         return None  # nothing to take in bulk, or a slot the walk took that no tensor here explains
     first = 0
     for k, (pos, distinct, _, _) in enumerate(plan.runs):
@@ -367,7 +388,7 @@ def _plan(fl: Any, p: Probe, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any
 def _in_order(plan: Plan, outs: List[Any], srcs: List[Any], d0: int, vals: List[Any]) -> bool:
     """Fill ``plan`` for the common case, checked in bulk: each tensor of the
     mapping (``vals``) made one spec (``outs``) and is copied from one device
-    as it is, into a slot of its own, in order (``srcs``, from slot ``d0``):
+    as it is, into a slot of its own, in order (``srcs``, slots from ``d0``):
     no tied weights, clones, DTensors in pieces or tensors taken one by one.
     False (the plan untouched) when that is not so."""
     n = len(plan.names)

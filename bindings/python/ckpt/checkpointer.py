@@ -412,6 +412,7 @@ class Checkpointer:
             raise
         if flat.device is not None:
             flat.device.launch()  # lazy: the copies are queued in the background from now on
+            exporter.make_plans()  # (then, on the same thread, what the next save walks in bulk)
         self._unwaited.append(handle)
         if also is not None and second is not None:
             also._unwaited.append(second)
@@ -512,14 +513,18 @@ class Checkpointer:
         self._pending = [h for h in self._pending if not h.snapshot_done()]
 
     def wait(self, timeout: Optional[float] = None) -> None:
-        """Block until every save started so far is committed; raises the first
-        failure among them."""
+        """Block until every save started so far is committed (and what they
+        leave to ckpt's background thread is done); raises the first failure
+        among them."""
         self._native.flush(timeout)
         handles, self._unwaited = self._unwaited, []
         self._pending.clear()
         for h in handles:
             if not h._observed:
                 h.wait(timeout)
+        pool = self._pool(False)
+        if pool is not None:
+            pool.drain()  # (the plans of repeated saves, ckpt._repeat)
 
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""

@@ -314,6 +314,11 @@ class SlabPool:
             self._launcher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-d2h")
         return self._launcher
 
+    def drain(self) -> None:
+        """Wait for what the launcher thread was given so far."""
+        if self._launcher is not None:
+            self._launcher.submit(lambda: None).result()
+
     # -- slabs
 
     def guess(self) -> Optional[_Slab]:

@@ -101,6 +101,9 @@ class Exporter:
         self._lazy = lazy
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Any = None
+        #: The makings of the plans the walk recorded (:mod:`ckpt._repeat`),
+        #: made by :meth:`make_plans` once the save has started.
+        self.later: List[Tuple[Any, ...]] = []
 
     def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
@@ -161,6 +164,14 @@ class Exporter:
             # Copied by the save's device-to-host copies, into memory private to it.
             return name, shape, self._device().add(t, copy_now), False
         raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
+
+    def make_plans(self) -> None:
+        """Make the plans this save's walk recorded on the pool's launcher
+        thread, after the save's own copies are queued there: out of the
+        stall (a first save's plans cost about as much as its walk)."""
+        jobs, self.later = self.later, []
+        if jobs and self._slabs is not None:
+            self._slabs.launcher().submit(_repeat.make_later, jobs)
 
     def _device(self) -> Any:
         if self.device is None:
