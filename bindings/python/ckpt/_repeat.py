@@ -188,8 +188,11 @@ def make_later(jobs: List[Tuple[Any, ...]]) -> None:
 def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any) -> Optional[Probe]:
     """Walk ``obj`` in bulk if its plan holds (then the probe's ``tree`` is
     set); None when it is not a mapping this module takes."""
-    if len(obj) < 2:
+    n = len(obj)
+    if n < 2:
         return None
+    if n < _MIN and type(next(iter(obj.values()))) is not dict:
+        return None  # (a few tensors, as an optimizer's state of one parameter: the walk's)
     outer = list(obj.values())
     types = set(map(type, outer))
     dtensor = fl._dtensor
