@@ -10,7 +10,7 @@ and events replaced by stand-ins (the ``fake_cuda`` test double of
 from __future__ import annotations
 
 import threading
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -37,14 +37,23 @@ def emitted(monkeypatch: pytest.MonkeyPatch) -> List[str]:
     return out
 
 
+def trained(tied: bool = True) -> Tuple[Net, torch.optim.Optimizer]:
+    """A :class:`Net` (its embedding and head tied, unless not ``tied``; a
+    buffer the loop changes) and its Adam, one step in."""
+    torch.manual_seed(0)
+    model = Net()
+    if not tied:
+        model.head.weight = torch.nn.Parameter(model.emb.weight.detach().clone())
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    return model, opt
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], lazy: bool
 ) -> None:
-    torch.manual_seed(0)
-    model = Net()  # tied embedding and head, and a buffer the loop changes
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()  # tied embedding and head, and a buffer the loop changes
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
     expected = {}
     for step in range(1, 7):
@@ -62,10 +71,7 @@ def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
 def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
 ) -> None:
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()
     cp = ckpt.Checkpointer(url, lazy=True, rng=False, staging_budget=1 << 30)
     expected = {}
     for step in range(1, 5):
@@ -126,10 +132,7 @@ def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
         real_copy(dst, src)
 
     monkeypatch.setattr(cudam, "_copy_all", gated)
-    torch.manual_seed(0)
-    model = Net()  # with a buffer
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()  # with a buffer
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     expected = {}
     for step in range(1, 7):
@@ -162,10 +165,7 @@ def test_a_save_while_the_last_slab_is_still_being_written_takes_the_state_in_bu
         real_copy(dst, src)
 
     monkeypatch.setattr(cudam, "_copy_all", gated)
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     expected = {1: snapshot(model, opt)}
     cp.save(1, model=model, optimizer=opt)  # the walk records the plans
@@ -199,10 +199,7 @@ def test_an_eager_save_without_a_guessed_slab_takes_the_state_in_bulk(
 ) -> None:
     # The same for an eager save: its copies are queued at its start (none
     # during the walk, with no slab to put them in), and stored bitwise.
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()
     cp = ckpt.Checkpointer(url, lazy=False, rng=False)
     expected = {1: snapshot(model, opt)}
     cp.save(1, model=model, optimizer=opt)
@@ -238,12 +235,7 @@ def test_a_plan_checked_in_bulk_is_the_plan_made_tensor_by_tensor(
     # Most mappings are plain (each tensor copied as it is into a slot of its
     # own, in order), and their plan is checked in bulk; the rest go tensor by
     # tensor. Both must make the same plan where the bulk check applies.
-    torch.manual_seed(0)
-    model = Net()
-    if not tied:
-        model.head.weight = torch.nn.Parameter(model.emb.weight.detach().clone())
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained(tied)
     real = rp._in_order
     fast: List[bool] = []
 
@@ -281,10 +273,7 @@ def test_plans_are_made_out_of_the_stall(
         return real(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(rp, "_plan", plan)
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    train(model, opt)
+    model, opt = trained()
     with ckpt.Checkpointer(url, lazy=lazy, rng=False) as cp:
         cp.save(1, model=model, optimizer=opt)
         cp.wait()
