@@ -693,6 +693,7 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
             "ckpt eager (locked ahead)",
             "ckpt lazy",
             "ckpt lazy (device staging)",
+            "ckpt lazy (half staged)",
             "ckpt lazy (memory tier)",
             "torch.save",
             "dcp.save",
@@ -720,7 +721,15 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
     assert!(waited("ckpt lazy") && waited("ckpt lazy (device staging)"));
     assert!(waited("ckpt lazy (memory tier)") && waited("dcp.async_save"));
     assert!(!waited("torch.save"));
+    // Every method that ran, the control included, says where its slowdown went.
+    let ran = r.methods.iter().filter(|m| m.error.is_none()).count();
+    assert!(r
+        .methods
+        .iter()
+        .all(|m| m.error.is_some() || m.step_excess.is_some()));
     let o = render(&r);
     assert_eq!(o.tables[0].rows.len(), names.len());
+    let steps = o.tables.iter().find(|t| t.id == "gpu-steps").unwrap();
+    assert_eq!(steps.rows.len(), ran);
     assert!(!o.targets.is_empty());
 }
