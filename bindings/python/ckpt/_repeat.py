@@ -33,8 +33,9 @@ from __future__ import annotations
 import copy
 import operator
 import weakref
+from functools import partial
 from itertools import chain
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
 import torch
 
@@ -165,7 +166,7 @@ class Probe:
             return
         outs = fl.out.tensors[n0:]
         srcs = device._srcs[d0:]
-        fl.exporter.later.append((self, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
+        fl.exporter.later.append(partial(self.make, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
 
     def make(self, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> None:
         """Make the plan :meth:`record` took the makings of."""
@@ -179,10 +180,10 @@ class Probe:
             self._plans[self._prefix] = plan
 
 
-def make_later(jobs: List[Tuple[Any, ...]]) -> None:
+def make_later(jobs: List[Callable[[], None]]) -> None:
     """Make the plans a save's walk recorded (:meth:`Probe.record`), in order."""
-    for probe_, *args in jobs:
-        probe_.make(*args)
+    for job in jobs:
+        job()
 
 
 def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any) -> Optional[Probe]:
@@ -278,10 +279,7 @@ def _pending(plan: Plan, i0: int) -> List[Any]:
     hit = plan.pending
     if hit is not None and hit[0] == i0:
         return hit[1]
-    specs = []
-    for j, f in plan.slot_of:
-        dtype, shape, shard = plan.made[j]
-        specs.append(TensorSpec(name=plan.names[j], dtype=dtype, shape=shape, data=Pending(i0 + f), shard=shard))
+    specs = _made_specs(plan, [Pending(i0 + f) for _, f in plan.slot_of])
     plan.pending = (i0, specs)
     return specs
 
@@ -291,12 +289,18 @@ def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     hit = plan.specs.get(id(slab))
     if hit is not None and hit[0]() is slab and hit[1] == i0:
         return hit[2]
-    specs = []
-    for j, f in plan.slot_of:
-        dtype, shape, shard = plan.made[j]
-        specs.append(TensorSpec(name=plan.names[j], dtype=dtype, shape=shape, data=slots[i0 + f], shard=shard))
+    specs = _made_specs(plan, [slots[i0 + f] for _, f in plan.slot_of])
     plan.specs[id(slab)] = (weakref.ref(slab), i0, specs)
     return specs
+
+
+def _made_specs(plan: Plan, datas: List[Any]) -> List[Any]:
+    """A spec for each of the plan's device tensors, as the walk made it, with its bytes from ``datas``."""
+    out = []
+    for (j, _), data in zip(plan.slot_of, datas):
+        dtype, shape, shard = plan.made[j]
+        out.append(TensorSpec(name=plan.names[j], dtype=dtype, shape=shape, data=data, shard=shard))
+    return out
 
 
 def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> Optional[Plan]:

@@ -12,7 +12,7 @@ Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -103,7 +103,7 @@ class Exporter:
         self.device: Any = None
         #: The makings of the plans the walk recorded (:mod:`ckpt._repeat`),
         #: made by :meth:`make_plans` once the save has started.
-        self.later: List[Tuple[Any, ...]] = []
+        self.later: List[Callable[[], None]] = []
 
     def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
