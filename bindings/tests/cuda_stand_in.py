@@ -56,7 +56,7 @@ def install(patch: Callable[[Any, str, Any], None]) -> Dict[str, List[int]]:
     patch(torch.cuda, "Stream", Stream)
     patch(torch.cuda, "current_stream", lambda device=None: Stream())
     patch(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    patch(cudam._Locker, "lock", lambda self, address, n: True)
+    patch(cudam._Locker, "lock", lambda self, address, n, quiet=False: True)
     patch(cudam._Locker, "unlock", lambda self, address: None)
     patch(cudam, "_on", lambda device: contextlib.nullcontext())
     patch(cpm, "_cuda_ready", lambda: True)
