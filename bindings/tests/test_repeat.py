@@ -281,6 +281,29 @@ def test_plans_are_made_out_of_the_stall(
     assert len(where) == 2 and all(w.startswith("ckpt-d2h") for w in where), where
 
 
+def test_a_plan_that_cannot_be_made_is_said_once_and_the_saves_stay_whole(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Plans are made on a background thread; a bug there must not pass unseen.
+    def broken(*args: object) -> object:
+        raise ValueError("a bug in the plan")
+
+    monkeypatch.setattr(rp, "_plan", broken)
+    monkeypatch.setattr(rp, "_WARNED", False)
+    model, opt = trained()
+    expected = {}
+    with pytest.warns(RuntimeWarning, match="no repeated-save plan .*ValueError: a bug in the plan") as got:
+        with ckpt.Checkpointer(url, lazy=True, rng=False) as cp:
+            for step in (1, 2, 3):
+                expected[step] = snapshot(model, opt)
+                cp.save(step, model=model, optimizer=opt)
+                train(model, opt)
+                cp.wait()
+    assert sum("no repeated-save plan" in str(w.message) for w in got) == 1, "once per process"
+    assert not emitted, "without plans, every save walks"
+    check_stored(url, expected)
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_the_same_mappings_in_another_order_go_in_bulk_into_a_new_slab(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], lazy: bool

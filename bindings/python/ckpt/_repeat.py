@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import warnings
 import weakref
 from functools import partial
 from itertools import chain
@@ -172,12 +173,27 @@ class Probe:
         """Make the plan :meth:`record` took the makings of."""
         try:
             plan = _plan(self, outs, srcs, d0, tree, meta)
-        except Exception:  # noqa: BLE001 - no plan: the next save walks, as it would
+        except Exception as e:  # noqa: BLE001 - no plan: the next save walks, as it would
+            _failed(self._prefix, e)
             plan = None
         if plan is None:
             self._plans.pop(self._prefix, None)
         else:
             self._plans[self._prefix] = plan
+
+
+_WARNED = False
+
+
+def _failed(prefix: str, e: Exception) -> None:
+    """A plan that could not be made (a bug: the data is safe, the walk takes
+    its tensors) is said once per process, not swallowed."""
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(f"ckpt: no repeated-save plan for {prefix!r} ({type(e).__name__}: {e}); its saves "
+                      "take every tensor one by one (correct, slower). Please report it.", RuntimeWarning,
+                      stacklevel=2)
 
 
 def make_later(jobs: List[Callable[[], None]]) -> None:
