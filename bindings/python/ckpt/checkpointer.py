@@ -9,9 +9,9 @@ import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _ckpt, _load, _own
+from . import _ahead, _ckpt, _load, _own
 from ._gc import collector_paused
 from ._ckpt import GcReport
 from ._load import META_VERSION, is_damage
@@ -187,16 +187,17 @@ class Checkpointer:
             many bytes of them are held (and locked), so with the default two
             saves can be in flight. Set it to about the state's size to lock
             one copy only; a save then waits (or, with ``busy="skip"``, is
-            skipped) while the previous one is still being written. With a
-            budget set, a fresh start's :meth:`load_latest` (nothing to
-            restore) maps and locks half of it in the background, and the
-            first save takes that memory instead of locking in its stall: set
-            it to twice the CUDA bytes of the model and optimizer state. Slabs
-            count with their alignment (up to a page per tensor), so at
-            exactly twice, a save that comes while the previous one is still
-            being written waits for it; 2.05 times leaves room for both. (A
-            restart's restore leaves its locked slab to the first save without
-            one.)
+            skipped) while the previous one is still being written. A fresh
+            start's :meth:`load_latest` (nothing to restore) maps and locks
+            the first save's memory in the background, so that the save does
+            not lock in its stall: half the budget when one is set (then set
+            it to twice the CUDA bytes of the model and optimizer state),
+            else the CUDA bytes of what it was given, counted after its
+            optimizers' first step (see :mod:`ckpt._ahead`). Slabs count with
+            their alignment (up to a page per tensor), so at exactly twice, a
+            save that comes while the previous one is still being written
+            waits for it; 2.05 times leaves room for both. (A restart's
+            restore leaves its locked slab to the first save.)
         device_staging: bytes of GPU memory (per device) a lazy save may use
             to snapshot CUDA state on the device first (default 0: none). The
             optimizer's next step then waits only for that device-to-device
@@ -326,6 +327,9 @@ class Checkpointer:
         self._pending: List[SaveHandle] = []  # snapshots possibly still copying
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
         self._hooks: Dict[int, Any] = {}
+        self._closed = False
+        #: Removes the step post-hooks that reserve a fresh start's first slab (:mod:`ckpt._ahead`).
+        self._unreserve: Callable[[], None] = _nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
@@ -528,6 +532,8 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
+        self._closed = True
+        self._unreserve()
         try:
             self.wait()
         finally:
@@ -596,15 +602,33 @@ class Checkpointer:
         return restored
 
     def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
-        """A fresh start of a job with CUDA state and a ``staging_budget``:
-        map and page-lock the first save's slab now, in the background, so
-        that no save waits for it (see ``SlabPool.reserve``): half the budget
-        and room for the slab's alignment (:func:`_reservation`)."""
-        if self._staging_budget is None or self._read_only or self._pool_of is not None or not _cuda_ready():
+        """A fresh start of a job with CUDA state: map and page-lock the
+        first save's slab in the background, so that no save waits for it
+        (see :mod:`ckpt._ahead`): half the ``staging_budget`` now, else the
+        state's CUDA bytes once its optimizers have stepped."""
+        if self._read_only or self._pool_of is not None or not _cuda_ready():
             return
-        device = _cuda_device_in([state, *named.values()])
-        if device is not None:
-            self._pool(True).reserve(_reservation(self._staging_budget), device)
+        objs = [state, *named.values()]
+        device = _cuda_device_in(objs)
+        if device is None:
+            return
+        if self._staging_budget is not None:
+            self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
+            return
+        me = weakref.ref(self)
+
+        def reserve() -> None:
+            cp = me()
+            if cp is not None and not cp._closed:
+                nbytes, count = _ahead.cuda_bytes(objs, device)
+                cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
+
+        optimizers = _ahead.optimizers_in(objs)
+        self._unreserve()  # (an earlier fresh start's hooks: one reservation)
+        if optimizers:
+            self._unreserve = _ahead.after_first_step(optimizers, reserve)
+        else:
+            reserve()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
@@ -825,15 +849,8 @@ def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
     return None
 
 
-def _reservation(budget: int) -> int:
-    """Bytes a fresh start reserves for its first save, out of a
-    ``staging_budget`` set to twice the state: half of it and room for the
-    slab's alignment, which puts each tensor of 1 MiB or more on a page of its
-    own (a page per tensor: 0.1 % of a GPT's 4 GiB of 1,169 tensors). Exactly
-    half would leave the first save without room, mapping and locking its
-    slab in its stall; the reservation stays within the budget."""
-    half = budget // 2
-    return min(budget, half + max(half // 64, 4 << 20))
+def _nothing() -> None:
+    pass
 
 
 def _cuda_ready() -> bool:

@@ -35,10 +35,10 @@ one trip over PCIe, no copy through the CPU.
   memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
   which the CUDA driver takes no other call from the process. So memory is
   locked ahead where it can be: a restore locks its slab during its read, and
-  a fresh start with a ``staging_budget`` reserves half of it in the
-  background (:meth:`SlabPool.reserve`). Both are locked in one piece, out
-  of the training loop, and the first save lays such memory out anew for its
-  own tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
+  a fresh start reserves the first save's in the background
+  (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._ahead`). Both are locked
+  in one piece, and the first save lays such memory out anew for its own
+  tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
 - **Budget.** Slabs are reused by layout; the pool holds at most
   ``staging_budget`` bytes of them (default: twice the first save's slab,
   its CUDA bytes and their alignment, so a save can start while the previous
@@ -343,12 +343,12 @@ class SlabPool:
         while True:
             for s in self._slabs:
                 if s.native.fits(lens) and s.free():
-                    return s
+                    return self._first(s)
             # Memory mapped and locked already, in one piece (reserved ahead, or
             # left by a restore), laid out anew for this save.
             for s in self._slabs:
                 if s.free() and len(s.pieces) <= 1 and s.relaid(lens):
-                    return s
+                    return self._first(s)
             # Room for a new one: first drop free slabs of other layouts.
             for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
                 self._drop(s)
@@ -367,6 +367,14 @@ class SlabPool:
                     "saves still being written"
                 )
             time.sleep(0.001)
+
+    def _first(self, slab: _Slab) -> _Slab:
+        """``slab``, the default budget set from it if this is the first save
+        (twice its slab: a reservation or a restore's slab is a little larger
+        than the save's tensors, and a second slab must fit beside it)."""
+        if self._budget is None:
+            self._budget = 2 * slab.nbytes
+        return slab
 
     def borrow(self, lens: List[int]) -> Tuple[_Slab, List[int]]:
         """A free slab with room for ``lens`` (a locked one first) and the
