@@ -21,7 +21,8 @@
 # --ckpt is for a short lent machine once the peers were measured: step 2 with
 # ckpt's methods and the control only, no step 3, then step 4. --lazy is
 # shorter still: step 2 with lazy mode (plain, with device staging for all of
-# the state and for half of it) beside the control, over 5 rounds, then step 4.
+# the state and for half of it) and plain eager beside the control, over 5
+# rounds, then step 4.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
 # within that time: each step gets what is left (at most its own limit) and
@@ -84,7 +85,7 @@ fi
 methods=()
 case "$quick" in
   --ckpt) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)") ;;
-  --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged)" --rounds 5) ;;
+  --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged),ckpt eager" --rounds 5) ;;
 esac
 step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" "${methods[@]}"
 if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ]; then
