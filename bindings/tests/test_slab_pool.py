@@ -413,26 +413,57 @@ def test_with_two_optimizers_the_reservation_waits_for_both_states(
     model = Net()
     first = torch.optim.Adam(model.blocks.parameters(), lr=0.1)
     second = torch.optim.SGD([model.emb.weight], lr=0.1, momentum=0.9)
-
-    def step(opt: torch.optim.Optimizer) -> None:
-        x = model.emb(torch.arange(16))
-        for b in model.blocks:
-            x = b(x)
-        model.head(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-
     cp = ckpt.Checkpointer(url, rng=False)
     assert cp.load_latest({"model": model, "optimizers": [first, second]}) is None
-    step(first)
-    step(first)
+    train(model, first)
+    train(model, first)
     assert cp._slabs is None or not cp._slabs._slabs, "the second optimizer's state does not exist yet"
-    step(second)
+    train(model, second)
     pool = cp._slabs
     assert pool is not None and len(pool._slabs) == 1
     momentum = sum(s["momentum_buffer"].nbytes for s in second.state.values())
     adam = sum(t.nbytes for s in first.state.values() for t in s.values())
     assert pool._slabs[0].nbytes >= adam + momentum + sum(t.nbytes for t in model.parameters())
+    cp.close()
+
+
+class _AppState:
+    """What DCP users pass: an object holding the model and the optimizer."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, broken: bool = False) -> None:
+        self.model, self.optimizer, self.broken = model, opt, broken
+
+    def state_dict(self) -> Dict[str, Any]:
+        if self.broken:
+            raise RuntimeError("no state dict today")
+        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+
+    def load_state_dict(self, sd: Dict[str, Any]) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optim"])
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_an_app_states_optimizer_is_found_and_a_failing_count_only_warns(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, broken: bool
+) -> None:
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, rng=False)
+    assert cp.load_latest(app=_AppState(model, opt, broken)) is None
+    assert len(opt._optimizer_step_post_hooks) == 1
+    if broken:
+        with pytest.warns(RuntimeWarning, match="no memory locked ahead .*no state dict today"):
+            train(model, opt)  # the training's step goes on
+        assert cp._slabs is None or not cp._slabs._slabs
+    else:
+        train(model, opt)
+        assert cp._slabs is not None and len(cp._slabs._slabs) == 1
+        adam = sum(t.nbytes for s in opt.state.values() for t in s.values())
+        assert cp._slabs._slabs[0].nbytes >= adam + sum(t.nbytes for t in model.parameters())
+    assert not opt._optimizer_step_post_hooks
     cp.close()
 
 

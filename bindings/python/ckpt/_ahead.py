@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .dtensor import local_tensor
 
@@ -47,7 +47,16 @@ def for_state(nbytes: int, count: int) -> int:
     return nbytes + min(nbytes, max(nbytes // 64, 4096 * (count + 16)))
 
 
-def cuda_bytes(objs: List[Any], device: Any, depth: int = 4) -> Tuple[int, int]:
+def _items(obj: Any) -> Optional[Iterable[Any]]:
+    """A mapping's values, a list's or tuple's items; None for anything else."""
+    if isinstance(obj, Mapping):
+        return obj.values()
+    if isinstance(obj, (list, tuple)):
+        return obj
+    return None
+
+
+def cuda_bytes(objs: List[Any], device: Any, depth: int = 6) -> Tuple[int, int]:
     """``(bytes, count)`` of the distinct tensors on ``device`` in ``objs``:
     modules' parameters and buffers, optimizers' state, tensors (a DTensor's
     local shard), mappings and sequences of them, and what any other object's
@@ -77,16 +86,12 @@ def cuda_bytes(objs: List[Any], device: Any, depth: int = 4) -> Tuple[int, int]:
         elif isinstance(obj, torch.optim.Optimizer):
             for state in obj.state.values():
                 visit(state, 1)
-        elif depth <= 0:
-            return
-        elif isinstance(obj, Mapping):
-            for v in obj.values():
+        elif depth > 0:
+            inner = _items(obj)
+            if inner is None and callable(getattr(obj, "state_dict", None)):
+                inner = [obj.state_dict()]
+            for v in inner or ():
                 visit(v, depth - 1)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                visit(v, depth - 1)
-        elif callable(getattr(obj, "state_dict", None)):
-            visit(obj.state_dict(), depth - 1)
 
     for obj in objs:
         visit(obj, depth)
@@ -103,16 +108,11 @@ def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
         if isinstance(obj, torch.optim.Optimizer):
             if all(o is not obj for o in found):
                 found.append(obj)
-        elif isinstance(obj, (torch.Tensor, torch.nn.Module)) or depth <= 0:
-            return
-        elif isinstance(obj, Mapping):
-            for v in obj.values():
-                visit(v, depth - 1)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                visit(v, depth - 1)
-        elif hasattr(obj, "__dict__") and callable(getattr(obj, "state_dict", None)):
-            for v in vars(obj).values():
+        elif not isinstance(obj, (torch.Tensor, torch.nn.Module)) and depth > 0:
+            inner = _items(obj)
+            if inner is None and hasattr(obj, "__dict__") and callable(getattr(obj, "state_dict", None)):
+                inner = vars(obj).values()
+            for v in inner or ():
                 visit(v, depth - 1)
 
     for obj in objs:

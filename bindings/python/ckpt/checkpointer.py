@@ -619,9 +619,14 @@ class Checkpointer:
 
         def reserve() -> None:
             cp = me()
-            if cp is not None and not cp._closed:
+            if cp is None or cp._closed:
+                return
+            try:
                 nbytes, count = _ahead.cuda_bytes(objs, device)
                 cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
+            except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
+                warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
+                              "it locks its own", RuntimeWarning, stacklevel=2)
 
         optimizers = _ahead.optimizers_in(objs)
         self._unreserve()  # (an earlier fresh start's hooks: one reservation)
