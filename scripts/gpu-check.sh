@@ -11,7 +11,8 @@
 #   1. the CUDA tests, bindings/tests/test_cuda.py (they skip without a GPU);
 #   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
 #      default size (a GPT-style model with about 4 GiB of model and optimizer
-#      state) with every method, its JSON in OUT/gpu-4g.json;
+#      state) with every method, its JSON in OUT/gpu-4g.json (plain lazy also
+#      restores with its host slab locked after the read, ckpt's earlier way);
 #   3. the memory tier's restore and restart benchmark,
 #      evaluator/python/memtier_bench.py (1 GiB per rank: memory against local
 #      disk with the page cache dropped, on this host's cores), in
@@ -87,7 +88,8 @@ case "$quick" in
   --ckpt) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)") ;;
   --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged),ckpt eager" --rounds 5) ;;
 esac
-step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" "${methods[@]}"
+step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-both \
+  "${methods[@]}"
 if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ]; then
   step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
     --json "$out/memtier.json"

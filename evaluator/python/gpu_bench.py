@@ -47,10 +47,10 @@ restarted process does; its cold restore has the disk's page cache dropped.
   read once before, untimed, so that it is in the page cache: a writer that
   bypasses the cache leaves none of it there) and with the page cache dropped (``/proc/sys/vm/drop_caches``
   where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
-  copy taken at the save. Plain ckpt lazy restores twice more, with the new
-  host slab page-locked after the read instead of during it
-  (``restore_warm_lock_after_s``, ``restore_cold_lock_after_s``): ckpt's
-  earlier way, timed in the same run.
+  copy taken at the save. With ``--restore-both``, plain ckpt lazy restores
+  twice more, with the new host slab page-locked after the read instead of
+  during it (``restore_warm_lock_after_s``, ``restore_cold_lock_after_s``):
+  ckpt's earlier way, timed in the same run.
 - **Memory**: host memory page-locked by ckpt (the most at once) and the growth
   of the process's resident set over the loop (sampled every 20 ms).
 
@@ -517,7 +517,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     m.prune(step)
     # Plain lazy restores again with the restore's new slab locked after its
     # read, as before it was locked during it: both in one run.
-    later = m.name == "ckpt lazy" and a.device == "cuda"
+    later = a.restore_both and m.name == "ckpt lazy" and a.device == "cuda"
     for kind, key in [("warm", ""), ("cold", ""), *([("warm", "_lock_after"), ("cold", "_lock_after")] if later else [])]:
         tr.scramble()
         if kind == "cold":
@@ -643,6 +643,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(ALL))
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
+    ap.add_argument("--restore-both", action="store_true",
+                    help="plain ckpt lazy also restores with its new host slab locked after the read")
     a = ap.parse_args()
 
     def write(obj: dict) -> None:
