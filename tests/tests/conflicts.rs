@@ -1,5 +1,5 @@
 //! A step is committed once: `save` refuses a step this checkpointer knows is
-//! committed (listed by its first save, then kept up to date) without asking
+//! committed (listed by its load or its first save, then kept up to date) without asking
 //! the store, and the commit refuses a step another
 //! writer committed while the save ran, as a typed `Conflict`, publishing
 //! nothing and leaving the other writer's checkpoint as it was.
@@ -60,6 +60,34 @@ async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
         .unwrap();
     let retired = again.gc.expect("retention ran").retired;
     assert!(retired.contains(&again.id), "{retired:?}");
+}
+
+// A restart lists the checkpoints to load the newest; its first save uses
+// that listing instead of listing again in its stall (a round trip on S3).
+#[tokio::test]
+async fn a_restarts_first_save_uses_the_listing_of_its_load() {
+    let counting = Arc::new(CountingStore::new(memory_store(&memory_root(
+        "restart-list",
+    ))));
+    let before = open(&counting).await;
+    for step in 1..=2 {
+        let h = before.save(step, &f32_state(3, 64, step)).await.unwrap();
+        h.wait().await.unwrap();
+    }
+    let cp = open(&counting).await;
+    let ids = cp.committed().await.unwrap();
+    assert_eq!(ids.iter().map(|id| id.step).collect::<Vec<_>>(), [1, 2]);
+    let start = counting.counts();
+    let h = cp.save(3, &f32_state(3, 64, 3)).await.unwrap();
+    let during = counting.counts() - start;
+    assert_eq!(during.lists, 0, "the first save listed again: {during:?}");
+    h.wait().await.unwrap();
+    // What the load listed is known: a committed step is refused at once.
+    assert!(matches!(
+        cp.save(2, &f32_state(3, 64, 99)).await,
+        Err(Error::Conflict(_))
+    ));
+    assert_same(&f32_state(3, 64, 2), &cp.load_step(2).await.unwrap().state);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

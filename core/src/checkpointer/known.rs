@@ -14,14 +14,15 @@ use crate::sync::MutexExt;
 /// The committed checkpoints a checkpointer knows of.
 ///
 /// Listed by its first save (not before, so a checkpointer that only loads
-/// never lists for it), then kept up to date with its own commits and what
+/// never lists for it) unless a listing of the checkpoints came first
+/// ([`Known::seed`]), then kept up to date with its own commits and what
 /// its GC retired. `save` checks its step against this set, so starting a
 /// save of a new step reads nothing from storage (on S3 a listing is a round
 /// trip in the stall); the commit checks the store itself before it
 /// publishes, for checkpoints another process committed since.
 #[derive(Debug, Default)]
 pub(crate) struct Known {
-    /// `None` until the first save lists the store.
+    /// `None` until the first save lists the store, or a listing seeds it.
     committed: Mutex<Option<HashSet<CheckpointId>>>,
     /// Checkpoints a load found damaged: their steps may be saved again.
     damaged: Mutex<HashSet<CheckpointId>>,
@@ -39,6 +40,14 @@ impl Known {
         let committed = self.committed.lock_unpoisoned();
         let at_step = committed.iter().flatten().filter(|id| id.step == step);
         Ok(at_step.cloned().collect())
+    }
+
+    /// What a listing of the committed checkpoints found, if the store was
+    /// not listed for this yet (a load lists before the first save).
+    pub fn seed(&self, ids: impl IntoIterator<Item = CheckpointId>) {
+        self.committed
+            .lock_unpoisoned()
+            .get_or_insert_with(|| ids.into_iter().collect());
     }
 
     /// `id` is committed (once listed; before that there is nothing to keep

@@ -81,11 +81,18 @@ impl Checkpointer {
     /// Ids of the committed checkpoints that count, oldest first: those a
     /// fenced writer committed after a newer epoch claimed the root (zombies,
     /// see [`crate::layout::epoch`]) are left out.
+    ///
+    /// The listing also serves this checkpointer's first save, which would
+    /// list the same (a restart's `load_latest` lists, then saves): the save's
+    /// step is checked against it, zombies included, without a round trip in
+    /// its stall.
     pub async fn committed(&self) -> Result<Vec<CheckpointId>> {
         let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
         let seen = self.fencing().manifest_epochs();
-        Ok(epoch::partition_committed(store, &view, seen).await?.0)
+        let (valid, zombies) = epoch::partition_committed(store, &view, seen).await?;
+        self.known().seed(valid.iter().chain(&zombies).cloned());
+        Ok(valid)
     }
 
     /// The manifest of a checkpoint.
