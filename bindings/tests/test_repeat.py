@@ -325,3 +325,38 @@ def test_the_same_mappings_in_another_order_go_in_bulk_into_a_new_slab(
     assert emitted[before:] == ["optimizer", "model"], emitted
     cp.close()
     check_stored(url, expected)
+
+
+def test_a_slab_laid_out_anew_gets_specs_for_its_new_slots(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
+) -> None:
+    # The specs a plan made for a slab hold its slot objects, by which the
+    # engine counts the slab as in use; a slab laid out for another state and
+    # then for this one again has new slot objects, and needs specs of its own.
+    model, opt = trained()
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False, keep_last=10)
+    expected = {}
+
+    def save(step: int, **state: object) -> None:
+        if "optimizer" in state:
+            expected[step] = snapshot(model, opt)
+        cp.save(step, **state)
+        train(model, opt)
+        cp.wait()
+
+    save(1, model=model, optimizer=opt)
+    save(2, model=model, optimizer=opt)  # into the guessed slab: specs made for it
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1
+    slab = pool._slabs[0]
+    first = slab.layouts
+    save(3, model=model)  # another state: the slab is laid out for it
+    save(4, model=model, optimizer=opt)  # and for this one again
+    save(5, model=model, optimizer=opt)  # guessed
+    assert pool._slabs == [slab] and slab.layouts > first
+    slots = {id(s) for s in slab.slot_objs()}
+    for prefix in ("model.", "optimizer.state."):
+        _, _, specs = pool.plans[prefix].specs[id(slab)]
+        assert all(id(spec.data) in slots for spec in specs), prefix
+    cp.close()
+    check_stored(url, expected)

@@ -115,8 +115,8 @@ class Plan:
         self.nbytes: Tuple[int, ...] = ()
         self.device: Any = None
         #: The specs of the device tensors made for a slab: ``id(slab)`` to
-        #: ``(weakref to it, first slot index, specs)``.
-        self.specs: Dict[int, Tuple[Any, int, List[Any]]] = {}
+        #: ``(weakref to it, (its layout's number, first slot index), specs)``.
+        self.specs: Dict[int, Tuple[Any, Tuple[int, int], List[Any]]] = {}
         #: (Filled while the plan is made: each device tensor's slot, from the mapping's first.)
         self.slot_of: List[Tuple[int, int]] = []
         #: Whether a tensor the walk takes one by one was left to the
@@ -303,10 +303,11 @@ def _pending(plan: Plan, i0: int) -> List[Any]:
 def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     """The specs of the plan's device tensors in ``slab`` from slot ``i0`` (made once per slab)."""
     hit = plan.specs.get(id(slab))
-    if hit is not None and hit[0]() is slab and hit[1] == i0:
+    # (A slab laid out anew has new slot objects: the engine counts its use by them.)
+    if hit is not None and hit[0]() is slab and hit[1] == (slab.layouts, i0):
         return hit[2]
     specs = _made_specs(plan, [slots[i0 + f] for _, f in plan.slot_of])
-    plan.specs[id(slab)] = (weakref.ref(slab), i0, specs)
+    plan.specs[id(slab)] = (weakref.ref(slab), (slab.layouts, i0), specs)
     return specs
 
 

@@ -171,6 +171,8 @@ class _Slab:
     """One :class:`~ckpt._ckpt.HostSlab`, its torch view and its state."""
 
     def __init__(self, lens: List[int]) -> None:
+        #: How many layouts it had (what was made for its slots holds for one).
+        self.layouts = 0
         self._lay_out(_ckpt.HostSlab(lens), lens)
         self.nbytes: int = self.native.nbytes
         self.host = (
@@ -207,6 +209,7 @@ class _Slab:
         return True
 
     def _lay_out(self, native: _ckpt.HostSlab, lens: List[int]) -> None:
+        self.layouts += 1
         self.native = native
         self.slots: List[Tuple[int, int]] = native.slots
         #: The slot lengths, in order (the layout a save must have to use it).
