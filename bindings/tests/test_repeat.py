@@ -327,6 +327,86 @@ def test_the_same_mappings_in_another_order_go_in_bulk_into_a_new_slab(
     check_stored(url, expected)
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch, lazy: bool
+) -> None:
+    # A first save's stall was 2-3x a later one's: it walked every tensor, and
+    # took its slab then. After the optimizer's first step the state is walked
+    # once, out of any save: the first save takes both mappings in bulk, into
+    # the reserved slab laid out for it, whose slots its walk hands out.
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    collections: List[int] = []
+    monkeypatch.setattr(ckpt.checkpointer, "collect_now", lambda: collections.append(1))
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=True)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    assert not collections
+    train(model, opt)
+    assert collections == [1], "a full collection once the first save is readied, out of it"
+    pool = cp._slabs
+    assert pool is not None
+    pool.drain()  # (the plans are made on the pool's thread)
+    assert set(pool.plans) == {"model.", "optimizer.state."}
+    assert [s.lens for s in pool._slabs] == [pool._layout], "the reserved slab, laid out for the first save"
+    address = pool._slabs[0].native.address
+    assert not emitted, "nothing saved yet"
+    train(model, opt)
+    expected = {1: snapshot(model, opt)}
+    handed = len(fake_cuda["into_slots"])
+    cp.save(1, model=model, optimizer=opt)
+    train(model, opt)
+    cp.wait()
+    assert emitted == ["model", "optimizer"], emitted
+    assert collections == [1]
+    assert len(fake_cuda["into_slots"]) == handed, "the walk handed out the slots (the slab was guessed)"
+    assert [s.native.address for s in pool._slabs] == [address]
+    cp.close()
+    check_stored(url, expected)
+
+
+def test_a_restarts_first_save_goes_in_bulk(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    model, opt = trained()
+    with ckpt.Checkpointer(url, lazy=True, rng=False) as cp:
+        cp.save(1, model=model, optimizer=opt)
+    # A restarted process: a new checkpointer restores, then saves.
+    emitted.clear()
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) == 1
+    train(model, opt)
+    expected = {2: snapshot(model, opt)}
+    cp.save(2, model=model, optimizer=opt)
+    train(model, opt)
+    cp.close()
+    assert emitted == ["model", "optimizer"], emitted
+    check_stored(url, expected)
+
+
+def test_a_walk_ahead_under_other_names_leaves_the_first_save_whole(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The names given to load_latest are not the save's: the plans made ahead
+    # do not apply, and the first save walks, as it did before.
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    assert cp.load_latest({"net": model, "adam": opt}) is None
+    train(model, opt)
+    expected = {1: snapshot(model, opt)}
+    cp.save(1, model=model, optimizer=opt)
+    train(model, opt)
+    cp.close()
+    assert not emitted, emitted
+    check_stored(url, expected)
+
+
 def test_a_slab_laid_out_anew_gets_specs_for_its_new_slots(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
 ) -> None:

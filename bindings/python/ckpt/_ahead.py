@@ -1,4 +1,5 @@
-"""A fresh start's first save, given page-locked memory ahead of it.
+"""A fresh start's first save, readied ahead of it: page-locked memory, and
+a walk of the state (``Checkpointer._rehearse``, once the state is whole).
 
 A new host slab is mapped and page-locked before its first copies: 0.36-0.46 s
 for 4 GiB on an H100 host, in the stall of an eager first save. Where the

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ahead, _ckpt, _load, _own
-from ._gc import collector_paused
+from ._gc import collect_now, collector_paused
 from ._ckpt import GcReport
 from ._load import META_VERSION, is_damage
 from .distributed import _agree, _resolve
@@ -328,8 +328,8 @@ class Checkpointer:
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
         self._hooks: Dict[int, Any] = {}
         self._closed = False
-        #: Removes the step post-hooks that reserve a fresh start's first slab (:mod:`ckpt._ahead`).
-        self._unreserve: Callable[[], None] = _nothing
+        #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
+        self._ahead_hooks_off: Callable[[], None] = _nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
@@ -375,7 +375,7 @@ class Checkpointer:
         torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
 
         Raises :class:`~ckpt.ConflictError` if ``step`` is already committed
-        (as far as this checkpointer knows: what it listed at its first save,
+        (as far as this checkpointer knows: what its load or first save listed,
         and its own commits since; no storage request in the stall). A step
         that another process committed meanwhile is refused at commit, before
         anything is published: :meth:`SaveHandle.wait` raises the
@@ -533,7 +533,7 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
         self._closed = True
-        self._unreserve()
+        self._ahead_hooks_off()
         try:
             self.wait()
         finally:
@@ -599,13 +599,16 @@ class Checkpointer:
             warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
         if restored is None:
             self._reserve_ahead(state, named)
+        else:
+            self._ready_restored(state, named)
         return restored
 
     def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
-        """A fresh start of a job with CUDA state: map and page-lock the
-        first save's slab in the background, so that no save waits for it
-        (see :mod:`ckpt._ahead`): half the ``staging_budget`` now, else the
-        state's CUDA bytes once its optimizers have stepped."""
+        """A fresh start of a job with CUDA state: ready its first save, so
+        that it is like any later one (see :mod:`ckpt._ahead`). Its slab is
+        mapped and page-locked in the background: half the ``staging_budget``
+        now, else the state's CUDA bytes once its optimizers have stepped;
+        then the state is walked once (:meth:`_rehearse`)."""
         if self._read_only or self._pool_of is not None or not _cuda_ready():
             return
         objs = [state, *named.values()]
@@ -614,26 +617,67 @@ class Checkpointer:
             return
         if self._staging_budget is not None:
             self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
-            return
+        entries = self._entries(state, named)
         me = weakref.ref(self)
 
-        def reserve() -> None:
+        def ready() -> None:
             cp = me()
             if cp is None or cp._closed:
                 return
-            try:
-                nbytes, count = _ahead.cuda_bytes(objs, device)
-                cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
-            except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
-                warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
-                              "it locks its own", RuntimeWarning, stacklevel=2)
+            if cp._staging_budget is None:
+                try:
+                    nbytes, count = _ahead.cuda_bytes(objs, device)
+                    cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
+                except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
+                    warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
+                                  "it locks its own", RuntimeWarning, stacklevel=2)
+            cp._rehearse(entries)
 
         optimizers = _ahead.optimizers_in(objs)
-        self._unreserve()  # (an earlier fresh start's hooks: one reservation)
+        self._ahead_hooks_off()  # (an earlier fresh start's: the first save is readied once)
         if optimizers:
-            self._unreserve = _ahead.after_first_step(optimizers, reserve)
+            self._ahead_hooks_off = _ahead.after_first_step(optimizers, ready)
         else:
-            reserve()
+            ready()
+
+    def _ready_restored(self, state: Any, named: Dict[str, Any]) -> None:
+        """After a restore of CUDA state: the restored state is the first
+        save's, walked once now (:meth:`_rehearse`)."""
+        if self._read_only or self._pool_of is not None or not _cuda_ready():
+            return
+        if _cuda_device_in([state, *named.values()]) is not None:
+            self._rehearse(self._entries(state, named))
+
+    def _rehearse(self, entries: Dict[str, Any]) -> None:
+        """Walk ``entries`` as a save would, saving nothing, so that the first
+        save is like a loop's later ones: it takes its mappings in bulk
+        (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
+        a slab already laid out for it (:meth:`ckpt.cuda.SlabPool.lay_out_ahead`).
+        A first save's stall was 2-3x a later one's, most of it the walk
+        without plans. Called where the state is whole, out of any save:
+        after a restore, and after a fresh start's first optimizer steps.
+        Then a full collection of the garbage collector, which the new plans
+        could otherwise bring due inside the first save (:func:`ckpt._gc.collect_now`).
+        Best effort: the save itself reports what is wrong."""
+        exporter = self._exporter()
+        if exporter is None:
+            return
+        lens: List[int] = []
+        try:
+            local = {"rng": RNGState()} if self._rng else None  # (as ``_save`` walks it)
+            with collector_paused():
+                flatten(entries, self.lazy, exporter, local, _own.name(self._own_identity()[0]))
+            if exporter.device is not None:
+                lens = exporter.device.lens()
+        except Exception:  # noqa: BLE001 - no plans: the first save walks, and raises what this met
+            exporter.later = []
+        finally:
+            if exporter.device is not None:
+                exporter.device.abandon()  # nothing was queued (buffers' clones are dropped)
+        exporter.make_plans()
+        if lens:
+            self._pool(True).lay_out_ahead(lens)
+        collect_now()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
@@ -648,6 +692,7 @@ class Checkpointer:
         error, _ = self._attempt(step, found[-1], state, targets)
         if error is not None:
             raise error
+        self._ready_restored(state, named)
         return step
 
     def read_latest(self, framework: Optional[str] = None) -> Optional[Checkpoint]:

@@ -334,9 +334,23 @@ class SlabPool:
         if self._layout is None:
             return None
         for s in self._slabs:
-            if s.prepared and s.lens == self._layout and s.free():
+            if s.prepared and s.lens == self._layout and s.free() and (s.preparing is None or s.preparing.done()):
                 return s
         return None
+
+    def lay_out_ahead(self, lens: List[int]) -> None:
+        """The first save's slot lengths, known from a walk ahead of it
+        (``Checkpointer._rehearse``): a free slab locked (or being locked)
+        in one piece, reserved or left by a restore, is laid out for them
+        now, and that save guesses it (:meth:`guess`) as a loop's later saves
+        guess theirs: its walk hands out the slots themselves."""
+        want = tuple(lens)
+        for s in self._slabs:
+            if s.free() and len(s.pieces) <= 1 and (s.lens == want or s.relaid(lens)):
+                self._layout = want
+                self._first(s)
+                s.slot_objs()  # (made once, now)
+                return
 
     def take(self, lens: List[int], step: int) -> _Slab:
         """A free slab with these slot lengths: reused, else new within the budget."""
@@ -677,6 +691,10 @@ class DeviceCopy:
     def __len__(self) -> int:
         return len(self._srcs)
 
+    def lens(self) -> List[int]:
+        """The bytes of each tensor added so far, in order: the slab's slot lengths."""
+        return [t.nbytes for t in self._srcs]
+
     def _queue_batch(self, device: torch.device) -> None:
         """Queue the copies of an eager save's batch into the guessed slab,
         ordered after everything queued so far on the current stream (the
@@ -721,8 +739,7 @@ class DeviceCopy:
             self.slab = self._guess
         else:
             self._drop_guess()
-            lens = [t.nbytes for t in self._srcs]
-            slab = self._pool.take(lens, step)
+            slab = self._pool.take(self.lens(), step)
             slab.owner = self
             self.slab = slab
             slots = slab.slot_objs()
