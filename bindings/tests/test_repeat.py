@@ -440,3 +440,26 @@ def test_a_slab_laid_out_anew_gets_specs_for_its_new_slots(
         assert all(id(spec.data) in slots for spec in specs), prefix
     cp.close()
     check_stored(url, expected)
+
+
+def test_a_walk_ahead_queues_no_copies_and_a_failing_one_only_warns(
+    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    cp = ckpt.Checkpointer(url, lazy=False, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    train(model, opt)  # readied: a slab laid out, which the next save would guess
+    assert cp._slabs is not None and cp._slabs._layout is not None
+    copies = len(fake_cuda["copies"])
+    cp._rehearse(None, {"model": model, "optimizer": opt})  # (as a later restore would)
+    assert len(fake_cuda["copies"]) == copies, "an eager walk ahead queued copies into the guessed slab"
+    monkeypatch.setattr(cudam.SlabPool, "lay_out_ahead", lambda self, lens: 1 / 0)
+    with pytest.warns(RuntimeWarning, match="could not be readied .*ZeroDivisionError"):
+        cp._rehearse(None, {"model": model, "optimizer": opt})
+    expected = {1: snapshot(model, opt)}
+    cp.save(1, model=model, optimizer=opt)
+    cp.close()
+    check_stored(url, expected)

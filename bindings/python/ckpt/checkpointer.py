@@ -617,7 +617,6 @@ class Checkpointer:
             return
         if self._staging_budget is not None:
             self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
-        entries = self._entries(state, named)
         me = weakref.ref(self)
 
         def ready() -> None:
@@ -631,7 +630,7 @@ class Checkpointer:
                 except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
                     warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
                                   "it locks its own", RuntimeWarning, stacklevel=2)
-            cp._rehearse(entries)
+            cp._rehearse(state, named)
 
         optimizers = _ahead.optimizers_in(objs)
         self._ahead_hooks_off()  # (an earlier fresh start's: the first save is readied once)
@@ -646,10 +645,10 @@ class Checkpointer:
         if self._read_only or self._pool_of is not None or not _cuda_ready():
             return
         if _cuda_device_in([state, *named.values()]) is not None:
-            self._rehearse(self._entries(state, named))
+            self._rehearse(state, named)
 
-    def _rehearse(self, entries: Dict[str, Any]) -> None:
-        """Walk ``entries`` as a save would, saving nothing, so that the first
+    def _rehearse(self, state: Any, named: Dict[str, Any]) -> None:
+        """Walk the state as a save would, saving nothing, so that the first
         save is like a loop's later ones: it takes its mappings in bulk
         (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
         a slab already laid out for it (:meth:`ckpt.cuda.SlabPool.lay_out_ahead`).
@@ -662,21 +661,27 @@ class Checkpointer:
         exporter = self._exporter()
         if exporter is None:
             return
+        pool = self._pool(True)
+        pool.forget_layout()  # (a walk ahead takes no slab)
         lens: List[int] = []
         try:
-            local = {"rng": RNGState()} if self._rng else None  # (as ``_save`` walks it)
-            with collector_paused():
-                flatten(entries, self.lazy, exporter, local, _own.name(self._own_identity()[0]))
-            if exporter.device is not None:
-                lens = exporter.device.lens()
-        except Exception:  # noqa: BLE001 - no plans: the first save walks, and raises what this met
-            exporter.later = []
-        finally:
-            if exporter.device is not None:
-                exporter.device.abandon()  # nothing was queued (buffers' clones are dropped)
-        exporter.make_plans()
-        if lens:
-            self._pool(True).lay_out_ahead(lens)
+            try:
+                local = {"rng": RNGState()} if self._rng else None  # (as ``_save`` walks it)
+                with collector_paused():
+                    flatten(self._entries(state, named), self.lazy, exporter, local, _own.name(self._own_identity()[0]))
+                if exporter.device is not None:
+                    lens = exporter.device.lens()
+            except Exception:  # noqa: BLE001 - no plans: the first save walks, and raises what this met
+                exporter.later = []
+            finally:
+                if exporter.device is not None:
+                    exporter.device.abandon()  # nothing was queued (buffers' clones are dropped)
+            exporter.make_plans()
+            if lens:
+                pool.lay_out_ahead(lens)
+        except Exception as e:  # noqa: BLE001 - in a restore's return or a training step: only a stall is at stake
+            warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
+                          "the state itself", RuntimeWarning, stacklevel=2)
         collect_now()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:

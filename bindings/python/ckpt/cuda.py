@@ -338,6 +338,11 @@ class SlabPool:
                 return s
         return None
 
+    def forget_layout(self) -> None:
+        """No slab is guessed until the next save takes one (a walk ahead of a
+        save must not queue copies into a slab)."""
+        self._layout = None
+
     def lay_out_ahead(self, lens: List[int]) -> None:
         """The first save's slot lengths, known from a walk ahead of it
         (``Checkpointer._rehearse``): a free slab locked (or being locked)
