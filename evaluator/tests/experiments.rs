@@ -727,6 +727,11 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
         .methods
         .iter()
         .all(|m| m.error.is_some() || m.step_excess.is_some()));
+    // And its first step, where ckpt readies its first save after a fresh start.
+    assert!(r
+        .methods
+        .iter()
+        .all(|m| m.error.is_some() || m.first_step_s.is_some_and(|s| s > 0.0)));
     let o = render(&r);
     assert_eq!(o.tables[0].rows.len(), names.len());
     let steps = o.tables.iter().find(|t| t.id == "gpu-steps").unwrap();

@@ -43,12 +43,13 @@ fn methods_floors_and_targets_are_rendered() {
         "{}",
         t.title
     );
-    assert_eq!(t.header.len(), 10);
+    assert_eq!(t.header.len(), 11);
     // Stalls in ms, slowdown in %, times in s, memory in GiB.
     assert_eq!(
         t.rows[0],
         [
             "ckpt lazy",
+            "0.250",
             "41.20",
             "6.10",
             "12.30",
@@ -60,9 +61,11 @@ fn methods_floors_and_targets_are_rendered() {
             "2.00"
         ]
     );
-    // A measure a method did not have stays empty.
-    assert_eq!(t.rows[1][3], "");
-    assert_eq!(t.rows[1][4], "+233.0");
+    // A measure a method did not have stays empty (the first step: JSON
+    // written before it was measured).
+    assert_eq!(t.rows[1][1], "");
+    assert_eq!(t.rows[1][4], "");
+    assert_eq!(t.rows[1][5], "+233.0");
     // A method that failed shows its error.
     assert_eq!(t.rows[2][0], "dcp.async_save");
     assert_eq!(t.rows[2][1], "failed: RuntimeError: out of pinned memory");
@@ -83,7 +86,10 @@ fn methods_floors_and_targets_are_rendered() {
     );
     assert!(!md.contains("not run"), "{md}");
     let csv = std::fs::read_to_string(dir.path().join("gpu.csv")).unwrap();
-    assert!(csv.starts_with("method,stall first ms,"), "{csv}");
+    assert!(
+        csv.starts_with("method,first step s,stall first ms,"),
+        "{csv}"
+    );
 }
 
 #[test]
@@ -171,13 +177,13 @@ fn the_scripts_own_output_renders() {
         ]
     );
     // The loop without checkpoints has a slowdown (the noise) and no stall.
-    assert_eq!(t.rows[0][1], "");
-    assert_eq!(t.rows[0][4], "+6.2");
+    assert_eq!(t.rows[0][2], "");
+    assert_eq!(t.rows[0][5], "+6.2");
     assert_eq!(
         t.rows[1][1],
         "failed: ModuleNotFoundError: No module named 'ckpt'"
     );
-    assert_eq!(t.rows[2][1], "1000.27");
-    assert_eq!(t.rows[2][5], "1.005");
+    assert_eq!(t.rows[2][2], "1000.27");
+    assert_eq!(t.rows[2][6], "1.005");
     assert!(out.targets.is_empty() && out.not_run.is_none());
 }

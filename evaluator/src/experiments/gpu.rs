@@ -85,6 +85,10 @@ pub struct GpuMethod {
     /// Where the loop's slowdown went, step by step after a save.
     #[serde(default)]
     pub step_excess: Option<GpuStepExcess>,
+    /// The loop's first step, with what it left in the background (ckpt
+    /// readies its first save there after a fresh start), s.
+    #[serde(default)]
+    pub first_step_s: Option<f64>,
 }
 
 /// Each step after a save against the median step without one, in the
@@ -376,7 +380,7 @@ pub fn render(r: &GpuResults) -> Output {
             r.every.unwrap_or(0),
         ),
         &[
-            "method", "stall first ms", "stall later ms", "step wait ms", "slowdown %",
+            "method", "first step s", "stall first ms", "stall later ms", "step wait ms", "slowdown %",
             "durable s", "restore warm s", "restore cold s", "pinned peak GiB", "host peak GiB",
         ],
     );
@@ -387,6 +391,7 @@ pub fn render(r: &GpuResults) -> Output {
         }
         t.rows.push(vec![
             m.method.clone(),
+            s(m.first_step_s),
             ms(m.stall_first_s),
             ms(m.stall_later_s),
             ms(m.step_wait_s),
