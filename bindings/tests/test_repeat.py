@@ -327,6 +327,15 @@ def test_the_same_mappings_in_another_order_go_in_bulk_into_a_new_slab(
     check_stored(url, expected)
 
 
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Tuple[Net, torch.optim.Optimizer]:
+    """A new :class:`Net` and its Adam, not stepped yet, for a job's fresh
+    start whose state the checkpointer takes for CUDA state."""
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    torch.manual_seed(0)
+    model = Net()
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
+
+
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch, lazy: bool
@@ -335,12 +344,9 @@ def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
     # took its slab then. After the optimizer's first step the state is walked
     # once, out of any save: the first save takes both mappings in bulk, into
     # the reserved slab laid out for it, whose slots its walk hands out.
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    model, opt = fresh(monkeypatch)
     collections: List[int] = []
     monkeypatch.setattr(ckpt.checkpointer, "collect_now", lambda: collections.append(1))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=True)
     assert cp.load_latest(model=model, optimizer=opt) is None
     assert not collections
@@ -392,10 +398,7 @@ def test_a_walk_ahead_under_other_names_leaves_the_first_save_whole(
 ) -> None:
     # The names given to load_latest are not the save's: the plans made ahead
     # do not apply, and the first save walks, as it did before.
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     assert cp.load_latest({"net": model, "adam": opt}) is None
     train(model, opt)
@@ -445,10 +448,7 @@ def test_a_slab_laid_out_anew_gets_specs_for_its_new_slots(
 def test_a_walk_ahead_queues_no_copies_and_a_failing_one_only_warns(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=False, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None
     train(model, opt)  # readied: a slab laid out, which the next save would guess
