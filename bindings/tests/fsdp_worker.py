@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--stand-in", action="store_true")
+    ap.add_argument("--ready", action="store_true", help="train: load_latest first, as a job's fresh start does")
     a = ap.parse_args()
     bulk: list = []  # mappings taken in bulk since the last save
     if a.stand_in:
@@ -150,6 +151,8 @@ def main() -> None:
             return ok
 
         rp._emit = emit
+        # Its state counts as CUDA state (a fresh start readies the first save for it).
+        ckpt.checkpointer._cuda_device_in = lambda objs: torch.device("cpu")
     save_at = {int(x) for x in a.save_at.split(",")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,6 +167,8 @@ def main() -> None:
     cp = ckpt.Checkpointer(a.url, lazy=a.lazy, collective_timeout=a.timeout, coordinate="auto" if sharded else "none")
     row: dict = {"rank": rank, "world": dist.get_world_size() if sharded else 1}
     start = 0
+    if a.mode == "train" and a.ready:
+        assert cp.load_latest(model=model, optimizer=opt) is None
     if a.mode in ("load", "plain"):
         before = cp.io_counts()
         start = cp.load_latest(model=model, optimizer=opt)

@@ -126,6 +126,22 @@ def test_fsdp2_repeated_lazy_saves_through_the_cuda_path_take_the_shards_in_bulk
     assert all(r["loaded"] == 5 and r["at_save"] == ref for r in rows(out / "c", "load", 3))
 
 
+def test_fsdp2_first_lazy_save_after_a_fresh_start_takes_the_shards_in_bulk(tmp_path: Path) -> None:
+    # After a fresh start's load_latest, the optimizer's first step readies
+    # the first save: the state is walked once (DTensors by their local
+    # shards), so that save takes both mappings in bulk too.
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    deep = ("--depth", "6")
+    torchrun(2, "train", url, str(out / "a"), "--steps", "3", "--save-at", "2,3", "--lazy", "--stand-in", "--ready", *deep)
+    saved = rows(out / "a", "train", 2)
+    ref = saved[0]["at_save"]
+    assert all(r["at_save"] == ref for r in saved)
+    assert all(r["bulk"] == [2, 2] for r in saved), [r["bulk"] for r in saved]
+    plain(url, str(out / "b"), "--steps", "3", *deep)
+    assert rows(out / "b", "plain", 1)[0]["at_save"] == ref
+
+
 def test_fsdp2_saved_by_3_loads_into_2(tmp_path: Path) -> None:
     root, out = tmp_path / "ck", tmp_path / "out"
     torchrun(3, "train", root.as_uri(), str(out / "a"), "--steps", "4", "--save-at", "2", "--lazy")
