@@ -54,6 +54,48 @@ def test_both_tiers_store_one_snapshot_of_cuda_state_copied_once(
     assert all("memory" in m["ckpt"] for m in _ckpt_meta(cp.own.path))
 
 
+def test_a_restart_from_the_memory_tier_readies_its_first_save(
+    tmp_path: Path, shm: Path, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Restored from host memory, the state is walked once, out of any save,
+    # so that the first save after the restart takes it in bulk too.
+    import ckpt._repeat as rp
+    import ckpt.checkpointer as cpm
+
+    monkeypatch.setattr(cpm, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    bulk: List[bool] = []
+    real = rp._emit
+
+    def emit(*args: Any) -> bool:
+        ok = real(*args)
+        bulk.append(ok)
+        return ok
+
+    monkeypatch.setattr(rp, "_emit", emit)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    train(model, opt)
+    durable = (tmp_path / "durable").as_uri()
+
+    def tiers() -> MemoryCheckpointer:
+        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", lazy=True, rng=False)
+
+    with tiers() as cp:
+        cp.save(1, model=model, optimizer=opt)
+    train(model, opt)  # then lost: the restart goes back to step 1
+    cp = tiers()
+    assert cp.load_latest(model=model, optimizer=opt) == 1 and cp.last_source == "memory"
+    bulk.clear()
+    train(model, opt)
+    expected = {2: snapshot(model, opt)}
+    cp.save(2, model=model, optimizer=opt)
+    train(model, opt)
+    cp.close()
+    assert bulk == [True, True], bulk
+    check_stored(cp.own.url, expected)
+
+
 def _ckpt_meta(root: Path) -> List[Dict[str, Any]]:
     """Each committed manifest's ``ckpt`` metadata, decoded."""
     reader = ckpt.Checkpointer(root.as_uri(), read_only=True, rng=False)

@@ -641,8 +641,10 @@ class Checkpointer:
 
     def _ready_restored(self, state: Any, named: Dict[str, Any]) -> None:
         """After a restore of CUDA state: the restored state is the first
-        save's, walked once now (:meth:`_rehearse`)."""
-        if self._read_only or self._pool_of is not None or not _cuda_ready():
+        save's, walked once now (:meth:`_rehearse`), also by a checkpointer
+        that saves through another's pool (the memory tier's: the plans are
+        the pool's)."""
+        if self._read_only or not _cuda_ready():
             return
         if _cuda_device_in([state, *named.values()]) is not None:
             self._rehearse(state, named)
