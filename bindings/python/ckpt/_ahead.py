@@ -101,8 +101,11 @@ def cuda_bytes(objs: List[Any], device: Any, depth: int = 6) -> Tuple[int, int]:
 
 def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
     """The optimizers among ``objs``: themselves, in mappings and sequences,
-    and held as attributes by other objects (DCP's ``AppState``)."""
+    and those other objects with a ``state_dict`` hold as a save's lazy mode
+    finds them (DCP's ``AppState``: ``ckpt.torch._held``)."""
     torch = sys.modules["torch"]
+    from .torch import _held
+
     found: List[Any] = []
 
     def visit(obj: Any, depth: int) -> None:
@@ -111,8 +114,8 @@ def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
                 found.append(obj)
         elif not isinstance(obj, (torch.Tensor, torch.nn.Module)) and depth > 0:
             inner = _items(obj)
-            if inner is None and hasattr(obj, "__dict__") and callable(getattr(obj, "state_dict", None)):
-                inner = vars(obj).values()
+            if inner is None and callable(getattr(obj, "state_dict", None)):
+                inner = _held(obj)[1]
             for v in inner or ():
                 visit(v, depth - 1)
 

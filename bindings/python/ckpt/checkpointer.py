@@ -665,19 +665,8 @@ class Checkpointer:
             return
         pool = self._pool(True)
         pool.forget_layout()  # (a walk ahead takes no slab)
-        lens: List[int] = []
         try:
-            try:
-                local = {"rng": RNGState()} if self._rng else None  # (as ``_save`` walks it)
-                with collector_paused():
-                    flatten(self._entries(state, named), self.lazy, exporter, local, _own.name(self._own_identity()[0]))
-                if exporter.device is not None:
-                    lens = exporter.device.lens()
-            except Exception:  # noqa: BLE001 - no plans: the first save walks, and raises what this met
-                exporter.later = []
-            finally:
-                if exporter.device is not None:
-                    exporter.device.abandon()  # nothing was queued (buffers' clones are dropped)
+            lens = self._walk_ahead(exporter, state, named)
             exporter.make_plans()
             if lens:
                 pool.lay_out_ahead(lens)
@@ -685,6 +674,23 @@ class Checkpointer:
             warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
                           "the state itself", RuntimeWarning, stacklevel=2)
         collect_now()
+
+    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> List[int]:
+        """:meth:`_rehearse`'s walk, as ``_save`` walks (the RNG state too);
+        the slot lengths of its CUDA tensors, or none where it failed (the
+        first save walks, and raises what this met). Nothing is queued: its
+        device copies are let go (buffers' clones are dropped)."""
+        try:
+            local = {"rng": RNGState()} if self._rng else None
+            with collector_paused():
+                flatten(self._entries(state, named), self.lazy, exporter, local, _own.name(self._own_identity()[0]))
+            return exporter.device.lens() if exporter.device is not None else []
+        except Exception:  # noqa: BLE001 - see above
+            exporter.later = []
+            return []
+        finally:
+            if exporter.device is not None:
+                exporter.device.abandon()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
