@@ -538,8 +538,10 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     m.prune(step)
     # Plain lazy restores again with the restore's new slab locked after its
     # read, as before it was locked during it: both in one run.
-    later = a.restore_both and m.name == "ckpt lazy" and a.device == "cuda"
-    for kind, key in [("warm", ""), ("cold", ""), *([("warm", "_lock_after"), ("cold", "_lock_after")] if later else [])]:
+    restores = [("warm", ""), ("cold", "")]
+    if a.restore_both and m.name == "ckpt lazy" and a.device == "cuda":
+        restores += [("warm", "_lock_after"), ("cold", "_lock_after")]
+    for kind, key in restores:
         tr.scramble()
         if kind == "cold":
             drop_cache(m.dir)
