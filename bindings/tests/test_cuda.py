@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any, List
 
 import pytest
 import torch
@@ -247,6 +248,93 @@ def test_the_first_save_takes_memory_locked_ahead(url: str) -> None:
     want2 = {k: bits(v) for k, v in again.state_dict().items()}
     assert [s.native.address for s in cp._slabs._slabs] == restored, "the restore's memory, laid out anew"
     cp.wait()
+    assert {k: bits(v) for k, v in cp.read(2).state["model"].items()} == want2
+    cp.close()
+
+
+def _deep_model(seed: int) -> nn.Module:
+    """Like ``_model``, with enough tensors (10) for its state dict to be taken in bulk."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(256, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU(),
+        nn.Linear(512, 256),
+    ).cuda()
+
+
+@needs_cuda
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_fresh_starts_first_save_takes_what_its_first_step_readied(
+    url: str, monkeypatch: pytest.MonkeyPatch, lazy: bool
+) -> None:
+    """Without a staging budget, the optimizer's first step after a fresh
+    start's ``load_latest`` readies the first save: the state's bytes are
+    page-locked in the background and the state is walked once. The first
+    save takes both mappings in bulk into that memory, and stores the values
+    of the save while training goes on."""
+    import ckpt._repeat as rp
+
+    taken: List[bool] = []
+    real_emit = rp._emit
+
+    def emit(*args: Any) -> bool:
+        ok = real_emit(*args)
+        taken.append(ok)
+        return ok
+
+    monkeypatch.setattr(rp, "_emit", emit)
+    model = _deep_model(6)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    _train(model, opt, 1, 20)
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1, "reserved at the first step"
+    pool.drain()
+    reserved = pool._slabs[0]
+    assert reserved.locked, "page-locked in the background"
+    assert "model." in pool.plans and any(k.startswith("optimizer.") for k in pool.plans), sorted(pool.plans)
+    _train(model, opt, 1, 21)
+    want = {k: bits(v) for k, v in model.state_dict().items()}
+    want_opt = [bits(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    cp.save(1, model=model, optimizer=opt)
+    _train(model, opt, 3, 22)
+    cp.wait()
+    assert taken and all(taken), f"the first save in bulk: {taken}"
+    assert [s.native.address for s in pool._slabs] == [reserved.native.address], "into the reserved memory"
+    saved = cp.read(1).state
+    assert {k: bits(v) for k, v in saved["model"].items()} == want
+    assert [bits(v) for s in saved["optimizer"]["state"].values() for v in s.values() if torch.is_tensor(v)] == want_opt
+    cp.close()
+
+
+@needs_cuda
+def test_a_restore_locks_its_new_slab_and_its_first_save_takes_it(url: str) -> None:
+    """A restarted process's restore reads into a new host slab, page-locked
+    during the read (or after it, where the runtime refused), and the next
+    save takes that memory. Values bitwise both ways."""
+    model = _model(7)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    _train(model, opt, 2, 30)
+    with ckpt.Checkpointer(url, lazy=True, rng=False) as cp:
+        cp.save(1, model=model, optimizer=opt)
+    want = {k: bits(v) for k, v in model.state_dict().items()}
+    again = _model(8)
+    opt2 = torch.optim.AdamW(again.parameters(), lr=1e-2, fused=True)
+    _train(again, opt2, 1, 31)  # its state on the device, restored in place
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    assert cp.load_latest(model=again, optimizer=opt2) == 1
+    assert {k: bits(v) for k, v in again.state_dict().items()} == want
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1
+    assert pool.restore_locks in (["during"], ["after"]), pool.restore_locks
+    assert pool._slabs[0].locked
+    address = pool._slabs[0].native.address
+    _train(again, opt2, 1, 32)
+    want2 = {k: bits(v) for k, v in again.state_dict().items()}
+    cp.save(2, model=again, optimizer=opt2)
+    _train(again, opt2, 2, 33)
+    cp.wait()
+    assert [s.native.address for s in pool._slabs] == [address], "the restore's memory, laid out for the save"
     assert {k: bits(v) for k, v in cp.read(2).state["model"].items()} == want2
     cp.close()
 

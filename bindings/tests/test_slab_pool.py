@@ -255,6 +255,7 @@ def test_a_restore_locks_its_new_slab_while_its_read_fills_it(
     assert slab is not None and slab.locked and slab.prepared
     assert calls == [(slab.native.address, slab.nbytes, True, calls[0][3])], "once, whole, quietly"
     assert calls[0][3].startswith("ckpt-d2h")
+    assert pool.restore_locks == ["during"]
     assert all(torch.equal(t, v) for t, v in zip(live, stored))
     pool.close()
 
@@ -278,10 +279,26 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
     stage.copy_back()
     assert calls == [True, False], "refused during the read, locked after it"
     assert stage.slab is not None and stage.slab.locked
+    assert pool.restore_locks == ["after"]
     assert all(torch.equal(t, v) for t, v in zip(live, stored))
     # A save takes that memory, laid out anew, and locks nothing more.
     got = pool.take([8, 4000, 1_200_000], 1)
     assert got is stage.slab and calls == [True, False]
+    pool.close()
+
+
+def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n, quiet=False: False)
+    pool = cudam.SlabPool(None, "wait")
+    stage, live, stored = _restore_stage(pool)
+    for buf, v in zip(stage.buffers(), stored):
+        _read_into(buf, v)
+    stage.copy_back()
+    assert stage.slab is not None and not stage.slab.locked
+    assert pool.restore_locks == ["pageable"]
+    assert all(torch.equal(t, v) for t, v in zip(live, stored))
     pool.close()
 
 
@@ -297,6 +314,7 @@ def test_a_slab_a_save_left_locked_is_not_locked_again_by_a_restore(
         _read_into(buf, v)
     stage.copy_back()
     assert stage.slab is saved and len(calls["lock"]) == 1
+    assert pool.restore_locks == ["held"]
     assert all(torch.equal(t, v) for t, v in zip(live, stored))
     pool.close()
 

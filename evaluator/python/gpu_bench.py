@@ -282,6 +282,8 @@ class GpuCkpt(Ckpt):
             self.dir = os.path.join(work, "ckpt_lazy_staged" if self.name == GpuCkpt.STAGED else "ckpt_lazy_half")
             self.options["device_staging"] = staged_bytes
         self.step_wait: List[float] = []
+        #: How the last restore's host slab was page-locked (see ``loaded_by``).
+        self.restore_lock: Optional[str] = None
         #: Each save's ``SaveHandle.phases``: where its stall went.
         self.phases: List[Any] = []
 
@@ -323,6 +325,12 @@ class GpuCkpt(Ckpt):
     def pinned(self) -> Optional[int]:
         slabs = self.cp._pool(False)  # its own slabs, or those it shares
         return None if slabs is None else slabs.peak_locked
+
+    def loaded_by(self, cp: Any) -> None:
+        # How the restore's host slab was page-locked: during the read (ckpt's
+        # way), after it (the runtime refused during it), or not at all.
+        pool = cp._pool(False)
+        self.restore_lock = ",".join(pool.restore_locks) if pool is not None else None
 
 
 class GpuMemoryTier(GpuCkpt):
@@ -553,6 +561,8 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             m.load(step)
             tr.sync()
             out[f"restore_{kind}{key}_s"] = time.perf_counter() - t0
+        if isinstance(m, GpuCkpt):
+            out[f"restore_{kind}{key}_lock"] = m.restore_lock
         tr.check(ref, f"{m.name} ({kind}{key.replace('_', ' ')})")
     del ref
     return out

@@ -20,6 +20,7 @@ import os
 import shutil
 import threading
 import time
+from typing import Any
 
 __all__ = [
     "tree_pss", "settle", "Peak", "drop_cache", "drop_cache_ranks", "fsync_path", "fsync_tree",
@@ -448,8 +449,12 @@ class Ckpt(Method):
             got = cp.load_latest(**self.state())
             if got != step:
                 raise RuntimeError(f"ckpt loaded step {got}, not {step}")
+            self.loaded_by(cp)
         finally:
             cp.close()
+
+    def loaded_by(self, cp: Any) -> None:
+        """What a benchmark notes of the reader that restored (before it closes)."""
 
     def close(self) -> None:
         if self.cp is not None:

@@ -252,6 +252,10 @@ class SlabPool:
         self._layout: Optional[Tuple[int, ...]] = None
         #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
         self.plans: Dict[str, Any] = {}
+        #: How each restore's slab came to be page-locked (:class:`HostStage`):
+        #: "held" (a save left it locked), "during" the read, "after" it, or
+        #: "pageable" (the runtime refused).
+        self.restore_locks: List[str] = []
         # Unlocks what is left when the pool is collected (a checkpointer never
         # closed); it must not hold the pool itself, or the pool lives forever.
         weakref.finalize(self, SlabPool._unlock_all, self._locked_addresses)
@@ -981,6 +985,7 @@ class HostStage:
         self._dst: List[torch.Tensor] = []
         self._views: List[torch.Tensor] = []
         self.slab: Optional[_Slab] = None
+        self._held = False
 
     def add(self, t: torch.Tensor) -> int:
         self._dst.append(t)
@@ -995,6 +1000,7 @@ class HostStage:
         slab, offsets = self._pool.borrow(lens)
         slab.owner = None
         self.slab = slab
+        self._held = slab.locked
         if self.lock_during_read:
             self._pool.lock_while_filled(slab, self._dst[0].device if self._dst else None)
         self._views = [slab.host[off : off + n] for off, n in zip(offsets, lens)]
@@ -1006,7 +1012,9 @@ class HostStage:
             # Locked during the read, else now, in one piece (no training runs
             # yet), so the first save may lay it out anew.
             self._pool.settle(self.slab)
+            how = "held" if self._held else "during" if self.slab.locked else "after"
             self._pool.prepare(self.slab, self._dst[0].device, whole=True)
+            self._pool.restore_locks.append(how if self.slab.locked else "pageable")
         with torch.no_grad():
             for t, v in zip(self._dst, self._views):
                 t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)
