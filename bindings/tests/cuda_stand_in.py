@@ -1,7 +1,7 @@
 """A test double for CUDA, used where this machine has no GPU: CPU tensors
-take ckpt's CUDA path (``ckpt.cuda``'s slabs, device copies and repeated-save
-plans), with ``torch.cuda``'s streams and events replaced by stand-ins
-(streams that run each copy at once, events that are always complete) and
+take ckpt's CUDA path (``ckpt._slabs``' slabs, ``ckpt.cuda``'s device
+copies, repeated-save plans), with ``torch.cuda``'s streams and events
+replaced by stand-ins (streams that run each copy at once, events that are always complete) and
 page-locking skipped. What it cannot show (the copies' ordering on a real
 device) ``test_cuda.py`` checks on a GPU.
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List
 import torch
 
 import ckpt.checkpointer as cpm
+import ckpt._slabs as slabs
 import ckpt.cuda as cudam
 from ckpt.torch import Exporter, dtype_name
 
@@ -56,9 +57,9 @@ def install(patch: Callable[[Any, str, Any], None]) -> Dict[str, List[int]]:
     patch(torch.cuda, "Stream", Stream)
     patch(torch.cuda, "current_stream", lambda device=None: Stream())
     patch(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    patch(cudam._Locker, "lock", lambda self, address, n, quiet=False: True)
-    patch(cudam._Locker, "unlock", lambda self, address: None)
-    patch(cudam, "_on", lambda device: contextlib.nullcontext())
+    patch(slabs._Locker, "lock", lambda self, address, n, quiet=False: True)
+    patch(slabs._Locker, "unlock", lambda self, address: None)
+    patch(slabs, "_on", lambda device: contextlib.nullcontext())
     patch(cpm, "_cuda_ready", lambda: True)
 
     def export(self: Exporter, t: torch.Tensor, path: object, copy_now: bool) -> Any:

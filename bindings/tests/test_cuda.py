@@ -454,7 +454,7 @@ def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -
 
 
 def test_a_slab_is_locked_in_pieces_that_split_no_page_and_no_slot() -> None:
-    from ckpt import cuda
+    from ckpt import _slabs
 
     big = 100 << 20
     lens = [12, big, 7, 300, big, big, 64, big + 5, 3]
@@ -465,7 +465,7 @@ def test_a_slab_is_locked_in_pieces_that_split_no_page_and_no_slot() -> None:
     real = _ckpt.HostSlab(lens)
     fake = Fake()
     fake.slots, fake.nbytes = real.slots, real.nbytes
-    pieces = cuda._pieces(fake)  # type: ignore[arg-type]
+    pieces = _slabs._pieces(fake)  # type: ignore[arg-type]
     assert len(pieces) > 1, "a slab this large is locked in several pieces"
     assert pieces[0][0] == 0 and sum(n for _, n in pieces) == real.nbytes
     for (a, n), (b, _) in zip(pieces, pieces[1:]):

@@ -24,6 +24,7 @@ from torch import nn
 
 import ckpt
 import ckpt._ahead as _ahead
+import ckpt._slabs as slabs
 import ckpt.cuda as cudam
 from cuda_stand_in import Event as _Event
 from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
@@ -82,7 +83,7 @@ def test_a_pool_never_closed_is_collected_and_unlocks_its_slabs(
 ) -> None:
     gc.collect()  # earlier tests' pools first: only this one's slabs are unlocked below
     unlocked: List[int] = []
-    monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: unlocked.append(address))
+    monkeypatch.setattr(slabs._Locker, "unlock", lambda self, address: unlocked.append(address))
     pool = cudam.SlabPool(None, "wait")
     slab = pool.take([1 << 20, 3000], 1)
     pool.prepare(slab, None)
@@ -96,14 +97,14 @@ def test_a_pool_never_closed_is_collected_and_unlocks_its_slabs(
 
 
 def _within_one_piece(slab: Any, offsets: List[int], lens: List[int]) -> bool:
-    pieces = cudam._pieces(slab)
+    pieces = slabs._pieces(slab)
     return all(any(at <= off and off + n <= at + size for at, size in pieces) for off, n in zip(offsets, lens))
 
 
 def test_a_restore_lays_its_buffers_out_within_locked_pieces(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cudam, "_LOCK_PIECE", 1 << 20)  # a small slab locked in several pieces
+    monkeypatch.setattr(slabs, "_LOCK_PIECE", 1 << 20)  # a small slab locked in several pieces
     saved = [600_000] * 6
     pool = cudam.SlabPool(1 << 30, "wait")
     slab = pool.take(saved, 1)
@@ -165,9 +166,9 @@ def test_ckpts_own_threads_make_the_tensors_device_current(
         check("cudaHostRegister")
         return True
 
-    monkeypatch.setattr(cudam, "_on", on)
+    monkeypatch.setattr(slabs, "_on", on)
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(cudam._Locker, "lock", lock)
+    monkeypatch.setattr(slabs._Locker, "lock", lock)
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
@@ -201,7 +202,7 @@ def test_a_failed_page_lock_takes_its_error_off_the_runtime() -> None:
             calls.append("clear")
             return 0
 
-    locker = cudam._Locker()
+    locker = slabs._Locker()
     locker._lib = Runtime()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a quiet try (a restore's, during its read) warns of nothing
@@ -242,7 +243,7 @@ def test_a_restore_locks_its_new_slab_while_its_read_fills_it(
         assert release.wait(10)
         return True
 
-    monkeypatch.setattr(cudam._Locker, "lock", lock)
+    monkeypatch.setattr(slabs._Locker, "lock", lock)
     pool = cudam.SlabPool(None, "wait")
     stage, live, stored = _restore_stage(pool)
     bufs = stage.buffers()
@@ -271,7 +272,7 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
         calls.append(quiet)
         return not quiet
 
-    monkeypatch.setattr(cudam._Locker, "lock", lock)
+    monkeypatch.setattr(slabs._Locker, "lock", lock)
     pool = cudam.SlabPool(None, "wait")
     stage, live, stored = _restore_stage(pool)
     for buf, v in zip(stage.buffers(), stored):
@@ -290,7 +291,7 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
 def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n, quiet=False: False)
+    monkeypatch.setattr(slabs._Locker, "lock", lambda self, address, n, quiet=False: False)
     pool = cudam.SlabPool(None, "wait")
     stage, live, stored = _restore_stage(pool)
     for buf, v in zip(stage.buffers(), stored):
@@ -321,8 +322,8 @@ def test_a_slab_a_save_left_locked_is_not_locked_again_by_a_restore(
 
 def _counting_locks(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[Any]]:
     calls: Dict[str, List[Any]] = {"lock": [], "unlock": []}
-    monkeypatch.setattr(cudam._Locker, "lock", lambda self, address, n, quiet=False: calls["lock"].append((address, n)) or True)
-    monkeypatch.setattr(cudam._Locker, "unlock", lambda self, address: calls["unlock"].append(address))
+    monkeypatch.setattr(slabs._Locker, "lock", lambda self, address, n, quiet=False: calls["lock"].append((address, n)) or True)
+    monkeypatch.setattr(slabs._Locker, "unlock", lambda self, address: calls["unlock"].append(address))
     return calls
 
 
@@ -352,7 +353,7 @@ def test_memory_locked_in_pieces_is_not_laid_out_anew(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _counting_locks(monkeypatch)
-    monkeypatch.setattr(cudam, "_LOCK_PIECE", 1 << 20)
+    monkeypatch.setattr(slabs, "_LOCK_PIECE", 1 << 20)
     pool = cudam.SlabPool(None, "wait")
     slab = pool.take([600_000] * 6, 1)
     pool.prepare(slab, None)  # in a training loop: piece by piece

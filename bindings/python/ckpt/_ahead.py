@@ -4,7 +4,7 @@ a walk of the state (``Checkpointer._rehearse``, once the state is whole).
 A new host slab is mapped and page-locked before its first copies: 0.36-0.46 s
 for 4 GiB on an H100 host, in the stall of an eager first save. Where the
 state's size is known ahead, ``load_latest`` on a fresh start reserves the
-first save's slab in the background (:meth:`ckpt.cuda.SlabPool.reserve`):
+first save's slab in the background (:meth:`ckpt._slabs.SlabPool.reserve`):
 
 - with a ``staging_budget``, half of it (the budget is twice the state);
 - without one, the CUDA bytes of the state it was given, counted once each of

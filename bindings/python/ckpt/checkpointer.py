@@ -330,7 +330,7 @@ class Checkpointer:
         self._closed = False
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
         self._ahead_hooks_off: Callable[[], None] = _nothing
-        self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt.cuda.SlabPool)
+        self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
         self._pool_of: Optional["Checkpointer"] = None
@@ -653,7 +653,7 @@ class Checkpointer:
         """Walk the state as a save would, saving nothing, so that the first
         save is like a loop's later ones: it takes its mappings in bulk
         (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
-        a slab already laid out for it (:meth:`ckpt.cuda.SlabPool.lay_out_ahead`).
+        a slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`).
         A first save's stall was 2-3x a later one's, most of it the walk
         without plans. Called where the state is whole, out of any save:
         after a restore, and after a fresh start's first optimizer steps.
