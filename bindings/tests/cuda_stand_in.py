@@ -1,9 +1,9 @@
 """A test double for CUDA, used where this machine has no GPU: CPU tensors
 take ckpt's CUDA path (``ckpt._slabs``' slabs, ``ckpt.cuda``'s device
 copies, repeated-save plans), with ``torch.cuda``'s streams and events
-replaced by stand-ins (streams that run each copy at once, events that are always complete) and
-page-locking skipped. What it cannot show (the copies' ordering on a real
-device) ``test_cuda.py`` checks on a GPU.
+replaced by stand-ins (streams that run each copy at once, events that are
+always complete) and page-locking skipped. What it cannot show (the copies'
+ordering on a real device) ``test_cuda.py`` checks on a GPU.
 
 The tests install it with ``monkeypatch.setattr`` (the ``fake_cuda`` fixture
 of ``test_device_copy.py``); a worker process under ``torchrun`` installs it
