@@ -18,7 +18,9 @@
 #      disk with the page cache dropped, on this host's cores), in
 #      OUT/memtier.json;
 #   4. unless --quick, the same as 2 with about 15 GiB of state (24 layers of
-#      2048), ckpt lazy (plain and with device staging) beside the control, in OUT/gpu-15g.json.
+#      2048), ckpt lazy (plain and with device staging) beside the control,
+#      without restores (about 25 s each at this size; step 2 measures them),
+#      in OUT/gpu-15g.json.
 # --ckpt is for a short lent machine once the peers were measured: step 2 with
 # ckpt's methods and the control only, no step 3, then step 4. --lazy is
 # shorter still: step 2 with lazy mode (plain, with device staging for all of
@@ -96,6 +98,6 @@ if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ]; then
 fi
 if [ "$quick" != "--quick" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
-    --layers 24 --width 2048 --rounds 2 --methods "none,ckpt lazy,ckpt lazy (device staging)"
+    --layers 24 --width 2048 --rounds 2 --no-restore --methods "none,ckpt lazy,ckpt lazy (device staging)"
 fi
 exit "$status"

@@ -53,7 +53,9 @@ restarted process does; its cold restore has the disk's page cache dropped.
   copy taken at the save. With ``--restore-both``, plain ckpt lazy restores
   twice more, with the new host slab page-locked after the read instead of
   during it (``restore_warm_lock_after_s``, ``restore_cold_lock_after_s``):
-  ckpt's earlier way, timed in the same run.
+  ckpt's earlier way, timed in the same run. ``--no-restore`` leaves the
+  restores out (a larger model's run, where they cost the most time and the
+  default size has measured them).
 - **Memory**: host memory page-locked by ckpt (the most at once) and the growth
   of the process's resident set over the loop (sampled every 20 ms).
 
@@ -536,7 +538,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         "step_excess": _excess(plain_steps[1:] or plain_steps, ckpt_steps[1:] or ckpt_steps),
         "first_step_s": first_step,
     }
-    if isinstance(m, NoCheckpoint):
+    if isinstance(m, NoCheckpoint) or a.no_restore:
         return out
     # Restores: one more save with nothing after it, then scramble and restore.
     step += 1
@@ -678,6 +680,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
     ap.add_argument("--restore-both", action="store_true",
                     help="plain ckpt lazy also restores with its new host slab locked after the read")
+    ap.add_argument("--no-restore", action="store_true", help="measure no restores (nor the save before them)")
     a = ap.parse_args()
 
     def write(obj: dict) -> None:
