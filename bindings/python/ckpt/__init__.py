@@ -23,7 +23,8 @@ import os as _os
 
 from . import _ckpt, distributed
 from ._ckpt import cpu_threads, set_cpu_threads
-from .checkpointer import Checkpoint, Checkpointer, SaveHandle, SavePhases
+from ._handles import Checkpoint, SaveHandle, SavePhases
+from .checkpointer import Checkpointer
 from .errors import (
     CheckpointError,
     CheckpointIOError,

@@ -80,7 +80,8 @@ from . import errors as errs
 from . import _memreshape as reshape
 from ._gc import collector_paused
 from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
-from .checkpointer import Checkpointer, SaveHandle
+from ._handles import SaveHandle
+from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator
 from .errors import CheckpointError, InvalidInputError, StorageError
 
