@@ -54,6 +54,24 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
     return out
 
 
+@pytest.fixture
+def bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
+    """One entry per mapping a save's walk tried to take in bulk from its plan
+    (:mod:`ckpt._repeat`): whether it did."""
+    import ckpt._repeat as rp
+
+    out: List[bool] = []
+    real = rp._emit
+
+    def emit(*args: Any) -> bool:
+        ok = real(*args)
+        out.append(ok)
+        return ok
+
+    monkeypatch.setattr(rp, "_emit", emit)
+    return out
+
+
 def python_env() -> dict:
     """Environment for child Python processes (the same interpreter and ckpt)."""
     env = dict(os.environ)

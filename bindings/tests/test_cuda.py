@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, List
+from typing import List
 
 import pytest
 import torch
@@ -264,24 +264,13 @@ def _deep_model(seed: int) -> nn.Module:
 @needs_cuda
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_fresh_starts_first_save_takes_what_its_first_step_readied(
-    url: str, monkeypatch: pytest.MonkeyPatch, lazy: bool
+    url: str, bulk: List[bool], lazy: bool
 ) -> None:
     """Without a staging budget, the optimizer's first step after a fresh
     start's ``load_latest`` readies the first save: the state's bytes are
     page-locked in the background and the state is walked once. The first
     save takes both mappings in bulk into that memory, and stores the values
     of the save while training goes on."""
-    import ckpt._repeat as rp
-
-    taken: List[bool] = []
-    real_emit = rp._emit
-
-    def emit(*args: Any) -> bool:
-        ok = real_emit(*args)
-        taken.append(ok)
-        return ok
-
-    monkeypatch.setattr(rp, "_emit", emit)
     model = _deep_model(6)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
@@ -299,7 +288,7 @@ def test_a_fresh_starts_first_save_takes_what_its_first_step_readied(
     cp.save(1, model=model, optimizer=opt)
     _train(model, opt, 3, 22)
     cp.wait()
-    assert taken and all(taken), f"the first save in bulk: {taken}"
+    assert bulk and all(bulk), f"the first save in bulk: {bulk}"
     assert [s.native.address for s in pool._slabs] == [reserved.native.address], "into the reserved memory"
     saved = cp.read(1).state
     assert {k: bits(v) for k, v in saved["model"].items()} == want

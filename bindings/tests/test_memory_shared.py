@@ -55,23 +55,13 @@ def test_both_tiers_store_one_snapshot_of_cuda_state_copied_once(
 
 
 def test_a_restart_from_the_memory_tier_readies_its_first_save(
-    tmp_path: Path, shm: Path, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, shm: Path, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, bulk: List[bool]
 ) -> None:
     # Restored from host memory, the state is walked once, out of any save,
     # so that the first save after the restart takes it in bulk too.
-    import ckpt._repeat as rp
     import ckpt.checkpointer as cpm
 
     monkeypatch.setattr(cpm, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    bulk: List[bool] = []
-    real = rp._emit
-
-    def emit(*args: Any) -> bool:
-        ok = real(*args)
-        bulk.append(ok)
-        return ok
-
-    monkeypatch.setattr(rp, "_emit", emit)
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
