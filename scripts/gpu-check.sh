@@ -100,4 +100,5 @@ if [ "$quick" != "--quick" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
     --layers 24 --width 2048 --rounds 2 --no-restore --methods "none,ckpt lazy,ckpt lazy (device staging)"
 fi
+"$py" scripts/gpu_summary.py "$out" || true  # the JSONs in a few lines each
 exit "$status"

@@ -1,0 +1,62 @@
+"""A few lines per method of what gpu-check.sh's benchmark JSONs say (the
+whole of them stays under OUT): stalls, slowdown and where it went, restores
+and how their slabs were locked, the stall's phases, and the targets.
+
+    python3 scripts/gpu_summary.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, Optional
+
+
+def ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def method_line(m: Dict[str, Any]) -> str:
+    if m.get("error"):
+        return f"  {m['method']}: ERROR {m['error']}"
+    ex = m.get("step_excess") or {}
+    parts = [
+        f"stalls ms {[round(s * 1e3, 1) for s in m.get('stalls_s') or []]}",
+        f"slowdown {m['slowdown'] * 100:.2f} %",
+        f"first step ms {ms(m.get('first_step_s'))}",
+        f"excess ms first/next3/rest {ms(ex.get('first_s'))}/{ms(ex.get('next3_s'))}/{ms(ex.get('rest_s'))}",
+    ]
+    if m.get("durable_s") is not None:
+        parts.append(f"durable s {m['durable_s']:.2f}")
+    for kind in ("warm", "cold"):
+        for key in ("", "_lock_after"):
+            t = m.get(f"restore_{kind}{key}_s")
+            if t is not None:
+                lock = m.get(f"restore_{kind}{key}_lock")
+                parts.append(f"restore {kind}{key.replace('_', ' ')} s {t:.2f}" + (f" ({lock})" if lock else ""))
+    if m.get("stall_phases"):
+        parts.append("phases ms " + json.dumps({k[:-2]: round(v * 1e3, 2) for k, v in m["stall_phases"].items()}))
+    return f"  {m['method']}: " + ", ".join(parts)
+
+
+def main(out: str) -> None:
+    for name in ("gpu-4g.json", "gpu-15g.json"):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            r = json.load(f)
+        if r.get("skipped"):
+            print(f"{name}: skipped: {r['skipped']}")
+            continue
+        print(f"{name}: {r.get('device')}, {r.get('model')}, {r['state_bytes'] / 2**30:.2f} GiB, "
+              f"step {r['step_s'] * 1e3:.1f} ms, floors {json.dumps(r['floors'])}")
+        for m in r["methods"]:
+            print(method_line(m))
+        for t in r.get("targets", []):
+            print(f"  target {t['target']}: {t['value']:.4g} (<= {t['bound']}) {'met' if t['met'] else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
