@@ -27,7 +27,8 @@
 # the state and for half of it) and plain eager beside the control, over 5
 # rounds, then step 4.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
-# runs the benchmark itself. With GPU_CHECK_BUDGET=SECONDS the whole run ends
+# runs the benchmark itself; the run ends with a few lines per method of what
+# they say (scripts/gpu_summary.py). With GPU_CHECK_BUDGET=SECONDS the whole run ends
 # within that time: each step gets what is left (at most its own limit) and
 # a step with under 30 s left is not started, so a lent machine's time is
 # never overrun. Checkpoints go to $CKPT_GPU_SCRATCH (default:
