@@ -36,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,30p' "$0" >&2
+  sed -n '2,35p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
