@@ -306,7 +306,10 @@ pub struct Python {
     /// Python: timed saves and loads per method [default: 2].
     #[arg(long)]
     pub python_repeats: Option<usize>,
-    /// Python: checkpoints per method in the training loop [default: 2; --full: 3].
+    /// Python: checkpoints per method in the training loop [default: 4; --full: 5].
+    /// A step's time varies by 10-20 % on a shared 2-core machine, as much as a
+    /// checkpoint costs the loop: two rounds gave `torch.save` 1 % one run and
+    /// 45 % another.
     #[arg(long)]
     pub python_rounds: Option<usize>,
     /// Python: training steps between checkpoints in the training loop [default: 4].
@@ -331,7 +334,7 @@ impl Python {
             repeats: self.python_repeats.unwrap_or(2).max(1),
             rounds: self
                 .python_rounds
-                .unwrap_or(if full { 3 } else { 2 })
+                .unwrap_or(if full { 5 } else { 4 })
                 .max(1),
             every: self.python_every.unwrap_or(4).max(1),
             timeout: Duration::from_secs(600),
