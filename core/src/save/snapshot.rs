@@ -332,7 +332,8 @@ pub fn copy_all(
         }
     }
     // Balance bytes over threads: largest first, each to the least loaded thread.
-    let threads = threads.clamp(1, jobs.len().max(1));
+    let bytes = jobs.iter().map(|(_, s, _)| s.len()).sum();
+    let threads = copy_threads(bytes, jobs.len(), threads);
     jobs.sort_by_key(|(_, s, _)| std::cmp::Reverse(s.len()));
     let mut groups: Vec<(usize, Vec<CopyJob>)> = (0..threads).map(|_| (0, Vec::new())).collect();
     for job in jobs {
@@ -343,18 +344,20 @@ pub fn copy_all(
         g.0 += job.1.len();
         g.1.push(job);
     }
+    // The calling thread copies the first group itself: a save's few small
+    // tensors (RNG states, copied in a lazy save's stall) start no thread.
+    let mut groups = groups.into_iter().map(|(_, group)| group);
+    let mine = groups.next().unwrap_or_default();
     let results: Vec<Result<Vec<(usize, Bytes)>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = groups
-            .into_iter()
-            .map(|(_, group)| scope.spawn(move || copy_group(group)))
+            .map(|group| scope.spawn(move || copy_group(group)))
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into())))
-            })
-            .collect()
+        let mut results = vec![copy_group(mine)];
+        results.extend(handles.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into())))
+        }));
+        results
     });
     for r in results {
         for (i, data) in r? {
@@ -379,6 +382,19 @@ pub fn copy_all(
             Ok(t)
         })
         .collect()
+}
+
+/// The fewest bytes worth a copy thread of their own: starting and joining a
+/// thread takes tens of microseconds, about what a MiB takes to copy.
+const MIN_THREAD_BYTES: usize = 4 << 20;
+
+/// Threads that copy `jobs` sources of `bytes` in all, at most `threads`: one
+/// per [`MIN_THREAD_BYTES`], and never more than there are sources.
+fn copy_threads(bytes: usize, jobs: usize, threads: usize) -> usize {
+    threads
+        .min(bytes.div_ceil(MIN_THREAD_BYTES))
+        .min(jobs)
+        .max(1)
 }
 
 /// One copy: the tensor's index, its source and its staging buffer.
@@ -434,4 +450,67 @@ pub(crate) enum SnapState {
     Pending,
     Done(Duration),
     Failed(Arc<Error>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::staging::{BusyPolicy, StagingPool};
+
+    #[test]
+    fn small_copies_start_no_thread_and_large_ones_share_the_cores() {
+        // A lazy save's RNG states (a few KiB) are copied by the caller alone.
+        assert_eq!(copy_threads(20 << 10, 4, 8), 1);
+        assert_eq!(copy_threads(0, 0, 8), 1);
+        // A thread per MIN_THREAD_BYTES, at most `threads`, at most a thread a source.
+        assert_eq!(copy_threads(MIN_THREAD_BYTES + 1, 10, 8), 2);
+        assert_eq!(copy_threads(256 << 20, 64, 8), 8);
+        assert_eq!(copy_threads(256 << 20, 3, 8), 3);
+        assert_eq!(copy_threads(256 << 20, 64, 1), 1);
+    }
+
+    async fn copied(sizes: &[usize], threads: usize) {
+        let srcs: Vec<Arc<SharedVec>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| SharedVec::new((0..n).map(|b| (b * 7 + i) as u8).collect()))
+            .collect();
+        let mut tensors: Vec<SourceTensor> = srcs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SourceTensor {
+                name: format!("t{i}"),
+                dtype: DType::U8,
+                shape: vec![sizes[i] as u64],
+                shard: None,
+                data: TensorData::Copy(s.clone()),
+            })
+            .collect();
+        // The same source twice (a tied weight): copied once, shared.
+        tensors.push(SourceTensor {
+            name: "tied".into(),
+            dtype: DType::U8,
+            shape: vec![sizes[0] as u64],
+            shard: None,
+            data: TensorData::Copy(srcs[0].clone()),
+        });
+        let pool = StagingPool::new(1 << 30);
+        let bufs = pool.acquire(sizes, BusyPolicy::Wait, 1).await.unwrap();
+        let out = copy_all(tensors, bufs, threads).unwrap();
+        for (i, t) in out.iter().take(sizes.len()).enumerate() {
+            assert_eq!(
+                t.data.as_ref(),
+                srcs[i].0.read_unpoisoned().as_slice(),
+                "tensor {i}"
+            );
+        }
+        assert_eq!(out[sizes.len()].data, out[0].data);
+    }
+
+    #[tokio::test]
+    async fn copy_all_copies_every_source_once_on_one_thread_or_several() {
+        // Small ones on the calling thread alone; large ones over four threads.
+        copied(&[3, 4096, 100, 1], 8).await;
+        copied(&[9 << 20, 5 << 20, 1, 4 << 20, 7], 4).await;
+    }
 }
