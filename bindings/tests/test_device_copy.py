@@ -11,7 +11,7 @@ copies' ordering on a real device is checked by ``test_cuda.py`` on a GPU.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -35,6 +35,21 @@ class Net(nn.Module):
         self.head = nn.Linear(8, 16, bias=False)
         self.head.weight = self.emb.weight  # tied: one copy, one slot
         self.register_buffer("seen", torch.zeros(4))
+
+
+def as_cuda_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpointer takes the (CPU) state it is given for CUDA state, as
+    ``load_latest`` decides whether to ready the first save."""
+    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+
+
+def fresh(monkeypatch: pytest.MonkeyPatch) -> Tuple[Net, torch.optim.Optimizer]:
+    """A new :class:`Net` and its Adam, not stepped yet, for a job's fresh
+    start whose state the checkpointer takes for CUDA state."""
+    as_cuda_state(monkeypatch)
+    torch.manual_seed(0)
+    model = Net()
+    return model, torch.optim.Adam(model.parameters(), lr=0.1)
 
 
 def train(model: Net, opt: torch.optim.Optimizer) -> None:

@@ -18,7 +18,9 @@ import torch
 
 import ckpt
 from ckpt.memory import MemoryCheckpointer
-from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+from test_device_copy import (  # noqa: F401 - the fixture is used by name
+    Net, check_stored, fake_cuda, fresh, snapshot, train,
+)
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -59,12 +61,7 @@ def test_a_restart_from_the_memory_tier_readies_its_first_save(
 ) -> None:
     # Restored from host memory, the state is walked once, out of any save,
     # so that the first save after the restart takes it in bulk too.
-    import ckpt.checkpointer as cpm
-
-    monkeypatch.setattr(cpm, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     train(model, opt)
     durable = (tmp_path / "durable").as_uri()
 

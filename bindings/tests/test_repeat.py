@@ -18,7 +18,9 @@ import torch
 import ckpt
 import ckpt._repeat as rp
 import ckpt.cuda as cudam
-from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+from test_device_copy import (  # noqa: F401 - the fixture is used by name
+    Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
+)
 
 
 @pytest.fixture()
@@ -327,15 +329,6 @@ def test_the_same_mappings_in_another_order_go_in_bulk_into_a_new_slab(
     check_stored(url, expected)
 
 
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Tuple[Net, torch.optim.Optimizer]:
-    """A new :class:`Net` and its Adam, not stepped yet, for a job's fresh
-    start whose state the checkpointer takes for CUDA state."""
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    return model, torch.optim.Adam(model.parameters(), lr=0.1)
-
-
 @pytest.mark.parametrize("lazy", [False, True])
 def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch, lazy: bool
@@ -376,7 +369,7 @@ def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
 def test_a_restarts_first_save_goes_in_bulk(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    as_cuda_state(monkeypatch)
     model, opt = trained()
     with ckpt.Checkpointer(url, lazy=True, rng=False) as cp:
         cp.save(1, model=model, optimizer=opt)

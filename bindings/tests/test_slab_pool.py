@@ -27,7 +27,9 @@ import ckpt._ahead as _ahead
 import ckpt._slabs as slabs
 import ckpt.cuda as cudam
 from cuda_stand_in import Event as _Event
-from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
+from test_device_copy import (  # noqa: F401 - the fixture is used by name
+    Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
+)
 
 
 class _Landing:
@@ -367,10 +369,7 @@ def test_a_reservation_is_the_first_saves_memory(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = _counting_locks(monkeypatch)
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=False, rng=False, staging_budget=1 << 20)
     assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
     pool = cp._slabs
@@ -397,10 +396,7 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
     an H100 host). The optimizer's first step makes the state whole: its
     bytes are counted then and locked ahead, in the background."""
     calls = _counting_locks(monkeypatch)
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
     assert cp._slabs is None or not cp._slabs._slabs, "nothing before the optimizer's state exists"
@@ -427,7 +423,7 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
 def test_with_two_optimizers_the_reservation_waits_for_both_states(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    as_cuda_state(monkeypatch)
     torch.manual_seed(0)
     model = Net()
     first = torch.optim.Adam(model.blocks.parameters(), lr=0.1)
@@ -466,10 +462,7 @@ class _AppState:
 def test_an_app_states_optimizer_is_found_and_a_failing_count_only_warns(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, broken: bool
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    torch.manual_seed(0)
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, rng=False)
     assert cp.load_latest(app=_AppState(model, opt, broken)) is None
     assert len(opt._optimizer_step_post_hooks) == 1
@@ -489,9 +482,7 @@ def test_an_app_states_optimizer_is_found_and_a_failing_count_only_warns(
 def test_a_model_alone_is_reserved_at_once_and_a_restart_reserves_nothing(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, rng=False)
     assert cp.load_latest(model=model) is None
     assert cp._slabs is not None and len(cp._slabs._slabs) == 1, "no optimizer: the state is whole now"
@@ -509,9 +500,7 @@ def test_a_model_alone_is_reserved_at_once_and_a_restart_reserves_nothing(
 def test_a_checkpointer_closed_before_the_first_step_reserves_nothing(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
-    model = Net()
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None
     assert len(opt._optimizer_step_post_hooks) == 1
@@ -528,7 +517,7 @@ def test_a_budget_of_twice_the_state_reserves_room_for_the_first_saves_alignment
     1 MiB or more each start on a page of their own, so the first save's slab
     is larger than the state, and it still fits in what was reserved."""
     calls = _counting_locks(monkeypatch)
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    as_cuda_state(monkeypatch)
 
     def make() -> Tuple[nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
