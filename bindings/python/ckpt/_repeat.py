@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set,
 
 import torch
 
+from . import _repeat_host
 from ._ckpt import SlabSlot, TensorSpec
 from .cuda import Pending
 from .tree import TAG
@@ -137,11 +138,17 @@ class Probe:
     """One mapping checked against its plan: ``tree`` when it was walked in
     bulk, else :meth:`record` after the walk."""
 
-    __slots__ = ("tree", "_plans", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested", "_layouts")
+    __slots__ = ("tree", "_plans", "_host", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested", "_layouts")
 
-    def __init__(self, plans: Dict[str, Plan], prefix: str, keys: Any, vals: List[Any], nested: bool) -> None:
+    def __init__(
+        self, plans: Optional[Dict[str, Plan]], host: Optional[Dict[str, Any]], prefix: str, keys: Any, vals: List[Any],
+        nested: bool,
+    ) -> None:
         self.tree: Any = None
+        #: The plans of mappings of CUDA tensors (the slab pool's), and of CPU
+        #: tensors (:mod:`ckpt._repeat_host`), where kept.
         self._plans = plans
+        self._host = host
         self._prefix = prefix
         self._keys = keys
         self._vals = vals
@@ -162,15 +169,26 @@ class Probe:
         if self._ok:
             return  # the plan held (a name was taken, or a tensor met before): keep it
         device = fl.exporter.device
-        if self._meta is None or device is None:
-            self._plans.pop(self._prefix, None)
-            return
         outs = fl.out.tensors[n0:]
+        if device is None or len(device) == d0:
+            # No CUDA tensor in the mapping: a plan for CPU tensors, made now
+            # (it costs a few bulk calls, once).
+            if self._plans is not None:
+                self._plans.pop(self._prefix, None)
+            self._record_host(outs, tree, getattr(obj, "_metadata", None))
+            return
+        if self._host is not None:
+            self._host.pop(self._prefix, None)
+        if self._meta is None or self._plans is None:
+            if self._plans is not None:
+                self._plans.pop(self._prefix, None)
+            return
         srcs = device._srcs[d0:]
         fl.exporter.later.append(partial(self.make, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
 
     def make(self, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> None:
         """Make the plan :meth:`record` took the makings of."""
+        assert self._plans is not None
         try:
             plan = _plan(self, outs, srcs, d0, tree, meta)
         except Exception as e:  # noqa: BLE001 - no plan: the next save walks, as it would
@@ -180,6 +198,24 @@ class Probe:
             self._plans.pop(self._prefix, None)
         else:
             self._plans[self._prefix] = plan
+
+    def _record_host(self, outs: List[Any], tree: Any, meta: Any) -> None:
+        """The plan of a mapping of CPU tensors, from what the walk made of it."""
+        host = self._host
+        if host is None:
+            return
+        plan = None
+        try:
+            names = _names(self, tree) if self._meta is not None and self._layouts is None else None
+            if names is not None:
+                raw = copy.deepcopy(meta) if meta is not None else None
+                plan = _repeat_host.make(self._keys, self._meta or [], self._ptrs, names, tree, raw, outs)
+        except Exception as e:  # noqa: BLE001 - no plan: the next save walks, as it would
+            _failed(self._prefix, e)
+        if plan is None:
+            host.pop(self._prefix, None)
+        else:
+            host[self._prefix] = plan
 
 
 _WARNED = False
@@ -202,9 +238,14 @@ def make_later(jobs: List[Callable[[], None]]) -> None:
         job()
 
 
-def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any) -> Optional[Probe]:
+def probe(
+    fl: Any, plans: Optional[Dict[str, Plan]], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any,
+    host: Optional[Dict[str, Any]] = None,
+) -> Optional[Probe]:
     """Walk ``obj`` in bulk if its plan holds (then the probe's ``tree`` is
-    set); None when it is not a mapping this module takes."""
+    set); None when it is not a mapping this module takes. ``plans`` are the
+    plans of mappings of CUDA tensors, ``host`` those of CPU tensors (either
+    None where none are kept)."""
     n = len(obj)
     if n < 2:
         return None
@@ -218,7 +259,7 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
     if types <= tensors:
         if len(outer) < _MIN:
             return None
-        p = Probe(plans, prefix, tuple(obj), outer, False)
+        p = Probe(plans, host, prefix, tuple(obj), outer, False)
     elif types == {dict}:
         # An optimizer's state: every value a dict of tensors.
         vals = list(chain.from_iterable(map(_VALUES, outer)))
@@ -227,7 +268,7 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
         types = set(map(type, vals))
         if not types <= tensors:
             return None
-        p = Probe(plans, prefix, (tuple(obj), tuple(map(tuple, outer))), vals, True)
+        p = Probe(plans, host, prefix, (tuple(obj), tuple(map(tuple, outer))), vals, True)
     else:
         return None
     vals = p._vals
@@ -244,12 +285,14 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
         return p
     p._meta = list(map(_META, vals))
     p._ptrs = ptrs
-    plan = plans.get(prefix)
-    if plan is None or plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
+    hplan = host.get(prefix) if host is not None else None
+    if hplan is not None and _holds(hplan, p, obj):
+        p._ok = True
+        if fl.names.isdisjoint(hplan.names) and _repeat_host.emit(fl, hplan, vals, lazy_ptrs):
+            p.tree = hplan.tree
         return p
-    if plan.layouts != p._layouts:  # (identical objects compare equal without __eq__)
-        return p
-    if plan.raw_meta != getattr(obj, "_metadata", None):
+    plan = plans.get(prefix) if plans is not None else None
+    if plan is None or not _holds(plan, p, obj):
         return p
     if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)) and not lazy_ptrs.issuperset(plan.uniq_ptrs):
         return p  # a device tensor must now be copied at once: the walk decides
@@ -259,6 +302,16 @@ def probe(fl: Any, plans: Dict[str, Plan], obj: Mapping[Any, Any], prefix: str, 
     if fl.names.isdisjoint(plan.names) and _emit(fl, plan, vals, lazy_ptrs):
         p.tree = plan.tree
     return p
+
+
+def _holds(plan: Any, p: Probe, obj: Mapping[Any, Any]) -> bool:
+    """Whether the mapping ``obj`` (probed as ``p``) is the one ``plan`` (a
+    :class:`Plan` or a :class:`ckpt._repeat_host.HostPlan`) was made of."""
+    if plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
+        return False
+    if plan.layouts != p._layouts:  # (identical objects compare equal without __eq__)
+        return False
+    return bool(plan.raw_meta == getattr(obj, "_metadata", None))
 
 
 def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
@@ -327,25 +380,9 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
     cannot be taken in bulk next time."""
     if p._meta is None:
         return None
-    prefix = p._prefix
-    items = tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree
-    refs: List[Any] = []
-    names: List[str] = []
-    if p._nested:
-        for k, inner in zip(p._keys[0], p._keys[1]):
-            sub = items[k]
-            if type(sub) is not dict or TAG in sub:
-                return None
-            base = prefix + (k if type(k) is str else str(k)) + "."
-            for k2 in inner:
-                refs.append(sub[k2])
-                names.append(base + (k2 if type(k2) is str else str(k2)))
-    else:
-        for k in p._keys:
-            refs.append(items[k])
-            names.append(prefix + (k if type(k) is str else str(k)))
-    if [getattr(r, "name", None) for r in refs] != names:
-        return None  # a name the walk had to make unique, or a shape it did not expect
+    names = _names(p, tree)
+    if names is None:
+        return None
     plan = Plan(p._keys, p._meta, p._ptrs)
     plan.layouts = p._layouts
     vals = p._vals
@@ -407,6 +444,32 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
             first += len(pos)
     plan.nbytes = tuple(nbytes)
     return plan
+
+
+def _names(p: Probe, tree: Any) -> Optional[List[str]]:
+    """The names the walk gave the probed mapping's tensors (walked form
+    ``tree``), in the order of the probe's tensors; None where one is not the
+    name its keys make (a name made unique, a shape not expected)."""
+    prefix = p._prefix
+    items = tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree
+    refs: List[Any] = []
+    names: List[str] = []
+    if p._nested:
+        for k, inner in zip(p._keys[0], p._keys[1]):
+            sub = items[k]
+            if type(sub) is not dict or TAG in sub:
+                return None
+            base = prefix + (k if type(k) is str else str(k)) + "."
+            for k2 in inner:
+                refs.append(sub[k2])
+                names.append(base + (k2 if type(k2) is str else str(k2)))
+    else:
+        for k in p._keys:
+            refs.append(items[k])
+            names.append(prefix + (k if type(k) is str else str(k)))
+    if [getattr(r, "name", None) for r in refs] != names:
+        return None
+    return names
 
 
 def _in_order(plan: Plan, outs: List[Any], srcs: List[Any], d0: int, vals: List[Any]) -> bool:

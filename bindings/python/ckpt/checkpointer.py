@@ -196,6 +196,8 @@ class Checkpointer:
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
         self._ahead_hooks_off: Callable[[], None] = _nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
+        #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._repeat_host`).
+        self._host_plans: Dict[str, Any] = {}
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
         self._pool_of: Optional["Checkpointer"] = None
@@ -716,7 +718,7 @@ class Checkpointer:
             return None
         from .torch import Exporter
 
-        return Exporter(self._pool(_cuda_ready()), self.lazy)
+        return Exporter(self._pool(_cuda_ready()), self.lazy, self._host_plans)
 
     def _pool(self, create: bool) -> Any:
         """The slab pool this checkpointer's CUDA saves and restores use (its

@@ -96,9 +96,11 @@ class Exporter:
     starts the copies and puts the slab's slots in their place.
     """
 
-    def __init__(self, slabs: Any = None, lazy: bool = True) -> None:
+    def __init__(self, slabs: Any = None, lazy: bool = True, host_plans: Optional[Dict[str, Any]] = None) -> None:
         self._slabs = slabs
         self._lazy = lazy
+        #: The plans of mappings of CPU tensors (:mod:`ckpt._repeat_host`), where kept.
+        self._host_plans = host_plans
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Any = None
         #: The makings of the plans the walk recorded (:mod:`ckpt._repeat`),
@@ -136,13 +138,15 @@ class Exporter:
         return self._export(t, path, copy_now)
 
     def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
-        """A mapping of CUDA tensors walked in bulk, as the last save's (see
-        :mod:`ckpt._repeat`); None when it is no mapping of tensors."""
-        if self._slabs is None:
+        """A mapping of tensors walked in bulk, as the last save's (see
+        :mod:`ckpt._repeat`, and :mod:`ckpt._repeat_host` for CPU tensors);
+        None when it is no mapping of tensors."""
+        plans = self._slabs.plans if self._slabs is not None else None
+        if plans is None and self._host_plans is None:
             return None
         # (A first save records the plans: the next may come while its slab is
         # still being written, and take its tensors in bulk all the same.)
-        return _repeat.probe(fl, self._slabs.plans, obj, prefix, lazy_ptrs)
+        return _repeat.probe(fl, plans, obj, prefix, lazy_ptrs, self._host_plans)
 
     def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         if t.layout != torch.strided:

@@ -1,0 +1,120 @@
+"""A loop's repeated saves of the same CPU tensors, taken in bulk.
+
+The CPU half of :mod:`ckpt._repeat`. A CPU training loop saves the same state
+dicts every time, and the walk of :mod:`ckpt.tree` spends a few microseconds
+of Python on each tensor (its view as bytes, its name made unique, its spec),
+in the stall of a lazy save: most of that stall on a model of a hundred
+tensors or more. So the walk of a mapping of CPU tensors records a
+:class:`HostPlan` (names, dtypes, shapes, which tensors were copied at once,
+the walked form), and a later save whose mapping :func:`ckpt._repeat.probe`
+finds the same (keys, dtypes, shapes and addresses, checked in bulk) takes
+its tensors with a few calls that each run over all of them in C: their
+views as bytes, then one spec each.
+
+A plan holds no tensor and no view of one: each save views the tensors it was
+given, so a plan never keeps memory alive that the loop let go. A tensor under
+the same key, at the same address, of the same dtype and shape, is the same
+tensor as at the last save (the memory the last save viewed, still in use by
+it), so it is copied at once or left to the background copy as then. Where a
+set of lazy-safe addresses was given (a DCP ``AppState``), it is looked up
+again, for each tensor.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ._ckpt import TensorSpec
+
+__all__ = ["HostPlan", "make", "emit"]
+
+_NAME = operator.attrgetter("name")
+_DATA = operator.attrgetter("data")
+_COPY_NOW = operator.attrgetter("copy_now")
+_MADE = operator.attrgetter("dtype", "shape")
+_NUMPY = torch.Tensor.numpy
+
+
+class HostPlan:
+    """What the walk made of one mapping of CPU tensors (see the module docs)."""
+
+    __slots__ = ("keys", "meta", "ptrs", "layouts", "raw_meta", "names", "tree", "made", "copy_now", "scalars")
+
+    def __init__(self, keys: Any, meta: List[Any], ptrs: List[int], names: List[str], tree: Any, raw_meta: Any) -> None:
+        #: What :func:`ckpt._repeat.probe` compares: the keys, each tensor's
+        #: ``(dtype, shape)`` and address, DTensor layouts (none here), the
+        #: module's ``_metadata``.
+        self.keys = keys
+        self.meta = meta
+        self.ptrs = ptrs
+        self.layouts: Any = None
+        self.raw_meta = raw_meta
+        #: Every tensor's name, in the mapping's order.
+        self.names = names
+        #: The walked form of the mapping, returned as it is by a save that matches.
+        self.tree = tree
+        #: Each tensor's ``(dtype, shape)`` as the walk stored it.
+        self.made: List[Tuple[str, Any]] = []
+        #: Whether the walk copied each tensor at once (lazy mode).
+        self.copy_now: List[bool] = []
+        #: Positions of 0-d tensors (their views are made 1-d, as the walk's).
+        self.scalars: List[int] = []
+
+
+def make(keys: Any, meta: List[Any], ptrs: List[int], names: List[str], tree: Any, raw_meta: Any,
+         outs: List[Any]) -> Optional[HostPlan]:
+    """A plan from the specs the walk made of a mapping's tensors (``outs``),
+    or None unless each tensor made one spec, in order, under the name the
+    plan expects, over its own memory (not a private copy, nor a device slot)."""
+    n = len(names)
+    if len(outs) != n or list(map(_NAME, outs)) != names:
+        return None
+    datas = list(map(_DATA, outs))
+    if set(map(type, datas)) != {np.ndarray}:
+        return None
+    if [a.__array_interface__["data"][0] for a in datas] != ptrs:
+        return None
+    plan = HostPlan(keys, meta, ptrs, names, tree, raw_meta)
+    plan.made = list(map(_MADE, outs))
+    plan.copy_now = list(map(_COPY_NOW, outs))
+    plan.scalars = [j for j, (_, shape) in enumerate(meta) if len(shape) == 0]
+    return plan
+
+
+def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> bool:
+    """Add a spec per tensor of ``vals`` (the mapping the plan was made of) to
+    the save's specs; False, with nothing added, where a tensor cannot be
+    viewed (the walk then says why)."""
+    try:
+        datas = list(map(_NUMPY, vals))
+    except (RuntimeError, TypeError):
+        # A dtype numpy lacks (bf16, fp8), or a tensor that requires grad: as bytes.
+        try:
+            datas = _as_bytes(vals)
+        except (RuntimeError, TypeError):
+            return False
+    else:
+        for j in plan.scalars:
+            datas[j] = datas[j].reshape(1)  # (a 0-d array exports no shape)
+    if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)):
+        flags: List[bool] = [p not in lazy_ptrs for p in plan.ptrs]
+    else:
+        # (None: an optimizer's, all of them left to the background copy; a
+        # module's: as the last time, the same tensors.)
+        flags = plan.copy_now
+    fl.out.tensors.extend([
+        TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now)
+        for name, (dtype, shape), data, now in zip(plan.names, plan.made, datas, flags)
+    ])
+    fl.names.update(plan.names)
+    return True
+
+
+def _as_bytes(vals: List[torch.Tensor]) -> List[Any]:
+    from .torch import _byte_view  # (ckpt.torch imports this module's importer)
+
+    return [_byte_view(t.detach()) for t in vals]
