@@ -17,8 +17,9 @@ PyTorch gathers it itself) after the save/load and at the end, and its I/O.
 ``--depth D`` (every mode) builds a narrower MLP of D hidden layers instead,
 with enough tensors per mapping for repeated saves to be taken in bulk.
 ``--stand-in`` routes the CPU tensors through ckpt's CUDA path
-(``cuda_stand_in``, a test double) and records per save how many mappings
-were taken in bulk (``bulk``).
+(``cuda_stand_in``, a test double). Each save records how many mappings were
+taken in bulk (``bulk``): by the CUDA path's plans with ``--stand-in``, else
+by the plans of CPU tensors.
 """
 
 from __future__ import annotations
@@ -153,6 +154,17 @@ def main() -> None:
         rp._emit = emit
         # Its state counts as CUDA state (a fresh start readies the first save for it).
         ckpt.checkpointer._cuda_device_in = lambda objs: torch.device("cpu")
+    else:
+        import ckpt._repeat_host as rh
+
+        real_host = rh.emit
+
+        def host_emit(*args: object) -> bool:
+            ok = real_host(*args)
+            bulk.append(ok)
+            return ok
+
+        rh.emit = host_emit
     save_at = {int(x) for x in a.save_at.split(",")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

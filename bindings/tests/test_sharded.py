@@ -126,6 +126,26 @@ def test_fsdp2_repeated_lazy_saves_through_the_cuda_path_take_the_shards_in_bulk
     assert all(r["loaded"] == 5 and r["at_save"] == ref for r in rows(out / "c", "load", 3))
 
 
+@pytest.mark.parametrize("lazy", [True, False])
+def test_fsdp2_repeated_cpu_saves_take_the_shards_in_bulk(tmp_path: Path, lazy: bool) -> None:
+    # FSDP2 on CPU (gloo): a loop's later saves take the model's state dict
+    # and the optimizer's state, DTensors by their local shards, from the
+    # plans of CPU tensors; what they store loads as PyTorch gathers it.
+    root, out = tmp_path / "ck", tmp_path / "out"
+    url = root.as_uri()
+    deep = ("--depth", "6")
+    mode = ("--lazy",) if lazy else ()
+    torchrun(2, "train", url, str(out / "a"), "--steps", "4", "--save-at", "2,3,4", *mode, *deep)
+    saved = rows(out / "a", "train", 2)
+    ref = saved[0]["at_save"]
+    assert all(r["at_save"] == ref for r in saved)
+    assert all(r["bulk"] == [0, 2, 2] for r in saved), [r["bulk"] for r in saved]
+    plain(url, str(out / "b"), "--steps", "4", *deep)
+    assert rows(out / "b", "plain", 1)[0]["at_save"] == ref
+    torchrun(3, "load", url, str(out / "c"), "--steps", "4", *deep)
+    assert all(r["loaded"] == 4 and r["at_save"] == ref for r in rows(out / "c", "load", 3))
+
+
 def test_fsdp2_first_lazy_save_after_a_fresh_start_takes_the_shards_in_bulk(tmp_path: Path) -> None:
     # After a fresh start's load_latest, the optimizer's first step readies
     # the first save: the state is walked once (DTensors by their local

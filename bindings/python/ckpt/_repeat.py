@@ -24,8 +24,9 @@ the same object as at the last save. Anything that differs (a
 key, a dtype, a shape, an address, a tensor that is not contiguous or has its
 conjugate or negative bit set, a name already taken, a tensor this save
 met before) sends the mapping through the walk, which records a new plan. Tensors
-the walk copies at once (module buffers in lazy mode) or that are not on a
-CUDA device are taken by the walk one by one, as always.
+the walk copies at once (module buffers in lazy mode) are taken by the walk
+one by one, as always. A mapping of CPU tensors alone gets a plan of its own
+(:mod:`ckpt._repeat_host`), checked here as these are.
 """
 
 from __future__ import annotations
@@ -206,10 +207,12 @@ class Probe:
             return
         plan = None
         try:
-            names = _names(self, tree) if self._meta is not None and self._layouts is None else None
+            names = _names(self, tree) if self._meta is not None else None
             if names is not None:
                 raw = copy.deepcopy(meta) if meta is not None else None
-                plan = _repeat_host.make(self._keys, self._meta or [], self._ptrs, names, tree, raw, outs)
+                plan = _repeat_host.make(
+                    self._keys, self._meta or [], self._ptrs, self._layouts, self._vals, names, tree, raw, outs
+                )
         except Exception as e:  # noqa: BLE001 - no plan: the next save walks, as it would
             _failed(self._prefix, e)
         if plan is None:

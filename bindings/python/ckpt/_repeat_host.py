@@ -9,7 +9,9 @@ tensors or more. So the walk of a mapping of CPU tensors records a
 the walked form), and a later save whose mapping :func:`ckpt._repeat.probe`
 finds the same (keys, dtypes, shapes and addresses, checked in bulk) takes
 its tensors with a few calls that each run over all of them in C: their
-views as bytes, then one spec each.
+views as bytes, then one spec each. A DTensor (FSDP2 and tensor parallel on
+CPU, under gloo) is taken by its local tensor, as the CUDA plans take it,
+where the walk stored that in one piece (with its layout checked by identity).
 
 A plan holds no tensor and no view of one: each save views the tensors it was
 given, so a plan never keeps memory alive that the loop let go. A tensor under
@@ -35,7 +37,8 @@ __all__ = ["HostPlan", "make", "emit"]
 _NAME = operator.attrgetter("name")
 _DATA = operator.attrgetter("data")
 _COPY_NOW = operator.attrgetter("copy_now")
-_MADE = operator.attrgetter("dtype", "shape")
+_MADE = operator.attrgetter("dtype", "shape", "shard")
+_NBYTES = operator.attrgetter("nbytes")
 _NUMPY = torch.Tensor.numpy
 
 
@@ -44,41 +47,45 @@ class HostPlan:
 
     __slots__ = ("keys", "meta", "ptrs", "layouts", "raw_meta", "names", "tree", "made", "copy_now", "scalars")
 
-    def __init__(self, keys: Any, meta: List[Any], ptrs: List[int], names: List[str], tree: Any, raw_meta: Any) -> None:
+    def __init__(
+        self, keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, names: List[str], tree: Any, raw_meta: Any
+    ) -> None:
         #: What :func:`ckpt._repeat.probe` compares: the keys, each tensor's
-        #: ``(dtype, shape)`` and address, DTensor layouts (none here), the
-        #: module's ``_metadata``.
+        #: ``(dtype, shape)`` and address (a DTensor's: its local tensor's),
+        #: DTensor layouts (:func:`ckpt._repeat._layout`), the module's ``_metadata``.
         self.keys = keys
         self.meta = meta
         self.ptrs = ptrs
-        self.layouts: Any = None
+        self.layouts = layouts
         self.raw_meta = raw_meta
         #: Every tensor's name, in the mapping's order.
         self.names = names
         #: The walked form of the mapping, returned as it is by a save that matches.
         self.tree = tree
-        #: Each tensor's ``(dtype, shape)`` as the walk stored it.
-        self.made: List[Tuple[str, Any]] = []
+        #: Each tensor's ``(dtype, shape, shard)`` as the walk stored it (a
+        #: DTensor: the global shape, or its local tensor's as a piece of it).
+        self.made: List[Tuple[str, Any, Any]] = []
         #: Whether the walk copied each tensor at once (lazy mode).
         self.copy_now: List[bool] = []
         #: Positions of 0-d tensors (their views are made 1-d, as the walk's).
         self.scalars: List[int] = []
 
 
-def make(keys: Any, meta: List[Any], ptrs: List[int], names: List[str], tree: Any, raw_meta: Any,
-         outs: List[Any]) -> Optional[HostPlan]:
-    """A plan from the specs the walk made of a mapping's tensors (``outs``),
-    or None unless each tensor made one spec, in order, under the name the
-    plan expects, over its own memory (not a private copy, nor a device slot)."""
+def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[torch.Tensor], names: List[str],
+         tree: Any, raw_meta: Any, outs: List[Any]) -> Optional[HostPlan]:
+    """A plan from the specs the walk made of a mapping's tensors (``vals``,
+    a DTensor's local tensor in its place): ``outs``. None unless each tensor
+    made one spec, in order, under the name the plan expects, over all of its
+    own memory (not a private copy, a device slot, a DTensor in pieces)."""
     n = len(names)
     if len(outs) != n or list(map(_NAME, outs)) != names:
         return None
     datas = list(map(_DATA, outs))
     if set(map(type, datas)) != {np.ndarray}:
         return None
-    if [a.__array_interface__["data"][0] for a in datas] != ptrs:
+    if [a.__array_interface__["data"][0] for a in datas] != ptrs or list(map(_NBYTES, datas)) != list(map(_NBYTES, vals)):
         return None
-    plan = HostPlan(keys, meta, ptrs, names, tree, raw_meta)
+    plan = HostPlan(keys, meta, ptrs, layouts, names, tree, raw_meta)
     plan.made = list(map(_MADE, outs))
     plan.copy_now = list(map(_COPY_NOW, outs))
     plan.scalars = [j for j, (_, shape) in enumerate(meta) if len(shape) == 0]
@@ -107,8 +114,8 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
         # module's: as the last time, the same tensors.)
         flags = plan.copy_now
     fl.out.tensors.extend([
-        TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now)
-        for name, (dtype, shape), data, now in zip(plan.names, plan.made, datas, flags)
+        TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now, shard=shard)
+        for name, (dtype, shape, shard), data, now in zip(plan.names, plan.made, datas, flags)
     ])
     fl.names.update(plan.names)
     return True
