@@ -48,10 +48,12 @@ class Stream:
         pass
 
 
-def install(patch: Callable[[Any, str, Any], None]) -> Dict[str, List[int]]:
+def install(patch: Callable[[Any, str, Any], None], cpu_scalars: bool = False) -> Dict[str, List[int]]:
     """Route CPU tensors through the CUDA path with ``patch(obj, name, value)``;
     returns the counts of copy calls (``copies``: tensors per call) and of
-    slots handed out after the walk (``into_slots``)."""
+    slots handed out after the walk (``into_slots``). With ``cpu_scalars``,
+    0-d tensors stay CPU tensors, as an Adam optimizer's ``step`` is beside
+    its CUDA moments (unless fused or capturable)."""
     calls: Dict[str, List[int]] = {"copies": [], "into_slots": []}
     patch(torch.cuda, "Event", Event)
     patch(torch.cuda, "Stream", Stream)
@@ -62,7 +64,11 @@ def install(patch: Callable[[Any, str, Any], None]) -> Dict[str, List[int]]:
     patch(slabs, "_on", lambda device: contextlib.nullcontext())
     patch(cpm, "_cuda_ready", lambda: True)
 
+    real_export = Exporter.export
+
     def export(self: Exporter, t: torch.Tensor, path: object, copy_now: bool) -> Any:
+        if cpu_scalars and t.dim() == 0:
+            return real_export(self, t, path, copy_now)
         return dtype_name(t.dtype), t.shape, self._device().add(t, copy_now), False
 
     patch(Exporter, "export", export)

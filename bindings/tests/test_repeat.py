@@ -70,6 +70,59 @@ def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
     check_stored(url, expected)
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_an_adams_cpu_steps_go_in_bulk_with_its_cuda_moments(
+    url: str, monkeypatch: pytest.MonkeyPatch, emitted: List[str], lazy: bool
+) -> None:
+    # PyTorch's Adam and AdamW keep each parameter's step on the CPU beside
+    # its moments on the GPU (unless fused or capturable): the optimizer's
+    # state is a mapping of both, which later saves take in bulk all the same.
+    import cuda_stand_in
+    import ckpt.tree as tree
+
+    cuda_stand_in.install(monkeypatch.setattr, cpu_scalars=True)
+    leaves: List[str] = []
+    real_leaf = tree._Flattener.leaf
+
+    def leaf(self: object, obj: torch.Tensor, base: str, *args: object) -> object:
+        leaves.append(base)
+        return real_leaf(self, obj, base, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tree._Flattener, "leaf", leaf)
+    orders: List[List[str]] = []
+    real_flatten = ckpt.checkpointer.flatten
+
+    def flatten(*args: object, **kwargs: object) -> object:
+        flat = real_flatten(*args, **kwargs)  # type: ignore[arg-type]
+        orders.append([t.name for t in flat.tensors])
+        return flat
+
+    monkeypatch.setattr(ckpt.checkpointer, "flatten", flatten)
+    model, opt = trained()
+    cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
+    expected, walked = {}, {}
+    for step in range(1, 7):
+        expected[step] = snapshot(model, opt)
+        del leaves[:]
+        cp.save(step, model=model, optimizer=opt)
+        walked[step] = list(leaves)
+        train(model, opt)
+        cp.wait()
+    plan = cp._pool(False).plans["optimizer.state."]
+    cp.close()
+    assert emitted.count("optimizer") >= 3, emitted
+    assert plan.mixed is not None
+    steps = [n for n in plan.names if n.endswith(".step")]
+    assert [plan.names[j] for j in plan.mixed[1]] == steps and len(steps) == len(opt.state)
+    # The first save walks every tensor; the last walks none of the optimizer's
+    # (lazy mode: the model's buffer alone, which it copies at once).
+    assert sum(n.endswith(".step") for n in walked[1]) == len(steps)
+    assert walked[6] == (["model.seen"] if lazy else []), walked[6]
+    # In the walk's order, so the same state is laid out the same way.
+    assert orders[-1] == orders[0]
+    check_stored(url, expected)
+
+
 def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
     url: str, fake_cuda: Dict[str, List[int]], emitted: List[str]
 ) -> None:

@@ -39,6 +39,7 @@ from functools import partial
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
+import numpy as np
 import torch
 
 from . import _repeat_host
@@ -92,7 +93,7 @@ class Plan:
 
     __slots__ = (
         "keys", "meta", "ptrs", "names", "tree", "raw_meta", "runs", "uniq_ptrs", "nbytes", "device", "specs", "slot_of",
-        "walk_ptrs", "layouts", "made", "pending",
+        "walk_ptrs", "layouts", "made", "pending", "mixed",
     )
 
     def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
@@ -133,6 +134,13 @@ class Plan:
         self.made: Dict[int, Tuple[str, Any, Any]] = {}
         #: The specs made for a slab not yet chosen: ``(first slot index, specs)``.
         self.pending: Optional[Tuple[int, List[Any]]] = None
+        #: Where every tensor the walk takes one by one is a CPU tensor it
+        #: views as it is (an optimizer's CPU ``step`` beside its CUDA moments,
+        #: as PyTorch's Adam and AdamW keep them unless fused or capturable):
+        #: ``(positions of the distinct device tensors, positions of the CPU
+        #: ones, where each spec goes among the device specs then the CPU
+        #: ones, the CPU tensors' plan)``, so that a save takes both in bulk.
+        self.mixed: Optional[Tuple[List[int], List[int], List[int], _repeat_host.HostPlan]] = None
 
 
 class Probe:
@@ -318,6 +326,14 @@ def _holds(plan: Any, p: Probe, obj: Mapping[Any, Any]) -> bool:
 
 
 def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
+    mixed = plan.mixed
+    host: Optional[List[Any]] = None
+    if mixed is not None:
+        # (Made first: a CPU tensor that cannot be viewed sends the mapping
+        # through the walk before any device tensor was queued.)
+        host = _repeat_host.take(fl, mixed[3], [vals[j] for j in mixed[1]], lazy_ptrs)
+        if host is None:
+            return False
     device = fl.exporter._device()
     got = device.fits(plan.nbytes, plan.uniq_ptrs)
     if got is None:
@@ -326,6 +342,13 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
     specs = _specs(slab, plan, i0, slots) if slab is not None else _pending(plan, i0)
     out = fl.out.tensors
     names = fl.names
+    if mixed is not None and host is not None:
+        uniq = mixed[0]
+        device.add_many([vals[j] for j in uniq], [plan.ptrs[j] for j in uniq], plan.device)
+        every = specs + host
+        out.extend(map(every.__getitem__, mixed[2]))
+        names.update(plan.names)
+        return True
     for pos, distinct, first, end in plan.runs:
         if distinct is None:
             if lazy_ptrs is not None and not isinstance(lazy_ptrs, (set, frozenset)):
@@ -394,6 +417,7 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
     if _in_order(plan, outs, srcs, d0, vals):
         return plan
     # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
+    viewed: Dict[int, Any] = {}  # CPU tensors the walk viewed as they are: their specs
     specs: Dict[str, Any] = {}
     twice: Set[str] = set()  # (names of DTensors stored in several pieces)
     for t in outs:
@@ -438,6 +462,9 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
             # (a device tensor with a slot of its own at another address: a clone, copied at once)
             if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
                 plan.walk_ptrs = True
+            if (spec is not None and type(data) is np.ndarray and name not in twice
+                    and data.__array_interface__["data"][0] == p._ptrs[j] and data.nbytes == vals[j].nbytes):
+                viewed[j] = spec
     if not plan.slot_of or len(srcs) != len(nbytes):
         return None  # nothing to take in bulk, or a slot the walk took that no tensor here explains
     first = 0
@@ -446,7 +473,31 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
             plan.runs[k] = (pos, distinct, first, first + len(pos))
             first += len(pos)
     plan.nbytes = tuple(nbytes)
+    plan.mixed = _mixed(plan, p, viewed, first)
     return plan
+
+
+def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
+    """:attr:`Plan.mixed`, where every tensor the walk takes one by one was
+    viewed as it is (``viewed``: their specs); ``ndev`` device specs."""
+    walked = [j for pos, distinct, _, _ in plan.runs if distinct is None for j in pos]
+    if not walked or not all(j in viewed for j in walked):
+        return None
+    assert p._meta is not None
+    sub = _repeat_host.HostPlan(None, [], [p._ptrs[j] for j in walked], None, [plan.names[j] for j in walked], None, None)
+    sub.made = [(viewed[j].dtype, viewed[j].shape, viewed[j].shard) for j in walked]
+    sub.copy_now = [viewed[j].copy_now for j in walked]
+    sub.scalars = [k for k, j in enumerate(walked) if len(p._meta[j][1]) == 0]
+    order: List[int] = []
+    h = ndev
+    for pos, distinct, first, end in plan.runs:
+        if distinct is None:
+            order.extend(range(h, h + len(pos)))
+            h += len(pos)
+        else:
+            order.extend(range(first, end))
+    distinct_all = [j for _, distinct, _, _ in plan.runs if distinct is not None for j in distinct]
+    return distinct_all, walked, order, sub
 
 
 def _names(p: Probe, tree: Any) -> Optional[List[str]]:

@@ -32,7 +32,7 @@ import torch
 
 from ._ckpt import TensorSpec
 
-__all__ = ["HostPlan", "make", "emit"]
+__all__ = ["HostPlan", "make", "emit", "take"]
 
 _NAME = operator.attrgetter("name")
 _DATA = operator.attrgetter("data")
@@ -96,6 +96,17 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
     """Add a spec per tensor of ``vals`` (the mapping the plan was made of) to
     the save's specs; False, with nothing added, where a tensor cannot be
     viewed (the walk then says why)."""
+    specs = take(fl, plan, vals, lazy_ptrs)
+    if specs is None:
+        return False
+    fl.out.tensors.extend(specs)
+    fl.names.update(plan.names)
+    return True
+
+
+def take(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> Optional[List[Any]]:
+    """The specs of ``vals`` (the tensors the plan was made of, in order), or
+    None where a tensor cannot be viewed."""
     try:
         datas = list(map(_NUMPY, vals))
     except (RuntimeError, TypeError):
@@ -103,7 +114,7 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
         try:
             datas = _as_bytes(vals)
         except (RuntimeError, TypeError):
-            return False
+            return None
     else:
         for j in plan.scalars:
             datas[j] = datas[j].reshape(1)  # (a 0-d array exports no shape)
@@ -113,12 +124,10 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
         # (None: an optimizer's, all of them left to the background copy; a
         # module's: as the last time, the same tensors.)
         flags = plan.copy_now
-    fl.out.tensors.extend([
+    return [
         TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now, shard=shard)
         for name, (dtype, shape, shard), data, now in zip(plan.names, plan.made, datas, flags)
-    ])
-    fl.names.update(plan.names)
-    return True
+    ]
 
 
 def _as_bytes(vals: List[torch.Tensor]) -> List[Any]:
