@@ -8,7 +8,11 @@
 #
 # It installs the wheel into a private directory (no network, no other
 # package), then runs, each bounded in time and logged under OUT:
-#   1. the CUDA tests, bindings/tests/test_cuda.py (they skip without a GPU);
+#   1. the CUDA tests, bindings/tests/test_cuda.py (they skip without a GPU),
+#      then the stall of a save by phase (evaluator/python/gpu_stall.py, 24
+#      layers of width 256: the tensors of step 2's model, in little memory)
+#      with fused AdamW and with PyTorch's default (foreach: each step count
+#      a CPU tensor), in OUT/stall-{fused,foreach}.json;
 #   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
 #      default size (a GPT-style model with about 4 GiB of model and optimizer
 #      state) with every method, its JSON in OUT/gpu-4g.json (plain lazy also
@@ -36,7 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,35p' "$0" >&2
+  sed -n '2,39p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -86,6 +90,10 @@ if [ "$cuda" != 1 ]; then
   echo "[gpu-check] no CUDA device: the benchmark needs one (the CUDA tests skipped)" >&2
   exit "$status"
 fi
+for opt in fused foreach; do
+  step "stall-$opt" 120 "$py" evaluator/python/gpu_stall.py --dir "$scratch/stall" --json "$out/stall-$opt.json" \
+    --width 256 --saves 5 --optimizer "$opt"
+done
 methods=()
 case "$quick" in
   --ckpt) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)") ;;

@@ -1,6 +1,7 @@
 """A few lines per method of what gpu-check.sh's benchmark JSONs say (the
 whole of them stays under OUT): stalls, slowdown and where it went, restores
-and how their slabs were locked, the stall's phases, and the targets.
+and how their slabs were locked, the stall's phases, and the targets; first,
+the stall by phase with fused and with foreach AdamW (gpu_stall.py).
 
     python3 scripts/gpu_summary.py OUT
 """
@@ -40,7 +41,24 @@ def method_line(m: Dict[str, Any]) -> str:
     return f"  {m['method']}: " + ", ".join(parts)
 
 
+def stall_lines(out: str) -> None:
+    """gpu_stall.py's saves, by AdamW's implementation: first and later stall, and phases."""
+    for opt in ("fused", "foreach"):
+        path = os.path.join(out, f"stall-{opt}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            r = json.load(f)
+        for mode in ("lazy", "eager"):
+            m = r.get(mode)
+            if m:
+                phases = {k: round(v, 2) for k, v in m.get("phases_ms", {}).items()}
+                print(f"stall, {opt} AdamW, {r.get('tensors')} tensors, {mode}: first {m['first_ms']:.1f} ms, "
+                      f"later {m['later_ms']:.1f} ms, phases ms {json.dumps(phases)}")
+
+
 def main(out: str) -> None:
+    stall_lines(out)
     for name in ("gpu-4g.json", "gpu-15g.json"):
         path = os.path.join(out, name)
         if not os.path.exists(path):

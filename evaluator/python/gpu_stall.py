@@ -2,7 +2,7 @@
 timed one by one, and a profile of the Python calls, on ``gpu_bench.py``'s
 model. A diagnosis tool beside the benchmark, not part of the report:
 
-    python gpu_stall.py --dir D [--layers 24] [--width 1024] [--saves 8]
+    python gpu_stall.py --dir D [--layers 24] [--width 1024] [--saves 8] [--optimizer foreach]
 
 For lazy and eager mode, in one process: ``--saves`` saves, two training
 steps apart, each once the previous one is written, each timed whole and by phase (the state dicts, the walk, the
