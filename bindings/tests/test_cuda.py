@@ -132,9 +132,12 @@ def test_a_kernel_queued_just_before_save_shows_in_the_stored_values(url: str, l
 
 @needs_cuda
 @pytest.mark.parametrize("staging", STAGING)
-def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str, staging: int) -> None:
+@pytest.mark.parametrize("fused", [True, False])
+def test_lazy_saves_store_the_values_at_save_while_training_continues(url: str, staging: int, fused: bool) -> None:
+    # Fused AdamW keeps its step counts on the GPU; PyTorch's default (foreach)
+    # on the CPU, beside the moments on the GPU: later saves take both in bulk.
     model = _model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused, foreach=None if fused else True)
     _train(model, opt, 2, 1)
     cp = ckpt.Checkpointer(url, lazy=True, rng=False, device_staging=staging)
     want = {}
