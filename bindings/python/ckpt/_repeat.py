@@ -39,7 +39,6 @@ from functools import partial
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
 
-import numpy as np
 import torch
 
 from . import _repeat_host
@@ -418,6 +417,7 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
         return plan
     # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
     viewed: Dict[int, Any] = {}  # CPU tensors the walk viewed as they are: their specs
+    array = _repeat_host.ndarray()
     specs: Dict[str, Any] = {}
     twice: Set[str] = set()  # (names of DTensors stored in several pieces)
     for t in outs:
@@ -462,9 +462,10 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
             # (a device tensor with a slot of its own at another address: a clone, copied at once)
             if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
                 plan.walk_ptrs = True
-            if (spec is not None and type(data) is np.ndarray and name not in twice
-                    and data.__array_interface__["data"][0] == p._ptrs[j] and data.nbytes == vals[j].nbytes):
-                viewed[j] = spec
+            if spec is not None and array is not None and type(data) is array and name not in twice:
+                view: Any = data
+                if view.__array_interface__["data"][0] == p._ptrs[j] and view.nbytes == vals[j].nbytes:
+                    viewed[j] = spec  # (a CPU tensor viewed as it is)
     if not plan.slot_of or len(srcs) != len(nbytes):
         return None  # nothing to take in bulk, or a slot the walk took that no tensor here explains
     first = 0

@@ -25,14 +25,14 @@ again, for each tensor.
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from ._ckpt import TensorSpec
 
-__all__ = ["HostPlan", "make", "emit", "take"]
+__all__ = ["HostPlan", "make", "emit", "take", "ndarray"]
 
 _NAME = operator.attrgetter("name")
 _DATA = operator.attrgetter("data")
@@ -40,6 +40,14 @@ _COPY_NOW = operator.attrgetter("copy_now")
 _MADE = operator.attrgetter("dtype", "shape", "shard")
 _NBYTES = operator.attrgetter("nbytes")
 _NUMPY = torch.Tensor.numpy
+
+
+def ndarray() -> Any:
+    """numpy's array type, where numpy is imported (the walk views CPU
+    tensors through it); else None: then no spec holds an array, and no plan
+    of CPU tensors is made (ckpt does not need numpy for CUDA state)."""
+    np = sys.modules.get("numpy")
+    return np.ndarray if np is not None else None
 
 
 class HostPlan:
@@ -81,7 +89,8 @@ def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[t
     if len(outs) != n or list(map(_NAME, outs)) != names:
         return None
     datas = list(map(_DATA, outs))
-    if set(map(type, datas)) != {np.ndarray}:
+    array = ndarray()
+    if array is None or set(map(type, datas)) != {array}:
         return None
     if [a.__array_interface__["data"][0] for a in datas] != ptrs or list(map(_NBYTES, datas)) != list(map(_NBYTES, vals)):
         return None
