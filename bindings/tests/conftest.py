@@ -54,22 +54,35 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
     return out
 
 
+def record_results(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> List[Any]:
+    """What each call of ``module.name`` returns, in order, from now on."""
+    out: List[Any] = []
+    real = getattr(module, name)
+
+    def recorded(*args: Any) -> Any:
+        r = real(*args)
+        out.append(r)
+        return r
+
+    monkeypatch.setattr(module, name, recorded)
+    return out
+
+
 @pytest.fixture
 def bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
     """One entry per mapping a save's walk tried to take in bulk from its plan
     (:mod:`ckpt._repeat`): whether it did."""
     import ckpt._repeat as rp
 
-    out: List[bool] = []
-    real = rp._emit
+    return record_results(monkeypatch, rp, "_emit")
 
-    def emit(*args: Any) -> bool:
-        ok = real(*args)
-        out.append(ok)
-        return ok
 
-    monkeypatch.setattr(rp, "_emit", emit)
-    return out
+@pytest.fixture
+def host_bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
+    """The same for mappings of CPU tensors (:mod:`ckpt._repeat_host`)."""
+    import ckpt._repeat_host as rh
+
+    return record_results(monkeypatch, rh, "emit")
 
 
 def python_env() -> dict:

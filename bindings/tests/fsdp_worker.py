@@ -139,32 +139,29 @@ def main() -> None:
     ap.add_argument("--ready", action="store_true", help="train: load_latest first, as a job's fresh start does")
     a = ap.parse_args()
     bulk: list = []  # mappings taken in bulk since the last save
+
+    def record(module: object, name: str) -> None:
+        real = getattr(module, name)
+
+        def emit(*args: object) -> bool:
+            ok = real(*args)
+            bulk.append(ok)
+            return ok
+
+        setattr(module, name, emit)
+
     if a.stand_in:
         import ckpt._repeat as rp
         import cuda_stand_in
 
         cuda_stand_in.install(setattr)
-        real_emit = rp._emit
-
-        def emit(*args: object) -> bool:
-            ok = real_emit(*args)
-            bulk.append(ok)
-            return ok
-
-        rp._emit = emit
+        record(rp, "_emit")
         # Its state counts as CUDA state (a fresh start readies the first save for it).
         ckpt.checkpointer._cuda_device_in = lambda objs: torch.device("cpu")
     else:
         import ckpt._repeat_host as rh
 
-        real_host = rh.emit
-
-        def host_emit(*args: object) -> bool:
-            ok = real_host(*args)
-            bulk.append(ok)
-            return ok
-
-        rh.emit = host_emit
+        record(rh, "emit")
     save_at = {int(x) for x in a.save_at.split(",")}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -13,23 +13,6 @@ from torch import nn
 import ckpt
 
 
-@pytest.fixture
-def host_bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
-    """One entry per mapping a save took from its CPU plan, or tried to: whether it did."""
-    import ckpt._repeat_host as rh
-
-    out: List[bool] = []
-    real = rh.emit
-
-    def emit(*args: Any) -> bool:
-        ok = real(*args)
-        out.append(ok)
-        return ok
-
-    monkeypatch.setattr(rh, "emit", emit)
-    return out
-
-
 def bits(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
