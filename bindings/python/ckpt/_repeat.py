@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections import OrderedDict
 import warnings
 import weakref
 from functools import partial
@@ -216,9 +217,8 @@ class Probe:
         try:
             names = _names(self, tree) if self._meta is not None else None
             if names is not None:
-                raw = copy.deepcopy(meta) if meta is not None else None
                 plan = _repeat_host.make(
-                    self._keys, self._meta or [], self._ptrs, self._layouts, self._vals, names, tree, raw, outs
+                    self._keys, self._meta or [], self._ptrs, self._layouts, self._vals, names, tree, _copied(meta), outs
                 )
         except Exception as e:  # noqa: BLE001 - no plan: the next save walks, as it would
             _failed(self._prefix, e)
@@ -312,6 +312,17 @@ def probe(
     if fl.names.isdisjoint(plan.names) and _emit(fl, plan, vals, lazy_ptrs):
         p.tree = plan.tree
     return p
+
+
+def _copied(meta: Any) -> Any:
+    """A copy of a module state dict's ``_metadata`` (an ordered dict of
+    small dicts of plain values: one per submodule), to compare a later
+    save's with; anything else copied deeply."""
+    if meta is None:
+        return None
+    if type(meta) is OrderedDict and all(type(v) is dict for v in meta.values()):
+        return OrderedDict([(k, dict(v)) for k, v in meta.items()])
+    return copy.deepcopy(meta)
 
 
 def _holds(plan: Any, p: Probe, obj: Mapping[Any, Any]) -> bool:
@@ -412,7 +423,7 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
     plan.layouts = p._layouts
     vals = p._vals
     plan.names, plan.tree = names, tree
-    plan.raw_meta = copy.deepcopy(meta) if meta is not None else None
+    plan.raw_meta = _copied(meta)
     if _in_order(plan, outs, srcs, d0, vals):
         return plan
     # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
