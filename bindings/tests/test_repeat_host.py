@@ -124,16 +124,34 @@ def test_tensors_numpy_cannot_view_are_taken_as_bytes(url: str, host_bulk: List[
     cp.close()
 
 
-def test_a_plan_keeps_no_tensor_alive(url: str, host_bulk: List[bool]) -> None:
-    state = {f"t{i}": torch.full((64,), float(i)) for i in range(10)}
-    refs = [weakref.ref(t) for t in state.values()]
+def test_a_plan_keeps_no_tensor_memory_alive(url: str, host_bulk: List[bool]) -> None:
+    import numpy as np
+
+    # Tensors over numpy arrays: an array dies only once no tensor, view or
+    # storage of its memory is left.
+    arrays = [np.full(64, float(i), dtype=np.float32) for i in range(10)]
+    refs = [weakref.ref(a) for a in arrays]
+    state = {f"t{i}": torch.from_numpy(a) for i, a in enumerate(arrays)}
+    del arrays
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     cp.save(0, state=state).wait()
     cp.save(1, state=state).wait()
     assert host_bulk == [True]
+    # (Nor does the plan hold a tensor or an array itself.)
+    plan = cp._host_plans["state."]
+    held = [getattr(plan, k) for k in type(plan).__slots__]
+    seen, kinds = set(), set()
+    while held:
+        o = held.pop()
+        if id(o) not in seen:
+            seen.add(id(o))
+            kinds.add(type(o))
+            if isinstance(o, (list, tuple, dict, set, frozenset)):
+                held.extend(gc.get_referents(o))
+    assert not kinds & {np.ndarray, torch.Tensor}, kinds
     del state
     gc.collect()
-    assert [r() for r in refs] == [None] * 10
+    assert all(r() is None for r in refs)
     # A new mapping under the same name, which may sit at the freed
     # addresses, is stored with its own values.
     state = {f"t{i}": torch.full((64,), float(100 + i)) for i in range(10)}
