@@ -139,8 +139,8 @@ class Plan:
         #: as PyTorch's Adam and AdamW keep them unless fused or capturable):
         #: ``(positions of the distinct device tensors, positions of the CPU
         #: ones, where each spec goes among the device specs then the CPU
-        #: ones, the CPU tensors' plan)``, so that a save takes both in bulk.
-        self.mixed: Optional[Tuple[List[int], List[int], List[int], _repeat_host.HostPlan]] = None
+        #: ones, how the CPU ones are taken)``, so that a save takes both in bulk.
+        self.mixed: Optional[Tuple[List[int], List[int], List[int], _repeat_host.Views]] = None
 
 
 class Probe:
@@ -298,7 +298,7 @@ def probe(
     hplan = host.get(prefix) if host is not None else None
     if hplan is not None and _holds(hplan, p, obj):
         p._ok = True
-        if fl.names.isdisjoint(hplan.names) and _repeat_host.emit(fl, hplan, vals, lazy_ptrs):
+        if fl.names.isdisjoint(hplan.views.names) and _repeat_host.emit(fl, hplan, vals, lazy_ptrs):
             p.tree = hplan.tree
         return p
     plan = plans.get(prefix) if plans is not None else None
@@ -495,11 +495,12 @@ def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
     walked = [j for pos, distinct, _, _ in plan.runs if distinct is None for j in pos]
     if not walked or not all(j in viewed for j in walked):
         return None
-    assert p._meta is not None
-    sub = _repeat_host.HostPlan(None, [], [p._ptrs[j] for j in walked], None, [plan.names[j] for j in walked], None, None)
-    sub.made = [(viewed[j].dtype, viewed[j].shape, viewed[j].shard) for j in walked]
-    sub.copy_now = [viewed[j].copy_now for j in walked]
-    sub.scalars = [k for k, j in enumerate(walked) if len(p._meta[j][1]) == 0]
+    meta = p._meta
+    assert meta is not None
+    views = _repeat_host.Views(
+        [plan.names[j] for j in walked], [p._ptrs[j] for j in walked], [viewed[j] for j in walked],
+        [meta[j] for j in walked],
+    )
     order: List[int] = []
     h = ndev
     for pos, distinct, first, end in plan.runs:
@@ -509,7 +510,7 @@ def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
         else:
             order.extend(range(first, end))
     distinct_all = [j for _, distinct, _, _ in plan.runs if distinct is not None for j in distinct]
-    return distinct_all, walked, order, sub
+    return distinct_all, walked, order, views
 
 
 def _names(p: Probe, tree: Any) -> Optional[List[str]]:

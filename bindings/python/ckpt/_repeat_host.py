@@ -32,7 +32,7 @@ import torch
 
 from ._ckpt import TensorSpec
 
-__all__ = ["HostPlan", "make", "emit", "take", "ndarray"]
+__all__ = ["HostPlan", "Views", "make", "emit", "take", "ndarray"]
 
 _NAME = operator.attrgetter("name")
 _DATA = operator.attrgetter("data")
@@ -50,33 +50,48 @@ def ndarray() -> Any:
     return np.ndarray if np is not None else None
 
 
+class Views:
+    """How a save takes a run of CPU tensors that the walk viewed as they are:
+    the whole of a :class:`HostPlan`'s mapping, or the CPU tensors of a
+    mapping of CUDA tensors (:attr:`ckpt._repeat.Plan.mixed`)."""
+
+    __slots__ = ("names", "ptrs", "made", "copy_now", "scalars")
+
+    def __init__(self, names: List[str], ptrs: List[int], specs: List[Any], meta: List[Any]) -> None:
+        """From the tensors' names, addresses, the specs the walk made of
+        them and their ``(dtype, shape)``."""
+        self.names = names
+        self.ptrs = ptrs
+        #: Each tensor's ``(dtype, shape, shard)`` as the walk stored it (a
+        #: DTensor: the global shape, or its local tensor's as a piece of it).
+        self.made: List[Tuple[str, Any, Any]] = list(map(_MADE, specs))
+        #: Whether the walk copied each tensor at once (lazy mode).
+        self.copy_now: List[bool] = list(map(_COPY_NOW, specs))
+        #: Positions of 0-d tensors (their views are made 1-d, as the walk's).
+        self.scalars = [j for j, (_, shape) in enumerate(meta) if len(shape) == 0]
+
+
 class HostPlan:
     """What the walk made of one mapping of CPU tensors (see the module docs)."""
 
-    __slots__ = ("keys", "meta", "ptrs", "layouts", "raw_meta", "names", "tree", "made", "copy_now", "scalars")
+    __slots__ = ("keys", "meta", "layouts", "raw_meta", "tree", "views")
 
-    def __init__(
-        self, keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, names: List[str], tree: Any, raw_meta: Any
-    ) -> None:
+    def __init__(self, keys: Any, meta: List[Any], layouts: Any, raw_meta: Any, tree: Any, views: Views) -> None:
         #: What :func:`ckpt._repeat.probe` compares: the keys, each tensor's
-        #: ``(dtype, shape)`` and address (a DTensor's: its local tensor's),
-        #: DTensor layouts (:func:`ckpt._repeat._layout`), the module's ``_metadata``.
+        #: ``(dtype, shape)`` and address (:attr:`ptrs`; a DTensor's: its local
+        #: tensor's), DTensor layouts (:func:`ckpt._repeat._layout`), the
+        #: module's ``_metadata``.
         self.keys = keys
         self.meta = meta
-        self.ptrs = ptrs
         self.layouts = layouts
         self.raw_meta = raw_meta
-        #: Every tensor's name, in the mapping's order.
-        self.names = names
         #: The walked form of the mapping, returned as it is by a save that matches.
         self.tree = tree
-        #: Each tensor's ``(dtype, shape, shard)`` as the walk stored it (a
-        #: DTensor: the global shape, or its local tensor's as a piece of it).
-        self.made: List[Tuple[str, Any, Any]] = []
-        #: Whether the walk copied each tensor at once (lazy mode).
-        self.copy_now: List[bool] = []
-        #: Positions of 0-d tensors (their views are made 1-d, as the walk's).
-        self.scalars: List[int] = []
+        self.views = views
+
+    @property
+    def ptrs(self) -> List[int]:
+        return self.views.ptrs
 
 
 def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[torch.Tensor], names: List[str],
@@ -99,28 +114,24 @@ def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[t
         return None
     if list(map(_NBYTES, datas)) != list(map(_NBYTES, vals)):
         return None
-    plan = HostPlan(keys, meta, ptrs, layouts, names, tree, raw_meta)
-    plan.made = list(map(_MADE, outs))
-    plan.copy_now = list(map(_COPY_NOW, outs))
-    plan.scalars = [j for j, (_, shape) in enumerate(meta) if len(shape) == 0]
-    return plan
+    return HostPlan(keys, meta, layouts, raw_meta, tree, Views(names, ptrs, outs, meta))
 
 
 def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> bool:
     """Add a spec per tensor of ``vals`` (the mapping the plan was made of) to
     the save's specs; False, with nothing added, where a tensor cannot be
     viewed (the walk then says why)."""
-    specs = take(fl, plan, vals, lazy_ptrs)
+    specs = take(fl, plan.views, vals, lazy_ptrs)
     if specs is None:
         return False
     fl.out.tensors.extend(specs)
-    fl.names.update(plan.names)
+    fl.names.update(plan.views.names)
     return True
 
 
-def take(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> Optional[List[Any]]:
-    """The specs of ``vals`` (the tensors the plan was made of, in order), or
-    None where a tensor cannot be viewed."""
+def take(fl: Any, views: Views, vals: List[torch.Tensor], lazy_ptrs: Any) -> Optional[List[Any]]:
+    """The specs of ``vals`` (the tensors ``views`` was made of, in order),
+    or None where a tensor cannot be viewed."""
     try:
         datas = list(map(_NUMPY, vals))
     except (RuntimeError, TypeError):
@@ -130,17 +141,17 @@ def take(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> O
         except (RuntimeError, TypeError):
             return None
     else:
-        for j in plan.scalars:
+        for j in views.scalars:
             datas[j] = datas[j].reshape(1)  # (a 0-d array exports no shape)
     if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)):
-        flags: List[bool] = [p not in lazy_ptrs for p in plan.ptrs]
+        flags: List[bool] = [p not in lazy_ptrs for p in views.ptrs]
     else:
         # (None: an optimizer's, all of them left to the background copy; a
         # module's: as the last time, the same tensors.)
-        flags = plan.copy_now
+        flags = views.copy_now
     return [
         TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now, shard=shard)
-        for name, (dtype, shape, shard), data, now in zip(plan.names, plan.made, datas, flags)
+        for name, (dtype, shape, shard), data, now in zip(views.names, views.made, datas, flags)
     ]
 
 
