@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use ckpt_core::BoxTarget;
 use ckpt_core::{
-    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, Error, Key, Loaded,
-    Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData, Value,
+    BusyPolicy, Capture, CheckpointId, CheckpointerOptions, Compression, CopySource, Error, Key,
+    Loaded, Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData, Value,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -25,6 +25,7 @@ use crate::coord::PyCoordinator;
 use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
 use crate::handle::{SaveHandle, SnapshotBytes};
+use crate::host::HostSpan;
 use crate::results::{GcReport, TensorInfo};
 use crate::runtime::{self, check_pid};
 use crate::slab::{PyReady, SlabSlot};
@@ -247,7 +248,7 @@ impl Checkpointer {
         let mut out = Vec::with_capacity(tensors.len());
         // One source per exported memory span: a weight tied between two
         // modules is staged (and hashed) once.
-        let mut sources: HashMap<(usize, usize), Arc<PySource>> = HashMap::new();
+        let mut sources: HashMap<(usize, usize), Arc<dyn CopySource>> = HashMap::new();
         for t in tensors.iter() {
             let t = t.get();
             let (name, dtype, shape) = (t.name.clone(), t.dtype, t.shape.clone());
@@ -273,11 +274,16 @@ impl Checkpointer {
                 });
                 continue;
             }
-            let src = PySource::new(obj, &name)?;
-            let shared = sources
-                .entry(src.span())
-                .or_insert_with(|| Arc::new(src))
-                .clone();
+            // (A CPU tensor of a repeated save: its storage, no buffer export.)
+            let (span, src): ((usize, usize), Arc<dyn CopySource>) =
+                if let Ok(host) = obj.cast::<HostSpan>() {
+                    let src = host.get().source(py);
+                    (src.span(), Arc::new(src))
+                } else {
+                    let src = PySource::new(obj, &name)?;
+                    (src.span(), Arc::new(src))
+                };
+            let shared = sources.entry(span).or_insert(src).clone();
             // `copy_now`: copied in the stall into staging, in lazy mode too.
             let data = if t.copy_now {
                 TensorData::CopyNow(shared)

@@ -13,6 +13,7 @@ pub mod dest;
 pub mod errors;
 pub mod export;
 pub mod handle;
+pub mod host;
 pub mod results;
 pub mod runtime;
 pub mod slab;
@@ -154,6 +155,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<value::TensorRef>()?;
     m.add_class::<slab::HostSlab>()?;
     m.add_class::<slab::SlabSlot>()?;
+    m.add_class::<host::HostRun>()?;
+    m.add_class::<host::HostSpan>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(_mimalloc_purge_delay, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;

@@ -24,6 +24,8 @@ __all__ = [
     "HostSlab",
     "SlabSlot",
     "SnapshotBytes",
+    "HostRun",
+    "HostSpan",
     "_after_fork_child",
     "_mimalloc_purge_delay",
     "dtypes",
@@ -186,6 +188,32 @@ class SnapshotBytes:
     without a copy (see :meth:`SaveHandle.snapshot_specs`)."""
 
     def __len__(self) -> int: ...
+
+@final
+class HostRun:
+    """The specs of a run of CPU tensors that a loop saves again and again,
+    less their bytes: made once from the specs of the save that walked them,
+    it makes a later save's specs in one call, over the tensors' storages."""
+
+    def __new__(cls, specs: Sequence[TensorSpec]) -> Self: ...
+    def __len__(self) -> int: ...
+    def specs(self, storages: Sequence[Any], ptrs: Sequence[int], copy_now: Sequence[bool]) -> List[TensorSpec]:
+        """One spec per tensor, over ``ptrs[i]`` in the memory of
+        ``storages[i]`` (objects with ``data_ptr()`` and ``nbytes()``, as
+        torch's ``UntypedStorage``). :class:`~ckpt.InvalidInputError` where
+        the lengths differ from the run's, or a tensor's bytes do not lie
+        inside its storage's memory."""
+        ...
+
+@final
+class HostSpan:
+    """A CPU tensor's bytes inside its storage, which it holds (a read-only
+    buffer); made by :meth:`HostRun.specs` only."""
+
+    def __len__(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 @final
 class SaveHandle:

@@ -1,0 +1,289 @@
+//! CPU tensors that a loop saves again and again, taken by their storages.
+//!
+//! The walk of a state hands each CPU tensor to `save` as a numpy view of its
+//! bytes, and the engine takes each view through the buffer protocol. Both
+//! cost more than the rest of a planned save's work per tensor: half a
+//! microsecond for `Tensor.numpy()` in Python, and a boxed `Py_buffer` (with
+//! numpy's shape and format info) in the engine, freed by the copy thread.
+//!
+//! A loop's later saves of the same mapping (`ckpt._repeat_host`) know each
+//! tensor's name, dtype, shape and address already. A [`HostRun`] keeps the
+//! first three, made once from the specs of the save that walked the mapping;
+//! each later save gives it the tensors' storages (`Tensor.untyped_storage()`,
+//! a few tens of nanoseconds each) and addresses, and it makes every spec in
+//! one call. A spec's bytes are a [`HostSpan`]: the address and length of the
+//! tensor's bytes, checked to lie inside its storage, and the storage, held
+//! until the snapshot has copied them. Holding the storage, not the tensor,
+//! is what keeps the memory: a tensor given other memory (`set_`, `.data =`)
+//! does not free the old while a span holds its storage.
+
+use std::os::raw::c_int;
+
+use ckpt_core::{CopySource, DType};
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+
+use crate::args::{Shard, TensorSpec};
+use crate::errors::{invalid, IntoPyResult};
+
+/// The bytes of a CPU tensor: `len` bytes at `ptr`, inside the memory of the
+/// storage it holds. Made by [`HostRun::specs`] only, where the span was
+/// checked against the storage. A read-only buffer (one dimension of bytes)
+/// for anything in Python that reads a spec's data.
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct HostSpan {
+    storage: Py<PyAny>,
+    ptr: usize,
+    len: usize,
+}
+
+#[pymethods]
+impl HostSpan {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.len
+    }
+
+    fn __repr__(&self) -> String {
+        format!("HostSpan({} bytes)", self.len)
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("view is null"));
+        }
+        let (ptr, len) = (slf.get().ptr, slf.get().len);
+        // SAFETY: the span lies in the storage's memory (checked when made),
+        // which the storage keeps, and the span keeps the storage; the view
+        // owns a reference to the span. Read-only: a writable request fails.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
+                len as ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+impl HostSpan {
+    /// The engine's source over these bytes (it holds the storage too).
+    pub fn source(&self, py: Python<'_>) -> HostSource {
+        HostSource {
+            storage: Some(self.storage.clone_ref(py)),
+            ptr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+/// A [`HostSpan`]'s bytes as the snapshot copies them, with its storage held
+/// until the copy is done; the reference is dropped with the GIL, at once, so
+/// that the loop's memory is not kept past the copy.
+pub struct HostSource {
+    storage: Option<Py<PyAny>>,
+    ptr: usize,
+    len: usize,
+}
+
+impl HostSource {
+    /// The memory, as (address, length): tied tensors share one source.
+    pub fn span(&self) -> (usize, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl CopySource for HostSource {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_into(&self, dst: &mut [u8]) -> ckpt_core::Result<()> {
+        if dst.len() != self.len {
+            return Err(ckpt_core::Error::Internal(
+                "staging buffer size mismatch".into(),
+            ));
+        }
+        if self.len > 0 {
+            // SAFETY: the bytes lie in the storage's memory (checked when the
+            // span was made) and the storage is held; the caller of save
+            // promised not to write them until the snapshot is done.
+            let src = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
+            dst.copy_from_slice(src);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostSource {
+    fn drop(&mut self) {
+        if let Some(s) = self.storage.take() {
+            Python::attach(move |_| drop(s));
+        }
+    }
+}
+
+/// One tensor of a [`HostRun`]: what every save of it repeats.
+struct Entry {
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    shard: Option<Py<Shard>>,
+    len: usize,
+}
+
+/// The specs of a run of CPU tensors that a loop saves again and again,
+/// less their bytes: made once from the specs of the save that walked them,
+/// it makes each later save's specs in one call (see the module docs).
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct HostRun {
+    entries: Vec<Entry>,
+}
+
+#[pymethods]
+impl HostRun {
+    /// From the walk's specs of the tensors, in order.
+    #[new]
+    fn new(py: Python<'_>, specs: Vec<Bound<'_, TensorSpec>>) -> PyResult<Self> {
+        let entries = specs
+            .iter()
+            .map(|s| {
+                let s = s.get();
+                let numel = s
+                    .shape
+                    .iter()
+                    .try_fold(1u64, |n, &d| n.checked_mul(d))
+                    .ok_or_else(|| invalid(format!("tensor `{}`: its size overflows", s.name)))?;
+                let len = usize::try_from(s.dtype.byte_len(numel).py()?)
+                    .map_err(|_| invalid(format!("tensor `{}`: too large", s.name)))?;
+                Ok(Entry {
+                    name: s.name.clone(),
+                    dtype: s.dtype,
+                    shape: s.shape.clone(),
+                    shard: s.shard.as_ref().map(|x| x.clone_ref(py)),
+                    len,
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(HostRun { entries })
+    }
+
+    fn __len__(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The specs of this save: one per tensor, over `ptrs[i]` in the memory
+    /// of `storages[i]` (objects with `data_ptr()` and `nbytes()`, as torch's
+    /// `UntypedStorage`), copied at once where `copy_now[i]`.
+    /// `InvalidInputError` where the lists' lengths differ from the run's, or
+    /// a tensor's bytes do not lie inside its storage's memory.
+    fn specs(
+        &self,
+        py: Python<'_>,
+        storages: Vec<Bound<'_, PyAny>>,
+        ptrs: Vec<usize>,
+        copy_now: Vec<bool>,
+    ) -> PyResult<Vec<TensorSpec>> {
+        let n = self.entries.len();
+        if storages.len() != n || ptrs.len() != n || copy_now.len() != n {
+            return Err(invalid(format!(
+                "a run of {n} tensors was given {} storages, {} addresses and {} copy flags",
+                storages.len(),
+                ptrs.len(),
+                copy_now.len()
+            )));
+        }
+        let (data_ptr, nbytes) = (intern!(py, "data_ptr"), intern!(py, "nbytes"));
+        let mut out = Vec::with_capacity(n);
+        for (((e, storage), ptr), now) in self.entries.iter().zip(storages).zip(ptrs).zip(copy_now)
+        {
+            if e.len > 0 {
+                let ask = |what: &Bound<'_, pyo3::types::PyString>| {
+                    storage
+                        .call_method0(what)
+                        .and_then(|v| v.extract::<usize>())
+                        .map_err(|err| {
+                            invalid(format!(
+                                "tensor `{}`: its storage's {what}(): {err}",
+                                e.name
+                            ))
+                        })
+                };
+                let (base, size) = (ask(data_ptr)?, ask(nbytes)?);
+                let inside = ptr >= base
+                    && ptr
+                        .checked_add(e.len)
+                        .zip(base.checked_add(size))
+                        .is_some_and(|(end, limit)| end <= limit);
+                if !inside {
+                    return Err(invalid(format!(
+                        "tensor `{}`: {} bytes at {ptr:#x} are not inside its storage ({size} bytes at {base:#x})",
+                        e.name, e.len
+                    )));
+                }
+            }
+            let span = HostSpan {
+                storage: storage.unbind(),
+                ptr,
+                len: e.len,
+            };
+            out.push(TensorSpec {
+                name: e.name.clone(),
+                dtype: e.dtype,
+                shape: e.shape.clone(),
+                data: Py::new(py, span)?.into_any(),
+                copy_now: now,
+                shard: e.shard.as_ref().map(|x| x.clone_ref(py)),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_copies_its_span_and_refuses_another_size() {
+        let data: Vec<u8> = (0..64u8).collect();
+        // (No storage: the bytes are this test's own, alive throughout.)
+        let src = HostSource {
+            storage: None,
+            ptr: data.as_ptr() as usize + 8,
+            len: 16,
+        };
+        assert_eq!(src.span(), (data.as_ptr() as usize + 8, 16));
+        let mut dst = [0u8; 16];
+        src.copy_into(&mut dst).unwrap();
+        assert_eq!(&dst[..], &data[8..24]);
+        let mut wrong = [0u8; 15];
+        assert!(src.copy_into(&mut wrong).is_err());
+        let empty = HostSource {
+            storage: None,
+            ptr: 0,
+            len: 0,
+        };
+        empty.copy_into(&mut []).unwrap();
+    }
+}
