@@ -495,11 +495,8 @@ def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
     walked = [j for pos, distinct, _, _ in plan.runs if distinct is None for j in pos]
     if not walked or not all(j in viewed for j in walked):
         return None
-    meta = p._meta
-    assert meta is not None
     views = _repeat_host.Views(
-        [plan.names[j] for j in walked], [p._ptrs[j] for j in walked], [viewed[j] for j in walked],
-        [meta[j] for j in walked],
+        [plan.names[j] for j in walked], [p._ptrs[j] for j in walked], [viewed[j] for j in walked]
     )
     order: List[int] = []
     h = ndev

@@ -8,13 +8,17 @@ tensors or more. So the walk of a mapping of CPU tensors records a
 :class:`HostPlan` (names, dtypes, shapes, which tensors were copied at once,
 the walked form), and a later save whose mapping :func:`ckpt._repeat.probe`
 finds the same (keys, dtypes, shapes and addresses, checked in bulk) takes
-its tensors with a few calls that each run over all of them in C: their
-views as bytes, then one spec each. A DTensor (FSDP2 and tensor parallel on
+its tensors with two calls that each run over all of them in C: their
+storages (``Tensor.untyped_storage``), then every spec at once over them
+(:class:`ckpt._ckpt.HostRun`, which checks each tensor's bytes lie in its
+storage). That spares each tensor a numpy view, made in Python, and its
+export through the buffer protocol in the engine. A DTensor (FSDP2 and tensor parallel on
 CPU, under gloo) is taken by its local tensor, as the CUDA plans take it,
 where the walk stored that in one piece (with its layout checked by identity).
 
-A plan holds no tensor and no view of one: each save views the tensors it was
-given, so a plan never keeps memory alive that the loop let go. A tensor under
+A plan holds no tensor, view or storage: each save takes the storages of the
+tensors it was given (and holds them until its copy is done), so a plan never
+keeps memory alive that the loop let go. A tensor under
 the same key, at the same address, of the same dtype and shape, is the same
 tensor as at the last save (the memory the last save viewed, still in use by
 it), so it is copied at once or left to the background copy as then. Where a
@@ -26,20 +30,20 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 import torch
 
-from ._ckpt import TensorSpec
+from ._ckpt import HostRun
+from .errors import InvalidInputError
 
 __all__ = ["HostPlan", "Views", "make", "emit", "take", "ndarray"]
 
 _NAME = operator.attrgetter("name")
 _DATA = operator.attrgetter("data")
 _COPY_NOW = operator.attrgetter("copy_now")
-_MADE = operator.attrgetter("dtype", "shape", "shard")
 _NBYTES = operator.attrgetter("nbytes")
-_NUMPY = torch.Tensor.numpy
+_STORAGE = torch.Tensor.untyped_storage
 
 
 def ndarray() -> Any:
@@ -55,20 +59,18 @@ class Views:
     the whole of a :class:`HostPlan`'s mapping, or the CPU tensors of a
     mapping of CUDA tensors (:attr:`ckpt._repeat.Plan.mixed`)."""
 
-    __slots__ = ("names", "ptrs", "made", "copy_now", "scalars")
+    __slots__ = ("names", "ptrs", "copy_now", "run")
 
-    def __init__(self, names: List[str], ptrs: List[int], specs: List[Any], meta: List[Any]) -> None:
-        """From the tensors' names, addresses, the specs the walk made of
-        them and their ``(dtype, shape)``."""
+    def __init__(self, names: List[str], ptrs: List[int], specs: List[Any]) -> None:
+        """From the tensors' names, addresses and the specs the walk made of them."""
         self.names = names
         self.ptrs = ptrs
-        #: Each tensor's ``(dtype, shape, shard)`` as the walk stored it (a
-        #: DTensor: the global shape, or its local tensor's as a piece of it).
-        self.made: List[Tuple[str, Any, Any]] = list(map(_MADE, specs))
         #: Whether the walk copied each tensor at once (lazy mode).
         self.copy_now: List[bool] = list(map(_COPY_NOW, specs))
-        #: Positions of 0-d tensors (their views are made 1-d, as the walk's).
-        self.scalars = [j for j, (_, shape) in enumerate(meta) if len(shape) == 0]
+        #: Each tensor's name, dtype, shape and piece as the walk stored it (a
+        #: DTensor: the global shape, or its local tensor's as a piece of it),
+        #: from which a later save's specs are made over the tensors' storages.
+        self.run = HostRun(specs)
 
 
 class HostPlan:
@@ -114,13 +116,13 @@ def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[t
         return None
     if list(map(_NBYTES, datas)) != list(map(_NBYTES, vals)):
         return None
-    return HostPlan(keys, meta, layouts, raw_meta, tree, Views(names, ptrs, outs, meta))
+    return HostPlan(keys, meta, layouts, raw_meta, tree, Views(names, ptrs, outs))
 
 
 def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> bool:
     """Add a spec per tensor of ``vals`` (the mapping the plan was made of) to
     the save's specs; False, with nothing added, where a tensor cannot be
-    viewed (the walk then says why)."""
+    taken by its storage (the walk then says why)."""
     specs = take(fl, plan.views, vals, lazy_ptrs)
     if specs is None:
         return False
@@ -130,32 +132,20 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
 
 
 def take(fl: Any, views: Views, vals: List[torch.Tensor], lazy_ptrs: Any) -> Optional[List[Any]]:
-    """The specs of ``vals`` (the tensors ``views`` was made of, in order),
-    or None where a tensor cannot be viewed."""
+    """The specs of ``vals`` (the tensors ``views`` was made of, in order, at
+    the addresses it was made with), or None where a tensor's storage cannot
+    be had or does not hold its bytes (the walk then says why)."""
     try:
-        datas = list(map(_NUMPY, vals))
-    except (RuntimeError, TypeError):
-        # A dtype numpy lacks (bf16, fp8), or a tensor that requires grad: as bytes.
-        try:
-            datas = _as_bytes(vals)
-        except (RuntimeError, TypeError):
-            return None
-    else:
-        for j in views.scalars:
-            datas[j] = datas[j].reshape(1)  # (a 0-d array exports no shape)
+        storages = list(map(_STORAGE, vals))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None  # (a tensor without a storage of its own, as a functional tensor)
     if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)):
         flags: List[bool] = [p not in lazy_ptrs for p in views.ptrs]
     else:
         # (None: an optimizer's, all of them left to the background copy; a
         # module's: as the last time, the same tensors.)
         flags = views.copy_now
-    return [
-        TensorSpec(name=name, dtype=dtype, shape=shape, data=data, copy_now=now, shard=shard)
-        for name, (dtype, shape, shard), data, now in zip(views.names, views.made, datas, flags)
-    ]
-
-
-def _as_bytes(vals: List[torch.Tensor]) -> List[Any]:
-    from .torch import _byte_view  # (ckpt.torch imports this module's importer)
-
-    return [_byte_view(t.detach()) for t in vals]
+    try:
+        return views.run.specs(storages, views.ptrs, flags)
+    except InvalidInputError:
+        return None
