@@ -716,9 +716,8 @@ class Checkpointer:
     def _exporter(self) -> Any:
         if "torch" not in sys.modules:
             return None
-        from .torch import Exporter
-
-        return Exporter(self._pool(_cuda_ready()), self.lazy, self._host_plans)
+        exporter = _exporter_class()
+        return exporter(self._pool(_cuda_ready()), self.lazy, self._host_plans)
 
     def _pool(self, create: bool) -> Any:
         """The slab pool this checkpointer's CUDA saves and restores use (its
@@ -781,6 +780,21 @@ def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
 
 def _nothing() -> None:
     pass
+
+
+_EXPORTER: Any = None
+
+
+def _exporter_class() -> Any:
+    """:class:`ckpt.torch.Exporter`, imported once (torch is imported): an
+    import statement in every save's stall went through the import machinery
+    each time, tens of microseconds."""
+    global _EXPORTER
+    if _EXPORTER is None:
+        from .torch import Exporter
+
+        _EXPORTER = Exporter
+    return _EXPORTER
 
 
 def _cuda_ready() -> bool:

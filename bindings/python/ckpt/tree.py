@@ -299,9 +299,15 @@ def _stateful_lazy_ptrs(obj: Any) -> Tuple[Any, List[Any]]:
         return set(), []
     if isinstance(obj, torch.nn.Module):
         return _Later(obj), []
-    from .torch import lazy_safe_pointers
+    global _LAZY_SAFE
+    if _LAZY_SAFE is None:  # (imported once, not by an import statement in every save)
+        from .torch import lazy_safe_pointers
 
-    return lazy_safe_pointers(obj)
+        _LAZY_SAFE = lazy_safe_pointers
+    return _LAZY_SAFE(obj)
+
+
+_LAZY_SAFE: Optional[Callable[[Any], Tuple[Any, List[Any]]]] = None
 
 
 class _NumpyExporter:
