@@ -121,8 +121,9 @@ pub struct TensorBuffer {
     ptr: usize,
 }
 
-/// Export `len` writable bytes at `ptr`, owned by `owner`, through `view`
-/// (`PyBuffer_FillInfo`: format "B", one dimension, a reference to the owner).
+/// Export `len` bytes at `ptr`, owned by `owner`, through `view`
+/// (`PyBuffer_FillInfo`: format "B", one dimension, a reference to the owner);
+/// `readonly` refuses a writable request.
 ///
 /// # Safety
 /// `view` comes from Python's buffer protocol, and `ptr..ptr + len` stays
@@ -133,6 +134,7 @@ pub unsafe fn export_bytes(
     ptr: usize,
     len: usize,
     flags: c_int,
+    readonly: bool,
 ) -> PyResult<()> {
     if view.is_null() {
         return Err(PyBufferError::new_err("view is null"));
@@ -144,7 +146,7 @@ pub unsafe fn export_bytes(
             owner.as_ptr(),
             ptr as *mut std::ffi::c_void,
             len as ffi::Py_ssize_t,
-            0,
+            c_int::from(readonly),
             flags,
         )
     };
@@ -196,7 +198,7 @@ impl TensorBuffer {
     ) -> PyResult<()> {
         let (ptr, len) = (slf.get().ptr, slf.get().data.len());
         // SAFETY: the bytes live as long as `slf`, which the view owns.
-        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags) }
+        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags, false) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -20,12 +20,12 @@
 use std::os::raw::c_int;
 
 use ckpt_core::{CopySource, DType};
-use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::args::{Shard, TensorSpec};
+use crate::buffer::export_bytes;
 use crate::errors::{invalid, IntoPyResult};
 
 /// The bytes of a CPU tensor: `len` bytes at `ptr`, inside the memory of the
@@ -60,27 +60,11 @@ impl HostSpan {
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("view is null"));
-        }
         let (ptr, len) = (slf.get().ptr, slf.get().len);
         // SAFETY: the span lies in the storage's memory (checked when made),
         // which the storage keeps, and the span keeps the storage; the view
         // owns a reference to the span. Read-only: a writable request fails.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr as *mut std::ffi::c_void,
-                len as ffi::Py_ssize_t,
-                1,
-                flags,
-            )
-        };
-        if rc != 0 {
-            return Err(PyErr::fetch(slf.py()));
-        }
-        Ok(())
+        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags, true) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}

@@ -136,7 +136,7 @@ impl HostSlab {
         let (ptr, len) = (slf.get().slab.address(), slf.get().slab.len());
         // Writable: the glue fills the slots (only while no save holds them).
         // SAFETY: the mapping lives as long as the slab, which the view owns.
-        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags) }
+        unsafe { export_bytes(slf.as_any(), view, ptr, len, flags, false) }
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
