@@ -76,20 +76,6 @@ impl PySource {
     pub fn span(&self) -> (usize, usize) {
         (self.export.ptr, self.export.len)
     }
-
-    /// The bytes, borrowed.
-    ///
-    /// # Safety
-    /// Nobody may write the exporter's memory while the slice is in use (the
-    /// training loop's contract for a snapshot in progress).
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        let Export { ptr, len, .. } = self.export;
-        if len == 0 {
-            return &[];
-        }
-        // SAFETY: the export is held by `self`, so ptr..ptr+len stays mapped.
-        unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
-    }
 }
 
 impl CopySource for PySource {
@@ -98,16 +84,30 @@ impl CopySource for PySource {
     }
 
     fn copy_into(&self, dst: &mut [u8]) -> ckpt_core::Result<()> {
-        if dst.len() != self.export.len {
-            return Err(ckpt_core::Error::Internal(
-                "staging buffer size mismatch".into(),
-            ));
-        }
-        // SAFETY: see `as_slice`; the caller of save promised not to mutate until
-        // the snapshot is done.
-        dst.copy_from_slice(unsafe { self.as_slice() });
-        Ok(())
+        // SAFETY: the export is held by `self`, so its bytes stay mapped; the
+        // caller of save promised not to write them until the snapshot is done.
+        unsafe { copy_span(self.export.ptr, self.export.len, dst) }
     }
+}
+
+/// Copy the `len` bytes at `ptr` into `dst`, which must be as long: what a
+/// snapshot does with each source of CPU memory ([`PySource`], and
+/// [`HostSource`](crate::host::HostSource)).
+///
+/// # Safety
+/// `ptr..ptr + len` is readable memory that nobody writes meanwhile.
+pub(crate) unsafe fn copy_span(ptr: usize, len: usize, dst: &mut [u8]) -> ckpt_core::Result<()> {
+    if dst.len() != len {
+        return Err(ckpt_core::Error::Internal(
+            "staging buffer size mismatch".into(),
+        ));
+    }
+    if len > 0 {
+        // SAFETY: see the function's contract.
+        let src = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        dst.copy_from_slice(src);
+    }
+    Ok(())
 }
 
 /// Loaded tensor bytes, exported as a writable one-dimensional byte buffer.
@@ -220,6 +220,20 @@ mod tests {
         assert_eq!(buf.ptr, buf.data.as_ptr() as usize);
         // Empty data is fine.
         assert_eq!(TensorBuffer::new(Bytes::new()).data.len(), 0);
+    }
+
+    #[test]
+    fn a_span_is_copied_whole_and_only_into_as_many_bytes() {
+        let data: Vec<u8> = (0..64u8).collect();
+        let ptr = data.as_ptr() as usize + 8;
+        let mut dst = [0u8; 16];
+        // SAFETY: the bytes are this test's own, alive throughout.
+        unsafe { copy_span(ptr, 16, &mut dst) }.unwrap();
+        assert_eq!(&dst[..], &data[8..24]);
+        let mut wrong = [0u8; 15];
+        assert!(unsafe { copy_span(ptr, 16, &mut wrong) }.is_err());
+        // An empty span reads nothing, wherever it points.
+        unsafe { copy_span(0, 0, &mut []) }.unwrap();
     }
 
     #[test]

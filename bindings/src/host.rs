@@ -25,7 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::args::{Shard, TensorSpec};
-use crate::buffer::export_bytes;
+use crate::buffer::{copy_span, export_bytes};
 use crate::errors::{invalid, IntoPyResult};
 
 /// The bytes of a CPU tensor: `len` bytes at `ptr`, inside the memory of the
@@ -110,24 +110,6 @@ impl CopySource for HostSource {
     }
 }
 
-/// Copy the `len` bytes at `ptr` into `dst`, which must be as long.
-///
-/// # Safety
-/// `ptr..ptr + len` is readable memory that nobody writes meanwhile.
-unsafe fn copy_span(ptr: usize, len: usize, dst: &mut [u8]) -> ckpt_core::Result<()> {
-    if dst.len() != len {
-        return Err(ckpt_core::Error::Internal(
-            "staging buffer size mismatch".into(),
-        ));
-    }
-    if len > 0 {
-        // SAFETY: see the function's contract.
-        let src = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
-        dst.copy_from_slice(src);
-    }
-    Ok(())
-}
-
 impl Drop for HostSource {
     fn drop(&mut self) {
         if let Some(s) = self.storage.take() {
@@ -162,11 +144,7 @@ impl HostRun {
             .iter()
             .map(|s| {
                 let s = s.get();
-                let numel = s
-                    .shape
-                    .iter()
-                    .try_fold(1u64, |n, &d| n.checked_mul(d))
-                    .ok_or_else(|| invalid(format!("tensor `{}`: its size overflows", s.name)))?;
+                let numel = ckpt_core::numel(&s.shape).py()?;
                 let len = usize::try_from(s.dtype.byte_len(numel).py()?)
                     .map_err(|_| invalid(format!("tensor `{}`: too large", s.name)))?;
                 Ok(Entry {
@@ -250,26 +228,5 @@ impl HostRun {
             });
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    // (On the copy alone: a `HostSource` drops its storage with the GIL, and
-    // the workspace's test binaries are not linked against Python.)
-    #[test]
-    fn a_span_is_copied_whole_and_only_into_as_many_bytes() {
-        let data: Vec<u8> = (0..64u8).collect();
-        let ptr = data.as_ptr() as usize + 8;
-        let mut dst = [0u8; 16];
-        // SAFETY: the bytes are this test's own, alive throughout.
-        unsafe { copy_span(ptr, 16, &mut dst) }.unwrap();
-        assert_eq!(&dst[..], &data[8..24]);
-        let mut wrong = [0u8; 15];
-        assert!(unsafe { copy_span(ptr, 16, &mut wrong) }.is_err());
-        // An empty span reads nothing, wherever it points.
-        unsafe { copy_span(0, 0, &mut []) }.unwrap();
     }
 }

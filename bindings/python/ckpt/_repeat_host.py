@@ -12,18 +12,19 @@ its tensors with two calls that each run over all of them in C: their
 storages (``Tensor.untyped_storage``), then every spec at once over them
 (:class:`ckpt._ckpt.HostRun`, which checks each tensor's bytes lie in its
 storage). That spares each tensor a numpy view, made in Python, and its
-export through the buffer protocol in the engine. A DTensor (FSDP2 and tensor parallel on
-CPU, under gloo) is taken by its local tensor, as the CUDA plans take it,
-where the walk stored that in one piece (with its layout checked by identity).
+export through the buffer protocol in the engine. A DTensor (FSDP2 and
+tensor parallel on CPU, under gloo) is taken by its local tensor, as the
+CUDA plans take it, where the walk stored that in one piece (with its layout
+checked by identity).
 
 A plan holds no tensor, view or storage: each save takes the storages of the
 tensors it was given (and holds them until its copy is done), so a plan never
-keeps memory alive that the loop let go. A tensor under
-the same key, at the same address, of the same dtype and shape, is the same
-tensor as at the last save (the memory the last save viewed, still in use by
-it), so it is copied at once or left to the background copy as then. Where a
-set of lazy-safe addresses was given (a DCP ``AppState``), it is looked up
-again, for each tensor.
+keeps memory alive that the loop let go. A tensor under the same key, at the
+same address, of the same dtype and shape, is the same tensor as at the last
+save (the memory the last save took, still in use by it), so it is copied at
+once or left to the background copy as then. Where a set of lazy-safe
+addresses was given (a DCP ``AppState``), it is looked up again, for each
+tensor.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def take(fl: Any, views: Views, vals: List[torch.Tensor], lazy_ptrs: Any) -> Opt
     try:
         storages = list(map(_STORAGE, vals))
     except (RuntimeError, TypeError, NotImplementedError):
-        return None  # (a tensor without a storage of its own, as a functional tensor)
+        # (A tensor whose storage cannot be had, as a functional tensor's or a
+        # subclass's that does not implement it: the walk takes it as it can.)
+        return None
     if fl.lazy and isinstance(lazy_ptrs, (set, frozenset)):
         flags: List[bool] = [p not in lazy_ptrs for p in views.ptrs]
     else:
