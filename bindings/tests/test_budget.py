@@ -1,5 +1,6 @@
 """Background work yields to training: the engine's threads run at a lower
-priority than the caller, and the CPU budget is a process-wide setting."""
+priority than the caller, as batch work, and the CPU budget is a process-wide
+setting."""
 
 import os
 import sys
@@ -30,10 +31,17 @@ def test_the_engine_threads_run_below_the_caller(tmp_path):
     mine = _nice(_main_tid())
     engine = list(_threads("ckpt-io"))
     assert engine, "no engine thread found"
-    expected = min(mine + int(os.environ.get("CKPT_BACKGROUND_NICE", "10")), 19)
+    lowered_by = int(os.environ.get("CKPT_BACKGROUND_NICE", "10"))
+    expected = min(mine + lowered_by, 19)
     assert all(_nice(t) == expected for t in engine), [(_nice(t), t) for t in engine]
+    # Batch work: waking one never preempts the thread that called save.
+    policy = os.SCHED_BATCH if lowered_by > 0 else os.SCHED_OTHER
+    assert all(os.sched_getscheduler(t) == policy for t in engine), [
+        (os.sched_getscheduler(t), t) for t in engine
+    ]
     # The caller itself was not touched.
     assert _nice(_main_tid()) == mine
+    assert os.sched_getscheduler(_main_tid()) == os.SCHED_OTHER
 
 
 def _main_tid() -> int:

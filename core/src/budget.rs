@@ -15,11 +15,13 @@
 //! elsewhere in the process wait for: await instead.
 //!
 //! Priority is the other half: [`lower_priority`] makes the calling thread
-//! yield to the training's threads. Call it from the `on_thread_start` of the
-//! runtime that runs the engine's background work (the Python package does so
-//! for its runtime, with `CKPT_BACKGROUND_NICE`, default 10). The snapshot copy
-//! of an eager save runs on the thread that calls `save`, so the stall keeps the
-//! caller's priority.
+//! yield to the training's threads: a higher nice value, and batch scheduling,
+//! so that waking it (a save handing its snapshot or persist to the
+//! background) never preempts the thread that woke it. Call it from the
+//! `on_thread_start` of the runtime that runs the engine's background work
+//! (the Python package does so for its runtime, with `CKPT_BACKGROUND_NICE`,
+//! default 10). The snapshot copy of an eager save runs on the thread that
+//! calls `save`, so the stall keeps the caller's priority.
 //!
 //! ```
 //! # async fn demo() -> ckpt_core::Result<()> {
@@ -96,9 +98,23 @@ pub async fn run_cpu<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
 /// an already lowered one (a blocking-pool thread spawned from a worker) ends
 /// at the same level, not twice as low. Raising priority back needs
 /// privileges, so call this only on threads that do background work.
+///
+/// With `nice` above 0 the thread is also marked batch work (Linux's
+/// `SCHED_BATCH`, which keeps the nice value): the scheduler then never
+/// preempts a running thread to run it when it is woken, and it gets a core at
+/// the next scheduler tick or when one is free. On a host whose cores the
+/// training keeps busy, a save that wakes its background threads would
+/// otherwise often lose its core to one of them for a whole time slice
+/// (milliseconds) before returning. Measured on 2 cores busy with training:
+/// about half of the lazy saves stalled 2-8 ms instead of under 1 ms, about a
+/// fifth under batch scheduling (a thread whose time slice is spent can still
+/// be descheduled then); the loop's slowdown stayed the same.
 pub fn lower_priority(nice: i32) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
+        if nice > 0 {
+            batch_scheduling()?;
+        }
         // SAFETY: plain system calls about this process's threads; no memory is shared.
         unsafe {
             let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
@@ -113,6 +129,25 @@ pub fn lower_priority(nice: i32) -> std::io::Result<()> {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = nice;
+    Ok(())
+}
+
+/// Put the calling thread under `SCHED_BATCH`, keeping its nice value (the
+/// legacy `sched_setscheduler` call leaves it as it is); a thread that is not
+/// under the default policy (real-time, idle) is left alone.
+#[cfg(target_os = "linux")]
+fn batch_scheduling() -> std::io::Result<()> {
+    // SAFETY: plain system calls about the calling thread (pid 0); the
+    // parameter struct lives across the call.
+    unsafe {
+        if libc::sched_getscheduler(0) != libc::SCHED_OTHER {
+            return Ok(());
+        }
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 
@@ -171,6 +206,31 @@ mod tests {
             .unwrap();
             assert_eq!(first, (main + 5).min(19));
             assert_eq!(second, first);
+        }
+    }
+
+    #[test]
+    fn a_lowered_thread_is_batch_work_and_its_caller_is_not() {
+        #[cfg(target_os = "linux")]
+        {
+            let policy = || unsafe { libc::sched_getscheduler(0) };
+            let before = policy();
+            let (lowered, kept) = std::thread::spawn(move || {
+                let kept = std::thread::spawn(move || {
+                    lower_priority(0).unwrap();
+                    policy()
+                })
+                .join()
+                .unwrap();
+                lower_priority(3).unwrap();
+                (policy(), kept)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(lowered, libc::SCHED_BATCH);
+            // Nice 0 keeps the caller's scheduling whole.
+            assert_eq!(kept, before);
+            assert_eq!(policy(), before);
         }
     }
 }
