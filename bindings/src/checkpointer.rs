@@ -354,6 +354,21 @@ impl Checkpointer {
         Ok(SaveHandle::spawn(&rt, handle, None))
     }
 
+    /// Ready the staging memory of a save whose copied tensors have these
+    /// byte lengths: mapped, its pages faulted in now (with the GIL
+    /// released), not in that save's copy. Best effort within the staging
+    /// budget; returns the bytes readied. Blocks for about as long as a first
+    /// copy of those bytes would take: call it off the training thread.
+    fn ready_staging(&self, py: Python<'_>, lens: Vec<usize>) -> PyResult<u64> {
+        let cp = self.core()?.clone();
+        py.detach(move || cp.ready_staging(&lens)).map_err(to_py)
+    }
+
+    /// Bytes of staging memory held idle between saves (reused by the next).
+    fn staging_idle_bytes(&self) -> PyResult<u64> {
+        Ok(self.core()?.staging_idle_bytes())
+    }
+
     /// Block until every save started so far is committed or failed.
     ///
     /// Raises `CheckpointTimeoutError` after `timeout` seconds.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -196,6 +197,8 @@ class Checkpointer:
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
         self._ahead_hooks_off: Callable[[], None] = _nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
+        #: The thread readying the first save's staging memory, while it runs (:meth:`_rehearse`).
+        self._readying: Optional[threading.Thread] = None
         #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._repeat_host`).
         self._host_plans: Dict[str, Any] = {}
         # Another checkpointer whose slab pool this one uses (the memory tier's
@@ -471,18 +474,17 @@ class Checkpointer:
         return restored
 
     def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
-        """A fresh start of a job with CUDA state: ready its first save, so
-        that it is like any later one (see :mod:`ckpt._ahead`). Its slab is
-        mapped and page-locked in the background: half the ``staging_budget``
-        now, else the state's CUDA bytes once its optimizers have stepped;
-        then the state is walked once (:meth:`_rehearse`)."""
-        if self._read_only or self._pool_of is not None or not _cuda_ready():
+        """A fresh start of a job with torch state: ready its first save, so
+        that it is like any later one (see :mod:`ckpt._ahead`). With CUDA
+        state, its slab is mapped and page-locked in the background: half the
+        ``staging_budget`` now, else the state's CUDA bytes once its
+        optimizers have stepped. Then (CPU state too) the state is walked once
+        (:meth:`_rehearse`)."""
+        if self._read_only or self._pool_of is not None or "torch" not in sys.modules:
             return
         objs = [state, *named.values()]
-        device = _cuda_device_in(objs)
-        if device is None:
-            return
-        if self._staging_budget is not None:
+        device = _cuda_device_in(objs) if _cuda_ready() else None
+        if device is not None and self._staging_budget is not None:
             self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
         me = weakref.ref(self)
 
@@ -490,7 +492,7 @@ class Checkpointer:
             cp = me()
             if cp is None or cp._closed:
                 return
-            if cp._staging_budget is None:
+            if device is not None and cp._staging_budget is None:
                 try:
                     nbytes, count = _ahead.cuda_bytes(objs, device)
                     cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
@@ -507,57 +509,83 @@ class Checkpointer:
             ready()
 
     def _ready_restored(self, state: Any, named: Dict[str, Any]) -> None:
-        """After a restore of CUDA state: the restored state is the first
+        """After a restore of torch state: the restored state is the first
         save's, walked once now (:meth:`_rehearse`), also by a checkpointer
         that saves through another's pool (the memory tier's: the plans are
         the pool's)."""
-        if self._read_only or not _cuda_ready():
+        if self._read_only or "torch" not in sys.modules:
             return
-        if _cuda_device_in([state, *named.values()]) is not None:
-            self._rehearse(state, named)
+        self._rehearse(state, named)
 
     def _rehearse(self, state: Any, named: Dict[str, Any]) -> None:
         """Walk the state as a save would, saving nothing, so that the first
         save is like a loop's later ones: it takes its mappings in bulk
         (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
-        a slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`).
-        A first save's stall was 2-3x a later one's, most of it the walk
-        without plans. Called where the state is whole, out of any save:
-        after a restore, and after a fresh start's first optimizer steps.
-        Then a full collection of the garbage collector, which the new plans
-        could otherwise bring due inside the first save (:func:`ckpt._gc.collect_now`).
-        Best effort: the save itself reports what is wrong."""
+        a slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
+        and copies its CPU tensors into staging memory already mapped (on a
+        thread of its own now, :meth:`_ready_staging`). A first save's stall
+        was 2-3x a later one's, most of it the walk without plans; on the CPU,
+        an eager one's was 13x, most of it page faults. Called where the state
+        is whole, out of any save: after a restore, and after a fresh start's
+        first optimizer steps. Then a full collection of the garbage
+        collector, which the new plans could otherwise bring due inside the
+        first save (:func:`ckpt._gc.collect_now`). Best effort: the save
+        itself reports what is wrong."""
         exporter = self._exporter()
         if exporter is None:
             return
-        pool = self._pool(True)
-        pool.forget_layout()  # (a walk ahead takes no slab)
+        pool = self._pool(_cuda_ready())
+        if pool is not None:
+            pool.forget_layout()  # (a walk ahead takes no slab)
         try:
-            lens = self._walk_ahead(exporter, state, named)
+            lens, host = self._walk_ahead(exporter, state, named)
             exporter.make_plans()
-            if lens:
+            if lens and pool is not None:
                 pool.lay_out_ahead(lens)
+            if host and self._pool_of is None:
+                self._ready_staging(host)
         except Exception as e:  # noqa: BLE001 - in a restore's return or a training step: only a stall is at stake
             warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
                           "the state itself", RuntimeWarning, stacklevel=2)
         collect_now()
 
-    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> List[int]:
+    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[int]]:
         """:meth:`_rehearse`'s walk, as ``_save`` walks (the RNG state too);
-        the slot lengths of its CUDA tensors, or none where it failed (the
-        first save walks, and raises what this met). Nothing is queued: its
-        device copies are let go (buffers' clones are dropped)."""
+        the slot lengths of its CUDA tensors and the byte lengths of its CPU
+        tensors (each memory span once, as the engine stages them), or none
+        where it failed (the first save walks, and raises what this met).
+        Nothing is queued: its device copies are let go (buffers' clones are
+        dropped)."""
         try:
             local = {"rng": RNGState()} if self._rng else None
             with collector_paused():
-                flatten(self._entries(state, named), self.lazy, exporter, local, _own.name(self._own_identity()[0]))
-            return exporter.device.lens() if exporter.device is not None else []
+                flat = flatten(self._entries(state, named), self.lazy, exporter, local,
+                               _own.name(self._own_identity()[0]))
+            lens = exporter.device.lens() if exporter.device is not None else []
+            return lens, _host_lens(flat.tensors)
         except Exception:  # noqa: BLE001 - see above
             exporter.later = []
-            return []
+            return [], []
         finally:
             if exporter.device is not None:
                 exporter.device.abandon()
+
+    def _ready_staging(self, lens: List[int]) -> None:
+        """Map and fault in the staging memory the first save copies CPU
+        tensors of these lengths into, on a thread of its own (it takes
+        about as long as that copy would; with the GIL released)."""
+        native = self._native
+
+        def run() -> None:
+            try:
+                native.ready_staging(lens)
+            except Exception as e:  # noqa: BLE001 - best effort: the save maps its own
+                warnings.warn(f"ckpt: no staging memory readied for the first save ({type(e).__name__}: {e})",
+                              RuntimeWarning, stacklevel=2)
+
+        t = threading.Thread(target=run, name="ckpt-ready-staging", daemon=True)
+        self._readying = t
+        t.start()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
@@ -795,6 +823,23 @@ def _exporter_class() -> Any:
 
         _EXPORTER = Exporter
     return _EXPORTER
+
+
+def _host_lens(specs: List[Any]) -> List[int]:
+    """The byte lengths the engine stages for these specs' CPU buffers: one
+    per memory span (a tied weight is staged once), none for device copies."""
+    seen = set()
+    out = []
+    for s in specs:
+        data = s.data
+        face = getattr(data, "__array_interface__", None)
+        if face is None:
+            continue  # (slab slots and pending device copies: no staging)
+        key = (face["data"][0], data.nbytes)
+        if key not in seen:
+            seen.add(key)
+            out.append(data.nbytes)
+    return out
 
 
 def _cuda_ready() -> bool:

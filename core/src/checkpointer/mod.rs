@@ -114,6 +114,23 @@ impl Checkpointer {
         self.inner.pool.lock_unpoisoned().clone()
     }
 
+    /// Ready the staging memory of a save whose copied tensors have these
+    /// byte lengths, before it comes: the buffers are mapped and their pages
+    /// faulted in now, so that the save's copy (an eager save's stall, a lazy
+    /// one's background) writes into memory that is already there, as every
+    /// later save does. Blocks meanwhile: call it off the training thread.
+    /// Best effort within the budget (see [`StagingPool::ready_ahead`]);
+    /// returns the bytes readied.
+    pub fn ready_staging(&self, lens: &[usize]) -> Result<u64> {
+        let bytes = lens.iter().map(|&l| l as u64).sum();
+        self.staging_for(bytes).ready_ahead(lens)
+    }
+
+    /// Bytes of staging memory held idle between saves (see [`ready_staging`](Self::ready_staging)).
+    pub fn staging_idle_bytes(&self) -> u64 {
+        self.staging().map_or(0, |p| p.idle_bytes())
+    }
+
     /// Number of chunks known to be stored.
     pub fn known_chunks(&self) -> usize {
         self.inner.chunks.len()

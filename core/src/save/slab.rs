@@ -25,7 +25,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::staging::pages::PageBuf;
+use crate::staging::pages::{populate_range, PageBuf};
 use crate::staging::{LEAD_MIN, STAGING_LEAD};
 
 const PAGE: usize = 4096;
@@ -166,42 +166,6 @@ impl Slab {
             }
         });
         Ok(())
-    }
-}
-
-/// Bytes populated per call: the kernel holds the process's address-space
-/// lock (read) through each call, and a thread of the training that maps
-/// memory meanwhile waits for it (populating 4 GiB in 512 MiB calls stalled a
-/// save on the training thread by 0.14 s; 15 GiB by 0.77 s).
-const POPULATE_PIECE: usize = 16 << 20;
-
-/// Fault in `[at, at + len)` (page-aligned `at`) for writing.
-fn populate_range(at: usize, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        // MADV_POPULATE_WRITE (Linux 5.14): the kernel maps the pages without
-        // the data changing. Older kernels refuse it; then touch each page.
-        const MADV_POPULATE_WRITE: libc::c_int = 23;
-        let mut p = at;
-        while p < at + len {
-            let n = POPULATE_PIECE.min(at + len - p);
-            // SAFETY: advice about pages of the slab's own mapping.
-            if unsafe { libc::madvise(p as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0 {
-                break;
-            }
-            p += n;
-        }
-        if p >= at + len {
-            return;
-        }
-    }
-    let mut p = at;
-    while p < at + len {
-        // SAFETY: inside the slab's mapping, which nothing else uses while it
-        // is not in use; a zero is written where a zero already is (fresh
-        // anonymous pages) or over bytes the next fill overwrites.
-        unsafe { std::ptr::write_volatile(p as *mut u8, std::ptr::read_volatile(p as *const u8)) };
-        p += PAGE;
     }
 }
 

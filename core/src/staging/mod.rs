@@ -172,6 +172,51 @@ impl StagingPool {
             .collect())
     }
 
+    /// Ready idle buffers for a save that will ask for `lens`, ahead of it:
+    /// mapped, and their pages faulted in now instead of during the save's
+    /// copy (a process's first eager save of a GPT-2's 166 MiB spent 130 ms
+    /// of its 134 ms stall there, against 10 ms for a later save). Lengths
+    /// that idle buffers already cover are skipped. Takes only budget that is
+    /// free now: it never waits, and never frees other idle buffers; what does
+    /// not fit is left to the save. Blocks for the page faults (about as long
+    /// as that first copy): call it off the training thread. Returns the bytes
+    /// readied.
+    pub fn ready_ahead(&self, lens: &[usize]) -> Result<u64> {
+        // How many buffers of each mapped length the save takes.
+        let mut want: HashMap<usize, (usize, usize)> = HashMap::new();
+        for &len in lens {
+            want.entry(len + lead(len)).or_insert((len, 0)).1 += 1;
+        }
+        let mut readied = 0u64;
+        for (mapped, (len, n)) in want {
+            let have = self
+                .inner
+                .idle
+                .lock_unpoisoned()
+                .get(&mapped)
+                .map_or(0, Vec::len);
+            for _ in have..n {
+                let sem = self.inner.sem.clone();
+                let free = u32::try_from(pages(len as u64))
+                    .ok()
+                    .and_then(|p| sem.try_acquire_many_owned(p).ok());
+                let Some(permit) = free else {
+                    return Ok(readied);
+                };
+                let buf = PageBuf::zeroed(mapped)?;
+                buf.populate();
+                readied += len as u64;
+                self.inner
+                    .idle
+                    .lock_unpoisoned()
+                    .entry(mapped)
+                    .or_default()
+                    .push((buf, permit));
+            }
+        }
+        Ok(readied)
+    }
+
     fn take_idle(&self, len: usize) -> Option<StagingBuf> {
         let mut idle = self.inner.idle.lock_unpoisoned();
         let (data, permit) = idle.get_mut(&(len + lead(len)))?.pop()?;
@@ -280,6 +325,40 @@ mod tests {
             assert_eq!(lens, [LEAD_MIN, LEAD_MIN - 1, 3 << 20]);
             drop(bufs);
         }
+    }
+
+    /// Buffers readied ahead are the ones a save of those lengths takes;
+    /// readying again adds nothing, and it never takes budget held elsewhere.
+    #[tokio::test]
+    async fn buffers_readied_ahead_are_what_the_save_takes() {
+        let lens = [3 << 20, 4096, 4096, LEAD_MIN];
+        let pool = StagingPool::new(8 << 20);
+        let total: u64 = lens.iter().map(|&l| l as u64).sum();
+        assert_eq!(pool.ready_ahead(&lens).unwrap(), total);
+        assert_eq!(pool.idle_bytes(), total + 2 * STAGING_LEAD as u64);
+        assert_eq!(pool.ready_ahead(&lens).unwrap(), 0, "already ready");
+        let idle: Vec<usize> = {
+            let idle = pool.inner.idle.lock_unpoisoned();
+            let mut v: Vec<usize> = idle
+                .values()
+                .flatten()
+                .map(|(b, _)| b.as_slice().as_ptr() as usize)
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let mut bufs = pool.acquire(&lens, BusyPolicy::Skip, 1).await.unwrap();
+        let mut taken: Vec<usize> = bufs
+            .iter_mut()
+            .map(|b| b.as_mut_slice().as_ptr() as usize - b.at)
+            .collect();
+        taken.sort_unstable();
+        assert_eq!(taken, idle, "the save took the readied buffers");
+        assert_eq!(pool.idle_bytes(), 0);
+        // While they are in use, readying more takes only the free budget
+        // (8 MiB less the 3 MiB and change held): one more 3 MiB buffer.
+        assert_eq!(pool.ready_ahead(&[3 << 20, 3 << 20]).unwrap(), 3 << 20);
+        drop(bufs);
     }
 
     #[tokio::test]

@@ -14,6 +14,10 @@ use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
+/// The page size the fallback of `populate_range` steps by (the smallest
+/// page of the platforms ckpt runs on; a larger page is touched several times).
+const PAGE: usize = 4096;
+
 /// Buffers at least this long ask for transparent huge pages.
 const HUGE: usize = 2 << 20;
 
@@ -97,6 +101,16 @@ impl PageBuf {
         }
     }
 
+    /// Map every page now (for writing), not at the first copy into it:
+    /// a first snapshot into fresh memory spent most of its time in page
+    /// faults. Nothing may use the buffer meanwhile (on kernels without
+    /// `MADV_POPULATE_WRITE` each page's first byte is read and written back).
+    pub fn populate(&self) {
+        if self.mapped > 0 {
+            populate_range(self.ptr.as_ptr() as usize, self.mapped);
+        }
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes of the mapping (or a dangling pointer with 0),
         // initialised (zero or written), borrowed for the lifetime of `self`.
@@ -106,6 +120,42 @@ impl PageBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the borrow exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Bytes populated per call: the kernel holds the process's address-space
+/// lock (read) through each call, and a thread of the training that maps
+/// memory meanwhile waits for it (populating 4 GiB in 512 MiB calls stalled a
+/// save on the training thread by 0.14 s; 15 GiB by 0.77 s).
+const POPULATE_PIECE: usize = 16 << 20;
+
+/// Fault in `[at, at + len)` (page-aligned `at`) for writing.
+pub(crate) fn populate_range(at: usize, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // MADV_POPULATE_WRITE (Linux 5.14): the kernel maps the pages without
+        // the data changing. Older kernels refuse it; then touch each page.
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        let mut p = at;
+        while p < at + len {
+            let n = POPULATE_PIECE.min(at + len - p);
+            // SAFETY: advice about pages of the caller's own mapping.
+            if unsafe { libc::madvise(p as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0 {
+                break;
+            }
+            p += n;
+        }
+        if p >= at + len {
+            return;
+        }
+    }
+    let mut p = at;
+    while p < at + len {
+        // SAFETY: inside the caller's mapping, which nothing else uses
+        // meanwhile; a zero is written where a zero already is (fresh
+        // anonymous pages) or over bytes the next fill overwrites.
+        unsafe { std::ptr::write_volatile(p as *mut u8, std::ptr::read_volatile(p as *const u8)) };
+        p += PAGE;
     }
 }
 

@@ -1,0 +1,112 @@
+"""A CPU job's first save readied ahead of it, as later saves find theirs:
+the walk's plans made, and the staging memory its copies go to mapped and
+faulted in (``Checkpointer._rehearse``), after a fresh start's first
+optimizer step or a restore."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import pytest
+import torch
+from torch import nn
+
+import ckpt
+
+
+class Tied(nn.Module):
+    """An embedding whose weight the head shares (as GPT-2's), and a layer between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(512, 64)  # 128 KiB, saved under two names
+        self.mid = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 512, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(self.emb(x))))
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(0, 512, (4, 8), generator=g)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def staged_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """The bytes a save copies: each tensor's memory once (the tied weight too)."""
+    seen: Dict[int, int] = {}
+    tensors = list(model.state_dict().values())
+    for s in opt.state_dict()["state"].values():
+        tensors += [v for v in s.values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        seen[t.data_ptr()] = t.nbytes
+    return sum(seen.values())
+
+
+def readied(cp: ckpt.Checkpointer) -> int:
+    if cp._readying is not None:
+        cp._readying.join(timeout=60)
+    return cp._native.staging_idle_bytes()
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_a_fresh_start_readies_its_first_save_after_the_first_step(tmp_path, lazy):
+    torch.manual_seed(0)
+    model = Tied()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cp = ckpt.Checkpointer(f"file://{tmp_path}", lazy=lazy, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    # Nothing before the optimizer state exists.
+    assert readied(cp) == 0 and not cp._host_plans
+    train(model, opt, 1)
+    want = staged_bytes(model, opt)
+    got = readied(cp)
+    # Every span once: the tied weight is not readied twice (128 KiB more), and
+    # each buffer adds at most its 16-byte lead.
+    assert want <= got <= want + 16 * 64, (got, want)
+    assert cp._host_plans, "the walk's plans were made ahead"
+    train(model, opt, 2)
+    expect = {k: bits(v) for k, v in model.state_dict().items()}
+    h = cp.save(2, model=model, optimizer=opt)
+    train(model, opt, 3)  # (lazy: the step waits for the snapshot)
+    h.wait()
+    # The save copied into the readied buffers: back in the pool after it, and
+    # no more of them than before (new ones would have doubled the idle bytes).
+    assert cp._native.staging_idle_bytes() == got
+    saved = cp.read(2).state["model"]
+    assert {k: bits(v) for k, v in saved.items()} == expect
+    cp.close()
+
+
+def test_a_restore_readies_the_next_save_and_a_reader_readies_nothing(tmp_path):
+    torch.manual_seed(0)
+    model = Tied()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, opt, 1)
+    with ckpt.Checkpointer(f"file://{tmp_path}", rng=False) as cp:
+        cp.save(1, model=model, optimizer=opt).wait()
+
+    fresh = Tied()
+    fopt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    train(fresh, fopt, 7)  # (other values; its optimizer state exists)
+    reader = ckpt.Checkpointer(f"file://{tmp_path}", rng=False, read_only=True)
+    assert reader.load_latest(model=fresh, optimizer=fopt) == 1
+    assert readied(reader) == 0
+    reader.close()
+
+    cp = ckpt.Checkpointer(f"file://{tmp_path}", rng=False)
+    assert cp.load_latest(model=fresh, optimizer=fopt) == 1
+    want = staged_bytes(fresh, fopt)
+    got = readied(cp)
+    assert want <= got <= want + 16 * 64, (got, want)
+    cp.save(2, model=fresh, optimizer=fopt).wait()
+    assert cp._native.staging_idle_bytes() == got
+    cp.close()
