@@ -104,9 +104,39 @@ def test_a_restore_readies_the_next_save_and_a_reader_readies_nothing(tmp_path):
 
     cp = ckpt.Checkpointer(f"file://{tmp_path}", rng=False)
     assert cp.load_latest(model=fresh, optimizer=fopt) == 1
+    # Not in the restore's return (a restart's first step would wait for it):
+    # after the optimizer's next step.
+    assert readied(cp) == 0 and not cp._host_plans
+    train(fresh, fopt, 8)
     want = staged_bytes(fresh, fopt)
     got = readied(cp)
     assert want <= got <= want + 16 * 64, (got, want)
     cp.save(2, model=fresh, optimizer=fopt).wait()
     assert cp._native.staging_idle_bytes() == got
     cp.close()
+
+
+def test_readying_hooks_leave_other_post_hooks_and_a_second_checkpointer_alone(tmp_path):
+    """Two checkpointers readying on one optimizer (a memory tier's two roots)
+    and a post-hook of the user's after theirs: the steps go on, every hook
+    runs, and each checkpointer's first save takes its own hook off."""
+    torch.manual_seed(0)
+    model = Tied()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    a = ckpt.Checkpointer(f"file://{tmp_path}/a", rng=False)
+    b = ckpt.Checkpointer(f"file://{tmp_path}/b", rng=False)
+    assert a.load_latest(model=model, optimizer=opt) is None
+    assert b.load_latest(model=model, optimizer=opt) is None
+    seen = []
+    opt.register_step_post_hook(lambda *_: seen.append(1))
+    train(model, opt, 1)  # removing a fired hook here failed this step
+    train(model, opt, 2)
+    assert seen == [1, 1]
+    want = staged_bytes(model, opt)
+    assert readied(a) >= want and readied(b) >= want
+    assert len(opt._optimizer_step_post_hooks) == 3
+    a.save(2, model=model, optimizer=opt).wait()
+    assert len(opt._optimizer_step_post_hooks) == 2
+    b.close()
+    assert len(opt._optimizer_step_post_hooks) == 1
+    a.close()

@@ -409,11 +409,12 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
     distinct.update({(t.data_ptr(), t.nbytes): t.nbytes for s in opt.state.values() for t in s.values()})
     state = sum(distinct.values())
     assert state <= reserved.nbytes <= 2 * state + 4096, "the state and its alignment, about the default budget"
-    assert not opt._optimizer_step_post_hooks, "the hook went with its step"
     train(model, opt)
     assert len(pool._slabs) == 1, "reserved once"
     expected = {1: snapshot(model, opt)}
+    assert len(opt._optimizer_step_post_hooks) == 1, "fired, and left in place (see ckpt._ahead)"
     cp.save(1, model=model, optimizer=opt)
+    assert not opt._optimizer_step_post_hooks, "the first save takes the hook off"
     assert [s.native.address for s in pool._slabs] == [address], "the save took the reserved memory"
     assert len(calls["lock"]) == 1, "locked once, ahead"
     cp.close()
@@ -475,8 +476,8 @@ def test_an_app_states_optimizer_is_found_and_a_failing_count_only_warns(
         assert cp._slabs is not None and len(cp._slabs._slabs) == 1
         adam = sum(t.nbytes for s in opt.state.values() for t in s.values())
         assert cp._slabs._slabs[0].nbytes >= adam + sum(t.nbytes for t in model.parameters())
-    assert not opt._optimizer_step_post_hooks
     cp.close()
+    assert not opt._optimizer_step_post_hooks
 
 
 def test_a_model_alone_is_reserved_at_once_and_a_restart_reserves_nothing(

@@ -126,9 +126,15 @@ def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
 
 def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callable[[], None]:
     """Call ``then`` once, when every one of ``optimizers`` has stepped (a
-    step post-hook each, removed after its first step); returns what removes
-    the hooks before that."""
+    step post-hook each); returns what removes the hooks.
+
+    A hook does not remove itself: it runs while the optimizer iterates over
+    its post-hooks, and removing one then failed the step (``RuntimeError:
+    OrderedDict mutated during iteration``) wherever another post-hook came
+    after it (a second checkpointer's, the user's). Once it has fired it does
+    nothing; the checkpointer takes the hooks off at its next save or close."""
     handles: Dict[int, Any] = {}
+    waiting = {id(opt) for opt in optimizers}
 
     def remove() -> None:
         for h in handles.values():
@@ -136,14 +142,12 @@ def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callabl
         handles.clear()
 
     def hook(opt: Any, _args: Any, _kwargs: Any) -> None:
-        h = handles.pop(id(opt), None)
-        if h is None:
+        if id(opt) not in waiting:
             return
-        h.remove()
-        if not handles:
+        waiting.discard(id(opt))
+        if not waiting:
             then()
 
     for opt in optimizers:
         handles[id(opt)] = opt.register_step_post_hook(hook)
     return remove
-

@@ -276,6 +276,10 @@ class Checkpointer:
         if also is not None and also._own_identity() != self._own_identity():
             raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
         self._reap()
+        if self._ahead_hooks_off is not _nothing:
+            self._hooks_off()
+        if also is not None and also._ahead_hooks_off is not _nothing:
+            also._hooks_off()
         exporter = self._exporter()
         try:
             handle, flat, second, failure = self._save(step, entries, exporter, also)
@@ -403,7 +407,7 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
         self._closed = True
-        self._ahead_hooks_off()
+        self._hooks_off()
         try:
             self.wait()
         finally:
@@ -501,44 +505,71 @@ class Checkpointer:
                                   "it locks its own", RuntimeWarning, stacklevel=2)
             cp._rehearse(state, named)
 
+        self._after_first_step(objs, ready)
+
+    def _after_first_step(self, objs: List[Any], ready: Callable[[], None]) -> None:
+        """Call ``ready`` once every optimizer among ``objs`` has stepped
+        (at once where there is none)."""
         optimizers = _ahead.optimizers_in(objs)
-        self._ahead_hooks_off()  # (an earlier fresh start's: the first save is readied once)
+        self._hooks_off()  # (an earlier start's: the first save is readied once)
         if optimizers:
             self._ahead_hooks_off = _ahead.after_first_step(optimizers, ready)
         else:
             ready()
 
+    def _hooks_off(self) -> None:
+        """Take off the step post-hooks that ready the first save (fired or
+        not: a hook never removes itself, see :func:`ckpt._ahead.after_first_step`)."""
+        off, self._ahead_hooks_off = self._ahead_hooks_off, _nothing
+        off()
+
     def _ready_restored(self, state: Any, named: Dict[str, Any]) -> None:
         """After a restore of torch state: the restored state is the first
-        save's, walked once now (:meth:`_rehearse`), also by a checkpointer
-        that saves through another's pool (the memory tier's: the plans are
-        the pool's)."""
+        save's, walked once (:meth:`_rehearse`), also by a checkpointer that
+        saves through another's pool (the memory tier's: the plans are the
+        pool's). CUDA state at once, where the restore's slab is laid out for
+        the first save; CPU state after the optimizers' next step, out of the
+        restore (a restart's time to its first step is not lengthened)."""
         if self._read_only or "torch" not in sys.modules:
             return
-        self._rehearse(state, named)
+        objs = [state, *named.values()]
+        if _cuda_ready() and _cuda_device_in(objs) is not None:
+            self._rehearse(state, named)
+            return
+        me = weakref.ref(self)
+
+        def ready() -> None:
+            cp = me()
+            if cp is not None and not cp._closed:
+                cp._rehearse(state, named)
+
+        self._after_first_step(objs, ready)
 
     def _rehearse(self, state: Any, named: Dict[str, Any]) -> None:
         """Walk the state as a save would, saving nothing, so that the first
         save is like a loop's later ones: it takes its mappings in bulk
         (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
         a slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
-        and copies its CPU tensors into staging memory already mapped (on a
-        thread of its own now, :meth:`_ready_staging`). A first save's stall
+        and finds the staging memory for its CPU tensors' copies mapped (by
+        a thread of its own, :meth:`_ready_staging`). A first save's stall
         was 2-3x a later one's, most of it the walk without plans; on the CPU,
         an eager one's was 13x, most of it page faults. Called where the state
         is whole, out of any save: after a restore, and after a fresh start's
-        first optimizer steps. Then a full collection of the garbage
-        collector, which the new plans could otherwise bring due inside the
-        first save (:func:`ckpt._gc.collect_now`). Best effort: the save
-        itself reports what is wrong."""
+        first optimizer steps. Then, with CUDA state, a full collection of the
+        garbage collector, which the new plans could otherwise bring due
+        inside the first save (:func:`ckpt._gc.collect_now`; 0.1-0.2 s with
+        torch loaded, so not for CPU state, whose first save made as many
+        plans before). Best effort: the save itself reports what is wrong."""
         exporter = self._exporter()
         if exporter is None:
             return
         pool = self._pool(_cuda_ready())
         if pool is not None:
             pool.forget_layout()  # (a walk ahead takes no slab)
+        cuda = True
         try:
             lens, host = self._walk_ahead(exporter, state, named)
+            cuda = exporter.device is not None
             exporter.make_plans()
             if lens and pool is not None:
                 pool.lay_out_ahead(lens)
@@ -547,7 +578,8 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - in a restore's return or a training step: only a stall is at stake
             warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
                           "the state itself", RuntimeWarning, stacklevel=2)
-        collect_now()
+        if cuda:
+            collect_now()
 
     def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[int]]:
         """:meth:`_rehearse`'s walk, as ``_save`` walks (the RNG state too);
