@@ -355,13 +355,15 @@ impl Checkpointer {
     }
 
     /// Ready the staging memory of a save whose copied tensors have these
-    /// byte lengths: mapped, its pages faulted in now (with the GIL
-    /// released), not in that save's copy. Best effort within the staging
-    /// budget; returns the bytes readied. Blocks for about as long as a first
-    /// copy of those bytes would take: call it off the training thread.
+    /// byte lengths: mapped, its pages faulted in now by a background thread
+    /// (at its lowered priority), not in that save's copy. Best effort within
+    /// the staging budget; returns the bytes readied. Blocks, with the GIL
+    /// released, for about as long as a first copy of those bytes would
+    /// take: call it off the training thread.
     fn ready_staging(&self, py: Python<'_>, lens: Vec<usize>) -> PyResult<u64> {
         let cp = self.core()?.clone();
-        py.detach(move || cp.ready_staging(&lens)).map_err(to_py)
+        runtime::wait(py, move || async move { cp.ready_staging(&lens).await })
+            .and_then(IntoPyResult::py)
     }
 
     /// Bytes of staging memory held idle between saves (reused by the next).

@@ -118,12 +118,16 @@ impl Checkpointer {
     /// byte lengths, before it comes: the buffers are mapped and their pages
     /// faulted in now, so that the save's copy (an eager save's stall, a lazy
     /// one's background) writes into memory that is already there, as every
-    /// later save does. Blocks meanwhile: call it off the training thread.
-    /// Best effort within the budget (see [`StagingPool::ready_ahead`]);
-    /// returns the bytes readied.
-    pub fn ready_staging(&self, lens: &[usize]) -> Result<u64> {
+    /// later save does. The page faults are taken on a blocking thread
+    /// within the process's CPU budget ([`crate::budget::run_cpu`]), so at
+    /// the background's priority where the runtime lowers it. Best effort
+    /// within the staging budget (see [`StagingPool::ready_ahead`]); returns
+    /// the bytes readied.
+    pub async fn ready_staging(&self, lens: &[usize]) -> Result<u64> {
         let bytes = lens.iter().map(|&l| l as u64).sum();
-        self.staging_for(bytes).ready_ahead(lens)
+        let pool = self.staging_for(bytes);
+        let lens = lens.to_vec();
+        crate::budget::run_cpu(move || pool.ready_ahead(&lens)).await?
     }
 
     /// Bytes of staging memory held idle between saves (see [`ready_staging`](Self::ready_staging)).
