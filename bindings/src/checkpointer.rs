@@ -245,59 +245,7 @@ impl Checkpointer {
         let keep = (share && self.lazy)
             .then(|| state_of(&meta).cloned())
             .flatten();
-        let mut out = Vec::with_capacity(tensors.len());
-        // One source per exported memory span: a weight tied between two
-        // modules is staged (and hashed) once.
-        let mut sources: HashMap<(usize, usize), Arc<dyn CopySource>> = HashMap::new();
-        for t in tensors.iter() {
-            let t = t.get();
-            let (name, dtype, shape) = (t.name.clone(), t.dtype, t.shape.clone());
-            let shard = t.shard.as_ref().map(|s| s.get().spec());
-            let obj = t.data.bind(py);
-            if let Ok(slot) = obj.cast::<SlabSlot>() {
-                out.push(SourceTensor {
-                    name,
-                    dtype,
-                    shape,
-                    shard,
-                    data: TensorData::Shared(slot.get().bytes(py)?),
-                });
-                continue;
-            }
-            if let Ok(snap) = obj.cast::<SnapshotBytes>() {
-                out.push(SourceTensor {
-                    name,
-                    dtype,
-                    shape,
-                    shard,
-                    data: TensorData::Shared(snap.get().bytes.clone()),
-                });
-                continue;
-            }
-            // (A CPU tensor of a repeated save: its storage, no buffer export.)
-            let (span, src): ((usize, usize), Arc<dyn CopySource>) =
-                if let Ok(host) = obj.cast::<HostSpan>() {
-                    let src = host.get().source(py);
-                    (src.span(), Arc::new(src))
-                } else {
-                    let src = PySource::new(obj, &name)?;
-                    (src.span(), Arc::new(src))
-                };
-            let shared = sources.entry(span).or_insert(src).clone();
-            // `copy_now`: copied in the stall into staging, in lazy mode too.
-            let data = if t.copy_now {
-                TensorData::CopyNow(shared)
-            } else {
-                TensorData::Copy(shared)
-            };
-            out.push(SourceTensor {
-                name,
-                dtype,
-                shape,
-                shard,
-                data,
-            });
-        }
+        let out = sources(py, &tensors)?;
         let capture = Capture {
             tensors: out,
             meta,
@@ -354,14 +302,21 @@ impl Checkpointer {
         Ok(SaveHandle::spawn(&rt, handle, None))
     }
 
-    /// Ready the staging memory of a save whose copied tensors have these
-    /// byte lengths: mapped, its pages faulted in now by a background thread
+    /// Ready the staging memory of a save of these tensors (the specs a walk
+    /// made, as `save` takes them; what it would copy, each memory span once):
+    /// mapped, its pages faulted in now by a background thread
     /// (at its lowered priority), not in that save's copy. Best effort within
     /// the staging budget; returns the bytes readied. Blocks, with the GIL
     /// released, for about as long as a first copy of those bytes would
     /// take: call it off the training thread.
-    fn ready_staging(&self, py: Python<'_>, lens: Vec<usize>) -> PyResult<u64> {
+    fn ready_staging(&self, py: Python<'_>, tensors: Vec<Bound<'_, TensorSpec>>) -> PyResult<u64> {
         let cp = self.core()?.clone();
+        let lens = Capture {
+            tensors: sources(py, &tensors)?,
+            meta: Value::Null,
+            ready: None,
+        }
+        .copy_lens();
         runtime::wait(py, move || async move { cp.ready_staging(&lens).await })
             .and_then(IntoPyResult::py)
     }
@@ -623,6 +578,64 @@ impl Checkpointer {
 }
 
 /// The `state` entry of a save's metadata mapping.
+/// The engine's tensors for `tensors`: slab slots and shared snapshots as
+/// they are, other buffers as sources to copy, one source per memory span
+/// (a weight tied between two modules is staged, and hashed, once).
+fn sources(py: Python<'_>, tensors: &[Bound<'_, TensorSpec>]) -> PyResult<Vec<SourceTensor>> {
+    let mut out = Vec::with_capacity(tensors.len());
+    let mut sources: HashMap<(usize, usize), Arc<dyn CopySource>> = HashMap::new();
+    for t in tensors.iter() {
+        let t = t.get();
+        let (name, dtype, shape) = (t.name.clone(), t.dtype, t.shape.clone());
+        let shard = t.shard.as_ref().map(|s| s.get().spec());
+        let obj = t.data.bind(py);
+        if let Ok(slot) = obj.cast::<SlabSlot>() {
+            out.push(SourceTensor {
+                name,
+                dtype,
+                shape,
+                shard,
+                data: TensorData::Shared(slot.get().bytes(py)?),
+            });
+            continue;
+        }
+        if let Ok(snap) = obj.cast::<SnapshotBytes>() {
+            out.push(SourceTensor {
+                name,
+                dtype,
+                shape,
+                shard,
+                data: TensorData::Shared(snap.get().bytes.clone()),
+            });
+            continue;
+        }
+        // (A CPU tensor of a repeated save: its storage, no buffer export.)
+        let (span, src): ((usize, usize), Arc<dyn CopySource>) =
+            if let Ok(host) = obj.cast::<HostSpan>() {
+                let src = host.get().source(py);
+                (src.span(), Arc::new(src))
+            } else {
+                let src = PySource::new(obj, &name)?;
+                (src.span(), Arc::new(src))
+            };
+        let shared = sources.entry(span).or_insert(src).clone();
+        // `copy_now`: copied in the stall into staging, in lazy mode too.
+        let data = if t.copy_now {
+            TensorData::CopyNow(shared)
+        } else {
+            TensorData::Copy(shared)
+        };
+        out.push(SourceTensor {
+            name,
+            dtype,
+            shape,
+            shard,
+            data,
+        });
+    }
+    Ok(out)
+}
+
 fn state_of(meta: &Value) -> Option<&Value> {
     match meta {
         Value::Map(entries) => state_of_entries(entries),

@@ -490,12 +490,7 @@ class Checkpointer:
         device = _cuda_device_in(objs) if _cuda_ready() else None
         if device is not None and self._staging_budget is not None:
             self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
-        me = weakref.ref(self)
-
-        def ready() -> None:
-            cp = me()
-            if cp is None or cp._closed:
-                return
+        def ready(cp: "Checkpointer") -> None:
             if device is not None and cp._staging_budget is None:
                 try:
                     nbytes, count = _ahead.cuda_bytes(objs, device)
@@ -507,15 +502,23 @@ class Checkpointer:
 
         self._after_first_step(objs, ready)
 
-    def _after_first_step(self, objs: List[Any], ready: Callable[[], None]) -> None:
-        """Call ``ready`` once every optimizer among ``objs`` has stepped
-        (at once where there is none)."""
+    def _after_first_step(self, objs: List[Any], ready: Callable[["Checkpointer"], None]) -> None:
+        """Call ``ready`` with this checkpointer once every optimizer among
+        ``objs`` has stepped (at once where there is none), unless it was
+        closed or collected meanwhile (the hooks hold it weakly)."""
+        me = weakref.ref(self)
+
+        def fire() -> None:
+            cp = me()
+            if cp is not None and not cp._closed:
+                ready(cp)
+
         optimizers = _ahead.optimizers_in(objs)
         self._hooks_off()  # (an earlier start's: the first save is readied once)
         if optimizers:
-            self._ahead_hooks_off = _ahead.after_first_step(optimizers, ready)
+            self._ahead_hooks_off = _ahead.after_first_step(optimizers, fire)
         else:
-            ready()
+            fire()
 
     def _hooks_off(self) -> None:
         """Take off the step post-hooks that ready the first save (fired or
@@ -536,14 +539,7 @@ class Checkpointer:
         if _cuda_ready() and _cuda_device_in(objs) is not None:
             self._rehearse(state, named)
             return
-        me = weakref.ref(self)
-
-        def ready() -> None:
-            cp = me()
-            if cp is not None and not cp._closed:
-                cp._rehearse(state, named)
-
-        self._after_first_step(objs, ready)
+        self._after_first_step(objs, lambda cp: cp._rehearse(state, named))
 
     def _rehearse(self, state: Any, named: Dict[str, Any]) -> None:
         """Walk the state as a save would, saving nothing, so that the first
@@ -581,11 +577,10 @@ class Checkpointer:
         if cuda:
             collect_now()
 
-    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[int]]:
+    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
         """:meth:`_rehearse`'s walk, as ``_save`` walks (the RNG state too);
-        the slot lengths of its CUDA tensors and the byte lengths of its CPU
-        tensors (each memory span once, as the engine stages them), or none
-        where it failed (the first save walks, and raises what this met).
+        the slot lengths of its CUDA tensors and the specs of its CPU
+        tensors, or none where it failed (the first save walks, and raises what this met).
         Nothing is queued: its device copies are let go (buffers' clones are
         dropped)."""
         try:
@@ -593,8 +588,12 @@ class Checkpointer:
             with collector_paused():
                 flat = flatten(self._entries(state, named), self.lazy, exporter, local,
                                _own.name(self._own_identity()[0]))
-            lens = exporter.device.lens() if exporter.device is not None else []
-            return lens, _host_lens(flat.tensors)
+            if exporter.device is None:
+                return [], flat.tensors
+            from .cuda import Pending
+
+            host = [t for t in flat.tensors if not isinstance(t.data, (Pending, _ckpt.SlabSlot))]
+            return exporter.device.lens(), host
         except Exception:  # noqa: BLE001 - see above
             exporter.later = []
             return [], []
@@ -602,15 +601,16 @@ class Checkpointer:
             if exporter.device is not None:
                 exporter.device.abandon()
 
-    def _ready_staging(self, lens: List[int]) -> None:
-        """Map and fault in the staging memory the first save copies CPU
-        tensors of these lengths into, on a thread of its own (it takes
-        about as long as that copy would; with the GIL released)."""
+    def _ready_staging(self, specs: List[Any]) -> None:
+        """Map and fault in the staging memory the first save copies these
+        specs' CPU tensors into (each memory span once, as the engine stages
+        them), on a thread of its own (it takes about as long as that copy
+        would; with the GIL released)."""
         native = self._native
 
         def run() -> None:
             try:
-                native.ready_staging(lens)
+                native.ready_staging(specs)
             except Exception as e:  # noqa: BLE001 - best effort: the save maps its own
                 warnings.warn(f"ckpt: no staging memory readied for the first save ({type(e).__name__}: {e})",
                               RuntimeWarning, stacklevel=2)
@@ -855,23 +855,6 @@ def _exporter_class() -> Any:
 
         _EXPORTER = Exporter
     return _EXPORTER
-
-
-def _host_lens(specs: List[Any]) -> List[int]:
-    """The byte lengths the engine stages for these specs' CPU buffers: one
-    per memory span (a tied weight is staged once), none for device copies."""
-    seen = set()
-    out = []
-    for s in specs:
-        data = s.data
-        face = getattr(data, "__array_interface__", None)
-        if face is None:
-            continue  # (slab slots and pending device copies: no staging)
-        key = (face["data"][0], data.nbytes)
-        if key not in seen:
-            seen.add(key)
-            out.append(data.nbytes)
-    return out
 
 
 def _cuda_ready() -> bool:
