@@ -16,7 +16,7 @@
 #   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
 #      default size (a GPT-style model with about 4 GiB of model and optimizer
 #      state) with every method, its JSON in OUT/gpu-4g.json (plain lazy also
-#      restores with its host slab locked after the read, ckpt's earlier way);
+#      restores with its host slab locked during the read, the other way);
 #   3. the memory tier's restore and restart benchmark,
 #      evaluator/python/memtier_bench.py (1 GiB per rank: memory against local
 #      disk with the page cache dropped, on this host's cores), in

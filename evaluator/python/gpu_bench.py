@@ -51,9 +51,9 @@ restarted process does; its cold restore has the disk's page cache dropped.
   bypasses the cache leaves none of it there) and with the page cache dropped (``/proc/sys/vm/drop_caches``
   where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
   copy taken at the save. With ``--restore-both``, plain ckpt lazy restores
-  twice more, with the new host slab page-locked after the read instead of
-  during it (``restore_warm_lock_after_s``, ``restore_cold_lock_after_s``):
-  ckpt's earlier way, timed in the same run. ``--no-restore`` leaves the
+  twice more, with the new host slab page-locked during the read instead of
+  after it (``restore_warm_lock_during_s``, ``restore_cold_lock_during_s``):
+  the other way, timed in the same run. ``--no-restore`` leaves the
   restores out (a larger model's run, where they cost the most time and the
   default size has measured them).
 - **Memory**: host memory page-locked by ckpt (the most at once) and the growth
@@ -551,11 +551,11 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     ref = tr.reference()
     m.start(step)()
     m.prune(step)
-    # Plain lazy restores again with the restore's new slab locked after its
-    # read, as before it was locked during it: both in one run.
+    # Plain lazy restores again with the restore's new slab locked during its
+    # read instead of after it: both ways in one run.
     restores = [("warm", ""), ("cold", "")]
     if a.restore_both and m.name == "ckpt lazy" and a.device == "cuda":
-        restores += [("warm", "_lock_after"), ("cold", "_lock_after")]
+        restores += [("warm", "_lock_during"), ("cold", "_lock_during")]
     for kind, key in restores:
         tr.scramble()
         if kind == "cold":
@@ -563,7 +563,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
         else:
             warm_cache(m.dir)
         tr.sync()
-        with _lock_during_read(not key):
+        with _lock_during_read(bool(key)):
             t0 = time.perf_counter()
             m.load(step)
             tr.sync()
@@ -577,7 +577,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
 
 @contextlib.contextmanager
 def _lock_during_read(during: bool) -> Iterator[None]:
-    """A restore's new host slab page-locked during its read (ckpt's way) or after it."""
+    """A restore's new host slab page-locked during its read or after it (ckpt's way)."""
     from ckpt.cuda import HostStage
 
     was, HostStage.lock_during_read = HostStage.lock_during_read, during
@@ -686,7 +686,7 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(ALL))
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
     ap.add_argument("--restore-both", action="store_true",
-                    help="plain ckpt lazy also restores with its new host slab locked after the read")
+                    help="plain ckpt lazy also restores with its new host slab locked during the read")
     ap.add_argument("--no-restore", action="store_true", help="measure no restores (nor the save before them)")
     a = ap.parse_args()
 

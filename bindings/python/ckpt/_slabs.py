@@ -12,8 +12,9 @@ reuses them by layout. :mod:`ckpt.cuda` copies into them.
   (faulting its pages), into touched pageable memory 0.41 s, into locked
   memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
   which the CUDA driver takes no other call from the process. So memory is
-  locked ahead where it can be: a restore locks its slab during its read, and
-  a fresh start reserves the first save's in the background
+  locked ahead where it can be: a restore locks its slab once its read has
+  mapped the pages (:class:`~ckpt.cuda.HostStage`), and a fresh start
+  reserves the first save's in the background
   (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._ahead`). Both are locked
   in one piece, and the first save lays such memory out anew for its own
   tensors (:meth:`SlabPool.take`) instead of mapping and locking more.

@@ -442,20 +442,22 @@ class HostStage:
     into its slots, then host-to-device copies on the current stream.
 
     A slab the pool already holds locked (left by a save) is used as it is. A
-    new one (a restarted process's first restore) is page-locked, in one
-    piece, on the pool's launcher thread while the engine reads into it
-    (:meth:`SlabPool.lock_while_filled`). Locked after the read, as before,
-    it added 0.135 s to a cold restore of 4 GiB on an H100 host (1.11x the
-    cold read and the copies to the device); during the read, the locking
-    (1.2 s for fresh pages, less for those the read mapped first) runs beside
-    a read that waits on the disk. Where the runtime would not lock it then,
-    it is locked after the read. Locked, the copies to the device run at the
-    link's speed, and the slab stays in the pool for the job's first save.
+    new one (a restarted process's first restore) is filled by the read in
+    pageable memory, then page-locked in one piece, and the copies to the
+    device run at the link's speed; the slab stays in the pool for the job's
+    first save. Locking pages the read already mapped is cheap (0.135 s for
+    4 GiB on an H100 host); locking fresh pages is not (1.2 s), and doing it
+    on the pool's thread while the read fills the slab was slower on an H200
+    host, in one run, both ways: 1.42 s against 0.76 s for a warm restore of
+    4 GiB, 3.97 s against 3.04 s for a cold one. So that way
+    (:attr:`lock_during_read`) is kept for the GPU benchmark to time beside
+    this one, not used by default.
     """
 
-    #: False: a new slab is locked after the read, as before (the GPU
-    #: benchmark times both in one run).
-    lock_during_read = True
+    #: True: a new slab is page-locked on the pool's thread while the read
+    #: fills it (:meth:`SlabPool.lock_while_filled`); the GPU benchmark's
+    #: ``--restore-both`` times it beside the default.
+    lock_during_read = False
 
     def __init__(self, pool: SlabPool) -> None:
         self._pool = pool
