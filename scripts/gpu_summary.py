@@ -35,7 +35,12 @@ def method_line(m: Dict[str, Any]) -> str:
             t = m.get(f"restore_{kind}{key}_s")
             if t is not None:
                 lock = m.get(f"restore_{kind}{key}_lock")
-                parts.append(f"restore {kind}{key.replace('_', ' ')} s {t:.2f}" + (f" ({lock})" if lock else ""))
+                text = f"restore {kind}{key.replace('_', ' ')} s {t:.2f}" + (f" ({lock})" if lock else "")
+                ph = m.get(f"restore_{kind}{key}_phases")
+                if ph:  # where its time went: the plan, the read, the slab's lock, the copies...
+                    text += " [" + " ".join(f"{k} {v:.3f}" for k, v in ph.items()
+                                            if isinstance(v, float) and v >= 0.0005) + "]"
+                parts.append(text)
     if m.get("stall_phases"):
         parts.append("phases ms " + json.dumps({k[:-2]: round(v * 1e3, 2) for k, v in m["stall_phases"].items()}))
     return f"  {m['method']}: " + ", ".join(parts)

@@ -95,13 +95,17 @@ def test_one_process_saves_to_memory_and_durable_and_restores_from_memory(tmp_pa
     assert ckpt.Checkpointer(durable, coordinate="none").steps() == [0, 2]
     back = {"w": torch.zeros(10), "extra": {}}
     cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", durable_every=2)
+    assert cp.last_restore is None
     assert cp.load_latest(back) == 3 and cp.last_source == "memory"
     assert torch.equal(back["w"], torch.arange(10.0) + 4) and back["extra"] == {"epoch": 1}
+    from_memory = cp.last_restore  # where the memory root's restore went
+    assert from_memory is not None and from_memory.read > 0 and from_memory is cp.memory.last_restore
     # Memory lost (the node rebooted): the durable tier's newest.
     shutil.rmtree(shm / "node0")
     cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", durable_every=2)
     assert cp.load_latest(back) == 2 and cp.last_source == "durable"
     assert torch.equal(back["w"], torch.arange(10.0) + 3)
+    assert cp.last_restore is not None and cp.last_restore is cp.durable.last_restore
     cp.close()
 
 

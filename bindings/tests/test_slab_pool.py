@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -240,6 +241,7 @@ def test_a_restore_locks_its_new_slab_after_its_read_by_default(
 
     def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
         calls.append((address, n, quiet, threading.current_thread().name))
+        time.sleep(0.02)  # the runtime's part, timed as the stage's lock
         return True
 
     monkeypatch.setattr(slabs._Locker, "lock", lock)
@@ -252,7 +254,8 @@ def test_a_restore_locks_its_new_slab_after_its_read_by_default(
     slab = stage.slab
     assert slab is not None and slab.locked and slab.prepared
     assert calls == [(slab.native.address, slab.nbytes, False, threading.current_thread().name)], "once, whole"
-    assert pool.restore_locks == ["after"]
+    assert pool.restore_locks == ["after"] and stage.how == "after"
+    assert stage.lock_s >= 0.02 and stage.to_device_s > 0  # what RestorePhases.lock and .to_device report
     assert all(torch.equal(t, v) for t, v in zip(live, stored))
     got = pool.take([8, 4000, 1_200_000], 1)  # the first save takes it, laid out anew
     assert got is slab and len(calls) == 1

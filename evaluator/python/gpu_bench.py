@@ -53,7 +53,9 @@ restarted process does; its cold restore has the disk's page cache dropped.
   copy taken at the save. With ``--restore-both``, plain ckpt lazy restores
   twice more, with the new host slab page-locked during the read instead of
   after it (``restore_warm_lock_during_s``, ``restore_cold_lock_during_s``):
-  the other way, timed in the same run. ``--no-restore`` leaves the
+  the other way, timed in the same run. ckpt's restores also record where
+  their time went (``restore_warm_phases``...: ``Checkpointer.last_restore``,
+  the plan, the read, the slab's lock, the copies to the device, the apply). ``--no-restore`` leaves the
   restores out (a larger model's run, where they cost the most time and the
   default size has measured them).
 - **Memory**: host memory page-locked by ckpt (the most at once) and the growth
@@ -70,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -291,6 +294,8 @@ class GpuCkpt(Ckpt):
         self.step_wait: List[float] = []
         #: How the last restore's host slab was page-locked (see ``loaded_by``).
         self.restore_lock: Optional[str] = None
+        #: Where the last restore's time went (``Checkpointer.last_restore``), in seconds.
+        self.restore_phases: Optional[Dict[str, Any]] = None
         #: Each save's ``SaveHandle.phases``: where its stall went.
         self.phases: List[Any] = []
 
@@ -334,10 +339,13 @@ class GpuCkpt(Ckpt):
         return None if slabs is None else slabs.peak_locked
 
     def loaded_by(self, cp: Any) -> None:
-        # How the restore's host slab was page-locked: during the read (ckpt's
-        # way), after it (the runtime refused during it), or not at all.
+        # How the restore's host slab was page-locked: after the read (ckpt's
+        # way), during it (--restore-both's other way), or not at all; and
+        # where the restore's time went.
         pool = cp._pool(False)
         self.restore_lock = ",".join(pool.restore_locks) if pool is not None else None
+        p = cp.last_restore
+        self.restore_phases = None if p is None else {**dataclasses.asdict(p), "other": p.other}
 
 
 class GpuMemoryTier(GpuCkpt):
@@ -570,6 +578,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             out[f"restore_{kind}{key}_s"] = time.perf_counter() - t0
         if isinstance(m, GpuCkpt):
             out[f"restore_{kind}{key}_lock"] = m.restore_lock
+            out[f"restore_{kind}{key}_phases"] = m.restore_phases
         tr.check(ref, f"{m.name} ({kind}{key.replace('_', ' ')})")
     del ref
     return out

@@ -732,6 +732,18 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
         .methods
         .iter()
         .all(|m| m.error.is_some() || m.first_step_s.is_some_and(|s| s > 0.0)));
+    // ckpt's own restores say where their time went (Checkpointer.last_restore).
+    let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for m in raw["methods"].as_array().unwrap() {
+        let name = m["method"].as_str().unwrap();
+        if ["ckpt eager", "ckpt lazy", "ckpt lazy (device staging)"].contains(&name) {
+            for kind in ["warm", "cold"] {
+                let p = &m[format!("restore_{kind}_phases")];
+                let (read, total) = (p["read"].as_f64().unwrap(), p["total"].as_f64().unwrap());
+                assert!(read > 0.0 && total >= read, "{name} {kind}: {p}");
+            }
+        }
+    }
     let o = render(&r);
     assert_eq!(o.tables[0].rows.len(), names.len());
     let steps = o.tables.iter().find(|t| t.id == "gpu-steps").unwrap();

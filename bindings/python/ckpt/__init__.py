@@ -23,7 +23,7 @@ import os as _os
 
 from . import _ckpt, distributed
 from ._ckpt import cpu_threads, set_cpu_threads
-from ._handles import Checkpoint, SaveHandle, SavePhases
+from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from .checkpointer import Checkpointer
 from .errors import (
     CheckpointError,
@@ -50,6 +50,7 @@ __all__ = [
     "MemoryCheckpointer",
     "SaveHandle",
     "SavePhases",
+    "RestorePhases",
     "Checkpoint",
     "RNGState",
     "CheckpointError",

@@ -1,6 +1,7 @@
 """What a save returns and what a read gives: :class:`SaveHandle` (a save in
-progress, and :class:`SavePhases`, where its call's time went) and
-:class:`Checkpoint` (a loaded checkpoint's state)."""
+progress, and :class:`SavePhases`, where its call's time went),
+:class:`RestorePhases` (where a restore's time went) and :class:`Checkpoint`
+(a loaded checkpoint's state)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _ckpt
 from .errors import CheckpointError
 
-__all__ = ["SavePhases", "SaveHandle", "Checkpoint"]
+__all__ = ["SavePhases", "RestorePhases", "SaveHandle", "Checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,46 @@ class SavePhases:
         """What no phase above covers (the memory tier's own work around a
         save, a wait for the GIL between phases)."""
         return max(0.0, self.total - self.walk - self.device - self.engine - self.before - self.after)
+
+
+@dataclass(frozen=True)
+class RestorePhases:
+    """Where one restore's time went, in seconds
+    (:attr:`Checkpointer.last_restore`): a ``load_latest`` or ``load`` call
+    that restored a checkpoint, from its entry to its return."""
+
+    #: The checkpoint's table read and checked against the live state, and a
+    #: destination given to each tensor (CUDA tensors: a slot of a host slab).
+    plan: float
+    #: The engine's read into those destinations: the storage's reads, checksums
+    #: and decompression.
+    read: float
+    #: Every rank's outcome agreed on (0 with one process).
+    agree: float
+    #: A new host slab for CUDA tensors page-locked after the read (0 where a
+    #: save left one locked, or there is no CUDA state).
+    lock: float
+    #: The host-to-device copies out of the slab, and their wait.
+    to_device: float
+    #: The values handed to the live objects (``load_state_dict``) and the
+    #: random generators restored.
+    apply: float
+    #: The whole call, from entry to return.
+    total: float
+    #: Newer checkpoints tried first and skipped as damaged (their plans and
+    #: reads), in the same call.
+    damaged: float = 0.0
+    #: How the host slab for CUDA tensors was locked: ``"held"`` (a save left
+    #: it locked), ``"after"`` the read, ``"during"`` it, ``"pageable"`` (the
+    #: runtime would not lock it); None without CUDA tensors.
+    slab: Optional[str] = None
+
+    @property
+    def other(self) -> float:
+        """What no phase above covers: the checkpoints listed, a wait for
+        saves in flight, the first save's readying hooked on."""
+        return max(0.0, self.total - self.plan - self.read - self.agree - self.lock - self.to_device - self.apply
+                   - self.damaged)
 
 
 class SaveHandle:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ahead, _ckpt, _load, _own
 from ._gc import collect_now, collector_paused
-from ._handles import Checkpoint, SaveHandle, SavePhases
+from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ._ckpt import GcReport
 from ._load import META_VERSION, is_damage
 from .distributed import _agree, _resolve
@@ -21,7 +21,7 @@ from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundEr
 from .rng import RNGState
 from .tree import Flattened, flatten
 
-__all__ = ["Checkpointer", "SaveHandle", "SavePhases", "Checkpoint"]
+__all__ = ["Checkpointer", "SaveHandle", "SavePhases", "RestorePhases", "Checkpoint"]
 
 
 class Checkpointer:
@@ -194,6 +194,9 @@ class Checkpointer:
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
         self._hooks: Dict[int, Any] = {}
         self._closed = False
+        #: Where the last restore's time went (:meth:`load_latest` or :meth:`load`
+        #: that restored a checkpoint); None before one.
+        self.last_restore: Optional[RestorePhases] = None
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
         self._ahead_hooks_off: Callable[[], None] = _nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
@@ -450,19 +453,24 @@ class Checkpointer:
 
         Raises :class:`~ckpt.InvalidInputError` naming the tensor when a shape
         or dtype does not match the checkpoint, before anything is written.
+
+        :attr:`last_restore` then says where the call's time went.
         """
+        t0 = time.perf_counter()
         targets = self._targets(state, named)
         self._native.flush(None)  # no save of ours is using the coordinator now
         skipped: List[Tuple[int, str, CheckpointError]] = []
         wrote = False
         restored: Optional[int] = None
+        damaged = 0.0
         for step, attempt in reversed(self._candidates()):
-            error, started = self._attempt(step, attempt, state, targets)
+            error, started, times = self._attempt(step, attempt, state, targets)
             if error is None:
                 restored = step
                 break
             wrote = wrote or started
             skipped.append((step, attempt, error))
+            damaged += times.total
         if restored is None and skipped and wrote:
             s, a, err = skipped[0]
             raise CorruptError(
@@ -475,6 +483,7 @@ class Checkpointer:
             self._reserve_ahead(state, named)
         else:
             self._ready_restored(state, named)
+            self.last_restore = times.ending(t0, damaged)
         return restored
 
     def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
@@ -622,6 +631,7 @@ class Checkpointer:
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
         a damaged checkpoint raises its error (on every rank)."""
+        t0 = time.perf_counter()
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         targets = self._targets(state, named)
@@ -629,10 +639,11 @@ class Checkpointer:
         found = [a for s, a in self._native.committed() if s == step]
         if not found:
             raise NotFoundError(f"no committed checkpoint of step {step}")
-        error, _ = self._attempt(step, found[-1], state, targets)
+        error, _, times = self._attempt(step, found[-1], state, targets)
         if error is not None:
             raise error
         self._ready_restored(state, named)
+        self.last_restore = times.ending(t0)
         return step
 
     def read_latest(self, framework: Optional[str] = None) -> Optional[Checkpoint]:
@@ -722,33 +733,41 @@ class Checkpointer:
 
     def _attempt(
         self, step: int, attempt: str, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]]
-    ) -> Tuple[Optional[CheckpointError], bool]:
+    ) -> Tuple[Optional[CheckpointError], bool, "_AttemptTimes"]:
         """Restore one checkpoint: plan, load, agree, apply (see :mod:`ckpt._load`).
 
-        Returns ``(error, wrote)``: ``error`` is None when restored, the damage
-        when the checkpoint is damaged on any rank; ``wrote`` whether the load
-        wrote into memory (live tensors included). Other errors are raised, on
-        every rank."""
+        Returns ``(error, wrote, times)``: ``error`` is None when restored, the
+        damage when the checkpoint is damaged on any rank; ``wrote`` whether
+        the load wrote into memory (live tensors included); ``times`` where
+        the attempt's time went. Other errors are raised, on every rank."""
         error: Optional[BaseException] = None
         restore: Optional[_load.Restore] = None
+        stage: Any = None
+        marks = [time.perf_counter()]  # start, planned, read, agreed, applied
         try:
             me = self._own_identity()[0]
-            restore = _load.plan(self._native, step, attempt, targets, self._rng, self._host_stage(), me)
+            stage = self._host_stage()
+            restore = _load.plan(self._native, step, attempt, targets, self._rng, stage, me)
+            marks.append(time.perf_counter())
             self._native.load_into(step, attempt, restore.plan.requests)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
             error = e
+        while len(marks) < 3:  # read (or failed before or during it)
+            marks.append(time.perf_counter())
         wrote = restore is not None and restore.writes
         verdict = _agree(self._coordinator, error)
+        marks.append(time.perf_counter())
         if verdict is not None:
             if isinstance(verdict, CheckpointError) and is_damage(verdict):
                 self._native.note_damaged(step, attempt)
-                return verdict, wrote
+                return verdict, wrote, _AttemptTimes(marks + [marks[-1]], stage)
             raise verdict
         assert restore is not None  # no rank failed, this one included
         _load.apply(restore, state, targets, self._own_identity()[0], self._rng)
-        return None, wrote
+        marks.append(time.perf_counter())
+        return None, wrote, _AttemptTimes(marks, stage)
 
     def _checkpoint(self, loaded: _load.Loaded, framework: Optional[str]) -> Checkpoint:
         step, attempt = loaded[0], loaded[1]
@@ -836,6 +855,30 @@ def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
         if found is not None:
             return found
     return None
+
+
+class _AttemptTimes:
+    """One restore attempt's marks (``perf_counter``: its start, the plan made,
+    the read done, the ranks agreed, applied) and its host stage's timings."""
+
+    def __init__(self, marks: List[float], stage: Any) -> None:
+        self.marks = marks
+        self.stage = stage
+
+    @property
+    def total(self) -> float:
+        return self.marks[-1] - self.marks[0]
+
+    def ending(self, t0: float, damaged: float = 0.0) -> RestorePhases:
+        """The phases of a call that began at ``t0`` and restored with this attempt."""
+        start, planned, read, agreed, applied = self.marks
+        lock = getattr(self.stage, "lock_s", 0.0)
+        to_device = getattr(self.stage, "to_device_s", 0.0)
+        return RestorePhases(
+            plan=planned - start, read=read - planned, agree=agreed - read, lock=lock, to_device=to_device,
+            apply=max(0.0, applied - agreed - lock - to_device), total=time.perf_counter() - t0, damaged=damaged,
+            slab=getattr(self.stage, "how", None),
+        )
 
 
 def _nothing() -> None:

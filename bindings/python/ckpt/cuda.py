@@ -39,6 +39,7 @@ one trip over PCIe, no copy through the CPU.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -465,6 +466,11 @@ class HostStage:
         self._views: List[torch.Tensor] = []
         self.slab: Optional[_Slab] = None
         self._held = False
+        #: Seconds :meth:`copy_back` spent locking a new slab, and copying to the device.
+        self.lock_s = 0.0
+        self.to_device_s = 0.0
+        #: How the slab was locked (as ``SlabPool.restore_locks`` records it), once copied back.
+        self.how: Optional[str] = None
 
     def add(self, t: torch.Tensor) -> int:
         self._dst.append(t)
@@ -487,16 +493,20 @@ class HostStage:
 
     def copy_back(self) -> None:
         """Copy every slot into its live tensor and wait for the copies."""
+        t0 = time.perf_counter()
         if self.slab is not None and self._dst:
             # Locked during the read, else now, in one piece (no training runs
             # yet), so the first save may lay it out anew.
             self._pool.settle(self.slab)
             how = "held" if self._held else "during" if self.slab.locked else "after"
             self._pool.prepare(self.slab, self._dst[0].device, whole=True)
-            self._pool.restore_locks.append(how if self.slab.locked else "pageable")
+            self.how = how if self.slab.locked else "pageable"
+            self._pool.restore_locks.append(self.how)
+        t1 = time.perf_counter()
         with torch.no_grad():
             for t, v in zip(self._dst, self._views):
                 t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)
         for d in {t.device for t in self._dst}:
             torch.cuda.current_stream(d).synchronize()
         self._dst, self._views = [], []
+        self.lock_s, self.to_device_s = t1 - t0, time.perf_counter() - t1

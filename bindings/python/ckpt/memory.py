@@ -80,7 +80,7 @@ from . import errors as errs
 from . import _memreshape as reshape
 from ._gc import collector_paused
 from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
-from ._handles import SaveHandle
+from ._handles import RestorePhases, SaveHandle
 from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator
 from .errors import CheckpointError, InvalidInputError, StorageError
@@ -178,6 +178,11 @@ class MemoryCheckpointer:
         #: ``"memory"``, ``"peer"`` (a replica), ``"memory, merged"`` (the
         #: checkpoints of a job of another shape), ``"durable"`` or ``None``.
         self.last_source: Optional[str] = None
+        #: Where the restore of the last :meth:`load_latest` went, as the
+        #: checkpointer that restored timed it (the memory root's or the
+        #: durable one's ``last_restore``; the tier's own agreement between
+        #: ranks is outside it); ``None`` after a fresh start or a merged restore.
+        self.last_restore: Optional[RestorePhases] = None
         #: Seconds each replication took on this rank (its thread), newest last.
         self.replication_seconds: List[float] = []
 
@@ -359,18 +364,19 @@ class MemoryCheckpointer:
                 source = self._load_from_memory(step, state, named, everyone)
                 if source is not None:
                     self._forget_newer(step)
-                    self.last_source = source
+                    self.last_source, self.last_restore = source, self.memory.last_restore
                     return step
             # Checkpoints of a job of another shape (N ranks then, M now).
             found = reshape.load(self, state, named, everyone, newest_durable)
             if found is not None:
-                self.last_source = "memory, merged"
+                self.last_source, self.last_restore = "memory, merged", None
                 return found
         except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
             warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
         resumed = self.durable.load_latest(state, **named)
         self._forget_newer(-1 if resumed is None else resumed)
         self.last_source = None if resumed is None else "durable"
+        self.last_restore = None if resumed is None else self.durable.last_restore
         return resumed
 
     def _forget_newer(self, step: int) -> None:
