@@ -391,6 +391,18 @@ async fn the_default_staging_budget_grows_with_the_state() {
     let (_big, cap) = mutable_state(4, 5_000_000, 2); // 80 MB, more than the first budget
     cp.save(2, cap).await.unwrap().wait().await.unwrap();
     assert!(cp.staging().unwrap().budget() > first_budget);
+    // Each staging buffer is whole pages: 20,000 tensors of 1 KiB need 80 MiB
+    // of staging for 20 MiB of bytes, more than twice their bytes (and than the
+    // 64 MiB floor). The default budget counts pages, so such a state saves.
+    let many = in_memory("many-small", SnapshotMode::Eager).await;
+    let (vecs, cap) = mutable_state(20_000, 256, 3);
+    many.save(1, cap).await.unwrap().wait().await.unwrap();
+    assert!(many.staging().unwrap().budget() >= 20_000 * 4096);
+    let loaded = many.load_step(1).await.unwrap();
+    assert_eq!(loaded.state.tensors.len(), 20_000);
+    for (t, v) in loaded.state.tensors.iter().zip(&vecs).step_by(997) {
+        assert_eq!(&t.data[..], &contents(v)[..]);
+    }
     // A budget the user set is a limit, not a hint.
     let fixed = ckpt_formats::builder(memory_root("fixed"))
         .staging_budget(1 << 20)

@@ -124,8 +124,7 @@ impl Checkpointer {
     /// within the staging budget (see [`StagingPool::ready_ahead`]); returns
     /// the bytes readied.
     pub async fn ready_staging(&self, lens: &[usize]) -> Result<u64> {
-        let bytes = lens.iter().map(|&l| l as u64).sum();
-        let pool = self.staging_for(bytes);
+        let pool = self.staging_for(crate::staging::staged_bytes(lens));
         let lens = lens.to_vec();
         crate::budget::run_cpu(move || pool.ready_ahead(&lens)).await?
     }
@@ -196,16 +195,17 @@ impl Checkpointer {
         &self.inner.fencing
     }
 
-    /// The staging pool for a save that copies `copied_bytes`. With no budget
+    /// The staging pool for a save whose buffers take `staged_bytes` of it
+    /// ([`crate::staging::staged_bytes`]: whole pages each). With no budget
     /// set, it is sized to twice the largest save seen so far, and replaced by
     /// a larger one when a save outgrows it (a first save before the optimizer
     /// has state is smaller than the ones after). Buffers of a replaced pool
     /// are freed when the saves using them finish.
-    pub(crate) fn staging_for(&self, copied_bytes: u64) -> StagingPool {
-        let want = copied_bytes.saturating_mul(2).max(64 << 20);
+    pub(crate) fn staging_for(&self, staged_bytes: u64) -> StagingPool {
+        let want = staged_bytes.saturating_mul(2).max(64 << 20);
         let mut pool = self.inner.pool.lock_unpoisoned();
         match pool.as_ref() {
-            Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= copied_bytes => {
+            Some(p) if self.inner.opts.staging_budget.is_some() || p.budget() >= staged_bytes => {
                 p.clone()
             }
             _ => pool.insert(StagingPool::new(want)).clone(),

@@ -184,7 +184,7 @@ impl Checkpointer {
         // Staging memory for the tensors that must be copied.
         let lens = capture.copy_lens();
         let copied_bytes: u64 = lens.iter().map(|&l| l as u64).sum();
-        let pool = self.staging_for(copied_bytes);
+        let pool = self.staging_for(crate::staging::staged_bytes(&lens));
         let bufs = pool.acquire(&lens, opts.busy, step).await?;
 
         // From here on every rank takes part in this save's collectives, even if its

@@ -92,6 +92,13 @@ fn pages(bytes: u64) -> u64 {
     bytes.div_ceil(PAGE)
 }
 
+/// The staging memory buffers of these lengths take from a pool's budget:
+/// whole pages each, so a state of many small tensors needs more than its
+/// bytes (20,000 tensors of 1 KiB: 80 MiB for 20 MiB).
+pub(crate) fn staged_bytes(lens: &[usize]) -> u64 {
+    lens.iter().map(|&l| pages(l as u64)).sum::<u64>() * PAGE
+}
+
 impl StagingPool {
     /// A pool that holds at most `budget` bytes of staging memory, in use or idle.
     pub fn new(budget: u64) -> Self {
@@ -132,11 +139,10 @@ impl StagingPool {
     ) -> Result<Vec<StagingBuf>> {
         // The budget counts the bytes asked for; a lead adds at most one page
         // to a buffer of 64 KiB or more.
-        let total: u64 = lens.iter().map(|&l| pages(l as u64)).sum();
-        if total > pages(self.inner.budget) {
+        let total = staged_bytes(lens);
+        if pages(total) > pages(self.inner.budget) {
             return Err(Error::InvalidInput(format!(
-                "the state needs {} bytes of staging memory, more than the budget of {} bytes",
-                total * PAGE,
+                "the state needs {total} bytes of staging memory, more than the budget of {} bytes",
                 self.inner.budget
             )));
         }
