@@ -98,6 +98,14 @@ impl HostSlab {
         py.detach(|| self.slab.populate(threads)).map_err(to_py)
     }
 
+    /// `populate` while another thread may write into the slab (a restore's
+    /// read): the kernel's advice alone, which changes no byte; nothing is
+    /// touched where the kernel lacks it. Whether every page was mapped.
+    #[pyo3(signature = (threads=8))]
+    fn populate_beside_writes(&self, py: Python<'_>, threads: usize) -> bool {
+        py.detach(|| self.slab.populate_beside_writes(threads))
+    }
+
     /// Slots `indices`, in one call (a save hands over a thousand).
     fn slot_list(slf: Bound<'_, Self>, indices: Vec<usize>) -> PyResult<Vec<SlabSlot>> {
         let n = slf.get().slab.slots().len();

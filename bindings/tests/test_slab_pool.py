@@ -271,13 +271,21 @@ def test_a_restore_may_lock_its_new_slab_while_its_read_fills_it(
     monkeypatch.setattr(cudam.HostStage, "lock_during_read", True)
     entered, release = threading.Event(), threading.Event()
     calls: List[Tuple[int, int, bool, str]] = []
+    mapped: List[bool] = []  # the pages mapped first, changing no byte the read wrote
+    real_populate = cudam.SlabPool._populate_beside_read
+
+    def populate(slab: Any) -> bool:
+        mapped.append(real_populate(slab))
+        return mapped[-1]
 
     def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+        assert mapped, "mapped before locked"
         calls.append((address, n, quiet, threading.current_thread().name))
         entered.set()
         assert release.wait(10)
         return True
 
+    monkeypatch.setattr(cudam.SlabPool, "_populate_beside_read", staticmethod(populate))
     monkeypatch.setattr(slabs._Locker, "lock", lock)
     pool = cudam.SlabPool(None, "wait")
     stage, live, stored = _restore_stage(pool)

@@ -446,20 +446,29 @@ class SlabPool:
 
     def lock_while_filled(self, slab: _Slab, device: Optional[torch.device]) -> None:
         """Page-lock a new slab in one piece, on the launcher thread, while
-        another thread fills it (a restore's read): the runtime maps the pages
-        the read has not reached, and those it has are kept as they are. Not
-        populated first (a kernel without ``MADV_POPULATE_WRITE`` would have
-        the pages touched, racing the read). Quiet when the runtime refuses
-        (pages it cannot pin while the read holds them): :meth:`prepare` after
-        the read tries again."""
+        another thread fills it (a restore's read). Its pages are mapped first
+        on several threads by the kernel's advice alone, which changes no byte
+        the read wrote (:meth:`_populate_beside_read`; where the kernel lacks
+        the advice, the runtime maps what the read has not reached): the
+        runtime then pins pages already there, as after a read (0.135 s for
+        4 GiB on an H100 host), not fresh ones one by one (1.2 s), which made
+        this way slower than locking after the read on an H200 host. Quiet
+        when the runtime refuses (pages it cannot pin while the read holds
+        them): :meth:`prepare` after the read tries again."""
         if slab.locked or slab.prepared or slab.nbytes == 0:
             return
         slab.preparing = self.launcher().submit(self._lock_quietly, slab, device)
 
     def _lock_quietly(self, slab: _Slab, device: Optional[torch.device]) -> None:
+        self._populate_beside_read(slab)
         with _on(device):
             self._lock_slab(slab, [(0, slab.nbytes)], quiet=True)
         slab.prepared = slab.locked  # else tried again after the read
+
+    @staticmethod
+    def _populate_beside_read(slab: _Slab) -> bool:
+        """Map a slab's pages while a read writes into it; whether all were."""
+        return slab.native.populate_beside_writes()
 
     def settle(self, slab: _Slab) -> None:
         """Wait for ``slab``'s preparation in the background, if any."""

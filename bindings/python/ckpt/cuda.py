@@ -450,14 +450,15 @@ class HostStage:
     4 GiB on an H100 host); locking fresh pages is not (1.2 s), and doing it
     on the pool's thread while the read fills the slab was slower on an H200
     host, in one run, both ways: 1.42 s against 0.76 s for a warm restore of
-    4 GiB, 3.97 s against 3.04 s for a cold one. So that way
-    (:attr:`lock_during_read`) is kept for the GPU benchmark to time beside
-    this one, not used by default.
+    4 GiB, 3.97 s against 3.04 s for a cold one. That way
+    (:attr:`lock_during_read`) now maps the pages first, on several threads,
+    and locks pages already there; the GPU benchmark times it beside this
+    one, which stays the default until a GPU run says otherwise.
     """
 
-    #: True: a new slab is page-locked on the pool's thread while the read
-    #: fills it (:meth:`SlabPool.lock_while_filled`); the GPU benchmark's
-    #: ``--restore-both`` times it beside the default.
+    #: True: a new slab is mapped and page-locked on the pool's thread while
+    #: the read fills it (:meth:`SlabPool.lock_while_filled`); the GPU
+    #: benchmark's ``--restore-both`` times it beside the default.
     lock_during_read = False
 
     def __init__(self, pool: SlabPool) -> None:

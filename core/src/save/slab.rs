@@ -25,7 +25,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::staging::pages::{populate_range, PageBuf};
+use crate::staging::pages::{advise_populate, populate_range, PageBuf};
 use crate::staging::{LEAD_MIN, STAGING_LEAD};
 
 const PAGE: usize = 4096;
@@ -149,23 +149,42 @@ impl Slab {
     /// meanwhile (on kernels without `MADV_POPULATE_WRITE` each page's first
     /// byte is read and written back).
     pub fn populate(&self, threads: usize) -> Result<()> {
+        self.on_threads(threads, |at, n| {
+            populate_range(at, n);
+            true
+        });
+        Ok(())
+    }
+
+    /// [`populate`](Self::populate) for a slab that another thread may be
+    /// writing into meanwhile (a restore's read fills it): the kernel's
+    /// advice alone (`MADV_POPULATE_WRITE`), which changes no byte; where
+    /// the kernel lacks it, nothing is touched. Whether every page was mapped.
+    pub fn populate_beside_writes(&self, threads: usize) -> bool {
+        self.on_threads(threads, |at, n| advise_populate(at, n) == n)
+    }
+
+    /// `f(at, len)` over the slab's memory cut in `threads` parts, each on a
+    /// thread of its own; whether every call returned true.
+    fn on_threads(&self, threads: usize, f: impl Fn(usize, usize) -> bool + Sync) -> bool {
         let (base, len) = (self.address(), self.len());
         if len == 0 {
-            return Ok(());
+            return true;
         }
         let threads = threads.clamp(1, 64);
         let part = len.div_ceil(threads).next_multiple_of(PAGE);
+        let f = &f;
         std::thread::scope(|scope| {
-            for k in 0..threads {
-                let start = k * part;
-                if start >= len {
-                    break;
-                }
-                let end = (start + part).min(len);
-                scope.spawn(move || populate_range(base + start, end - start));
-            }
-        });
-        Ok(())
+            let parts: Vec<_> = (0..threads)
+                .map(|k| k * part)
+                .take_while(|&start| start < len)
+                .map(|start| {
+                    let end = (start + part).min(len);
+                    scope.spawn(move || f(base + start, end - start))
+                })
+                .collect();
+            parts.into_iter().all(|h| h.join().unwrap_or(false))
+        })
     }
 }
 
@@ -279,6 +298,36 @@ mod tests {
         let plain = PageBuf::zeroed(1 << 20).unwrap();
         let flags = vm_flags(plain.as_slice().as_ptr() as usize);
         assert!(!flags.split_whitespace().any(|f| f == "dc"), "{flags}");
+    }
+
+    #[test]
+    fn populating_beside_a_writer_changes_none_of_its_bytes_and_maps_every_page() {
+        // A restore's read fills the slab while another thread maps its pages.
+        let slab = Slab::new(&[32 << 20]).unwrap();
+        let (at, n) = slab.slots()[0];
+        let base = slab.address() + at;
+        let mark = |i: usize| (i / PAGE % 251) as u8 + 1;
+        let writer = std::thread::spawn(move || {
+            for i in (0..n).step_by(PAGE) {
+                // SAFETY: inside the slab, which outlives the thread (joined below).
+                unsafe { std::ptr::write_volatile((base + i) as *mut u8, mark(i)) };
+            }
+        });
+        let all = slab.populate_beside_writes(4);
+        writer.join().unwrap();
+        for i in (0..n).step_by(PAGE) {
+            // SAFETY: as above; no thread writes any more.
+            assert_eq!(unsafe { *((base + i) as *const u8) }, mark(i), "byte {i}");
+        }
+        if all {
+            let (start, len) = (slab.address(), slab.len());
+            let mut resident = vec![0u8; len.div_ceil(PAGE)];
+            // SAFETY: the slab's own mapping, one status byte per page.
+            let rc =
+                unsafe { libc::mincore(start as *mut libc::c_void, len, resident.as_mut_ptr()) };
+            assert_eq!(rc, 0);
+            assert!(resident.iter().all(|r| r & 1 == 1), "every page mapped");
+        }
     }
 
     #[test]

@@ -131,10 +131,25 @@ const POPULATE_PIECE: usize = 16 << 20;
 
 /// Fault in `[at, at + len)` (page-aligned `at`) for writing.
 pub(crate) fn populate_range(at: usize, len: usize) {
+    // Older kernels refuse the advice; then touch each page it did not map.
+    let mut p = at + advise_populate(at, len);
+    while p < at + len {
+        // SAFETY: inside the caller's mapping, which nothing else uses
+        // meanwhile; a zero is written where a zero already is (fresh
+        // anonymous pages) or over bytes the next fill overwrites.
+        unsafe { std::ptr::write_volatile(p as *mut u8, std::ptr::read_volatile(p as *const u8)) };
+        p += PAGE;
+    }
+}
+
+/// Fault in `[at, at + len)` (page-aligned `at`) for writing with the
+/// kernel's advice alone (`MADV_POPULATE_WRITE`, Linux 5.14): it maps the
+/// pages without changing a byte, so another thread may write into the range
+/// meanwhile. Returns the bytes mapped from `at` on: fewer than `len` where
+/// the kernel refused the advice (none on an older kernel).
+pub(crate) fn advise_populate(at: usize, len: usize) -> usize {
     #[cfg(target_os = "linux")]
     {
-        // MADV_POPULATE_WRITE (Linux 5.14): the kernel maps the pages without
-        // the data changing. Older kernels refuse it; then touch each page.
         const MADV_POPULATE_WRITE: libc::c_int = 23;
         let mut p = at;
         while p < at + len {
@@ -145,17 +160,12 @@ pub(crate) fn populate_range(at: usize, len: usize) {
             }
             p += n;
         }
-        if p >= at + len {
-            return;
-        }
+        p - at
     }
-    let mut p = at;
-    while p < at + len {
-        // SAFETY: inside the caller's mapping, which nothing else uses
-        // meanwhile; a zero is written where a zero already is (fresh
-        // anonymous pages) or over bytes the next fill overwrites.
-        unsafe { std::ptr::write_volatile(p as *mut u8, std::ptr::read_volatile(p as *const u8)) };
-        p += PAGE;
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (at, len);
+        0
     }
 }
 
