@@ -4,7 +4,7 @@
 # elsewhere (on the stable ABI, so one wheel serves any Python from 3.11):
 #
 #   scripts/wheel.sh                                        # where Rust is
-#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt|--lazy]   # on the GPU machine
+#   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt|--lazy|--restore]   # on the GPU machine
 #
 # It installs the wheel into a private directory (no network, no other
 # package), then runs, each bounded in time and logged under OUT:
@@ -29,7 +29,10 @@
 # ckpt's methods and the control only, no step 3, then step 4. --lazy is
 # shorter still: step 2 with lazy mode (plain, with device staging for all of
 # the state and for half of it) and plain eager beside the control, over 5
-# rounds, then step 4.
+# rounds, then step 4. --restore is for where a restore's time goes: the
+# CUDA tests, then step 2 with plain lazy alone (one short round) restoring 3
+# times each way (its slab locked after the read, and during it), each
+# restore's phases in the JSON; nothing else.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself; the run ends with a few lines per method of what
 # they say (scripts/gpu_summary.py). With GPU_CHECK_BUDGET=SECONDS the whole run ends
@@ -40,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,39p' "$0" >&2
+  sed -n '2,42p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -90,7 +93,7 @@ if [ "$cuda" != 1 ]; then
   echo "[gpu-check] no CUDA device: the benchmark needs one (the CUDA tests skipped)" >&2
   exit "$status"
 fi
-for opt in fused foreach; do
+[ "$quick" = "--restore" ] || for opt in fused foreach; do
   step "stall-$opt" 120 "$py" evaluator/python/gpu_stall.py --dir "$scratch/stall" --json "$out/stall-$opt.json" \
     --width 256 --saves 5 --optimizer "$opt"
 done
@@ -98,14 +101,15 @@ methods=()
 case "$quick" in
   --ckpt) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt eager,ckpt eager (locked ahead),ckpt lazy (memory tier)") ;;
   --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged),ckpt eager" --rounds 5) ;;
+  --restore) methods=(--methods "ckpt lazy" --rounds 1 --every 10 --restore-repeats 3) ;;
 esac
 step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-both \
   "${methods[@]}"
-if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ]; then
+if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ] && [ "$quick" != "--restore" ]; then
   step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \
     --json "$out/memtier.json"
 fi
-if [ "$quick" != "--quick" ]; then
+if [ "$quick" != "--quick" ] && [ "$quick" != "--restore" ]; then
   step gpu-15g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/15g" --json "$out/gpu-15g.json" \
     --layers 24 --width 2048 --rounds 2 --no-restore --methods "none,ckpt lazy,ckpt lazy (device staging)"
 fi
