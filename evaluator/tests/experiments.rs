@@ -672,6 +672,7 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
         .args([
             "--batch", "2", "--vocab", "128", "--every", "2", "--rounds", "2",
         ])
+        .args(["--restore-repeats", "2"])
         .arg("--dir")
         .arg(dir.path().join("work"))
         .arg("--json")
@@ -741,6 +742,14 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
                 let p = &m[format!("restore_{kind}_phases")];
                 let (read, total) = (p["read"].as_f64().unwrap(), p["total"].as_f64().unwrap());
                 assert!(read > 0.0 && total >= read, "{name} {kind}: {p}");
+                // Each way restored twice; the figure is one of those runs.
+                let runs = m[format!("restore_{kind}_runs_s")].as_array().unwrap();
+                let figure = m[format!("restore_{kind}_s")].as_f64().unwrap();
+                assert_eq!(runs.len(), 2, "{name} {kind}");
+                assert!(
+                    runs.iter().any(|r| r.as_f64() == Some(figure)),
+                    "{name} {kind}"
+                );
             }
         }
     }
