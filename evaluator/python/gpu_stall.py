@@ -14,15 +14,16 @@ Medians in milliseconds, printed and written as JSON with ``--json``.
 
 With ``--restore``, instead: one save, then ``--saves`` restores of it into
 the live model and optimizer, each by a new checkpointer (as a restarted
-process restores: no slab of its own yet), timed by phase (the plan, the
-engine's read, the slab's locking, the host-to-device copies, the objects'
-``load_state_dict``).
+process restores: no slab of its own yet), timed by phase as the
+checkpointer reports it (``Checkpointer.last_restore``: the plan, the
+engine's read, the slab's locking, the host-to-device copies, the apply).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -37,7 +38,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
-import ckpt._load as loadm  # noqa: E402
 import ckpt.checkpointer as cpm  # noqa: E402
 import ckpt.cuda as cudam  # noqa: E402
 from gpu_bench import Trainer, model_args  # noqa: E402
@@ -97,34 +97,36 @@ def instrument(phases: Phases) -> None:
     cpm.RNGState.state_dict = phases.wrap("rng state", cpm.RNGState.state_dict)
 
 
-def restores(tr: Trainer, root: str, n: int, phases: Phases) -> Dict[str, Any]:
-    """One save, then ``n`` restores of it, each by a new checkpointer."""
-    loadm.plan = phases.wrap("plan", loadm.plan)
-    loadm.apply = phases.wrap("apply (load_state_dict, ...)", loadm.apply)
-    cudam.SlabPool.prepare = phases.wrap("slab populate + lock", cudam.SlabPool.prepare)
-    cudam.HostStage.copy_back = phases.wrap("host-to-device (lock included)", cudam.HostStage.copy_back)
+def restores(tr: Trainer, root: str, n: int) -> Dict[str, Any]:
+    """One save, then ``n`` restores of it, each by a new checkpointer, each
+    split by phase as the checkpointer reports it (``Checkpointer.last_restore``)."""
     shutil.rmtree(root, ignore_errors=True)
     cp = ckpt.Checkpointer(root, lazy=False, keep_last=1, gc_grace=0.0)
     cp.save(1, model=tr.model, optimizer=tr.opt).wait()
     cp.close()
     ref = tr.reference()
-    times = []
+    times, runs = [], []
     for _ in range(n):
         tr.scramble()
         tr.sync()
-        phases.now = {}
         reader = ckpt.Checkpointer(root, read_only=True)
-        reader._native = NativeProxy(reader._native, phases, "engine read", "load_into")
         t0 = time.perf_counter()
         assert reader.load_latest(model=tr.model, optimizer=tr.opt) == 1
         tr.sync()
         dt = time.perf_counter() - t0
+        p = reader.last_restore
+        assert p is not None
+        runs.append({**{k: v for k, v in dataclasses.asdict(p).items() if isinstance(v, float)}, "other": p.other})
         reader.close()
-        phases.close(dt)
         times.append(dt)
         tr.check(ref, "ckpt restore")
     shutil.rmtree(root, ignore_errors=True)
-    return {"first_ms": 1e3 * times[0], "median_ms": 1e3 * statistics.median(times), "phases_ms": phases.medians()}
+    return {
+        "first_ms": 1e3 * times[0],
+        "median_ms": 1e3 * statistics.median(times),
+        "phases_ms": {k: 1e3 * statistics.median(r[k] for r in runs) for k in runs[0]},
+        "slab": p.slab,
+    }
 
 
 def saves(tr: Trainer, cp: Any, n: int, step0: int, phases: Phases) -> List[float]:
@@ -162,7 +164,7 @@ def main() -> None:
     out: Dict[str, Any] = {"tensors": tensors, "state_bytes": tr.nbytes()}
     phases = Phases()
     if a.restore:
-        out["restore"] = restores(tr, os.path.join(a.dir, "restore"), a.saves, phases)
+        out["restore"] = restores(tr, os.path.join(a.dir, "restore"), a.saves)
         print(f"[stall] {tensors} tensors, restore: {json.dumps(out['restore'], indent=1)}", flush=True)
         if a.json:
             with open(a.json, "w") as f:
