@@ -346,8 +346,12 @@ class GpuCkpt(Ckpt):
         # where the restore's time went.
         pool = cp._pool(False)
         self.restore_lock = ",".join(pool.restore_locks) if pool is not None else None
-        p = cp.last_restore
-        self.restore_phases = None if p is None else {**dataclasses.asdict(p), "other": p.other}
+        self.restore_phases = restore_phases(cp.last_restore)
+
+
+def restore_phases(p: Any) -> Optional[Dict[str, Any]]:
+    """A ``ckpt.RestorePhases`` as JSON: its fields and ``other``, in seconds."""
+    return None if p is None else {**dataclasses.asdict(p), "other": p.other}
 
 
 class GpuMemoryTier(GpuCkpt):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import io
 import json
 import os
@@ -40,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
 import ckpt.checkpointer as cpm  # noqa: E402
 import ckpt.cuda as cudam  # noqa: E402
-from gpu_bench import Trainer, model_args  # noqa: E402
+from gpu_bench import Trainer, model_args, restore_phases  # noqa: E402
 
 
 class Phases:
@@ -114,9 +113,10 @@ def restores(tr: Trainer, root: str, n: int) -> Dict[str, Any]:
         assert reader.load_latest(model=tr.model, optimizer=tr.opt) == 1
         tr.sync()
         dt = time.perf_counter() - t0
-        p = reader.last_restore
-        assert p is not None
-        runs.append({**{k: v for k, v in dataclasses.asdict(p).items() if isinstance(v, float)}, "other": p.other})
+        got = restore_phases(reader.last_restore)
+        assert got is not None
+        slab = got.pop("slab")
+        runs.append(got)
         reader.close()
         times.append(dt)
         tr.check(ref, "ckpt restore")
@@ -125,7 +125,7 @@ def restores(tr: Trainer, root: str, n: int) -> Dict[str, Any]:
         "first_ms": 1e3 * times[0],
         "median_ms": 1e3 * statistics.median(times),
         "phases_ms": {k: 1e3 * statistics.median(r[k] for r in runs) for k in runs[0]},
-        "slab": p.slab,
+        "slab": slab,
     }
 
 

@@ -165,7 +165,8 @@ impl Slab {
     }
 
     /// `f(at, len)` over the slab's memory cut in `threads` parts, each on a
-    /// thread of its own; whether every call returned true.
+    /// thread of its own; whether every call returned true (a call that
+    /// panicked panics here).
     fn on_threads(&self, threads: usize, f: impl Fn(usize, usize) -> bool + Sync) -> bool {
         let (base, len) = (self.address(), self.len());
         if len == 0 {
@@ -183,7 +184,12 @@ impl Slab {
                     scope.spawn(move || f(base + start, end - start))
                 })
                 .collect();
-            parts.into_iter().all(|h| h.join().unwrap_or(false))
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect::<Vec<bool>>() // (every part joined before any answer counts)
+                .into_iter()
+                .all(|ok| ok)
         })
     }
 }

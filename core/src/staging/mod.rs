@@ -137,8 +137,8 @@ impl StagingPool {
         policy: BusyPolicy,
         step: u64,
     ) -> Result<Vec<StagingBuf>> {
-        // The budget counts the bytes asked for; a lead adds at most one page
-        // to a buffer of 64 KiB or more.
+        // The budget counts whole pages per buffer (`staged_bytes`); a lead
+        // adds at most one page to a buffer of 64 KiB or more.
         let total = staged_bytes(lens);
         if pages(total) > pages(self.inner.budget) {
             return Err(Error::InvalidInput(format!(
