@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh wheels/ckpt-*.whl OUT [--quick|--ckpt|--lazy|--restore]   # on the GPU machine
 #
 # It installs the wheel into a private directory (no network, no other
-# package), then runs, each bounded in time and logged under OUT:
+# package; with the peers' pure-Python wheels wheel.sh put in peers/ beside
+# it), then runs, each bounded in time and logged under OUT:
 #   1. the CUDA tests, bindings/tests/test_cuda.py (they skip without a GPU),
 #      then the stall of a save by phase (evaluator/python/gpu_stall.py, 24
 #      layers of width 256: the tensors of step 2's model, in little memory)
@@ -43,7 +44,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '2,42p' "$0" >&2
+  sed -n '2,43p' "$0" >&2
   exit 2
 fi
 wheel=$1 out=$2 quick=${3:-}
@@ -52,12 +53,20 @@ mkdir -p "$out"
 site=$(mktemp -d)
 scratch=$(realpath -m "${CKPT_GPU_SCRATCH:-runs/gpu-scratch}")
 trap 'rm -rf "$site" "$scratch"' EXIT
-"$py" -m pip install -q --no-index --no-deps --target "$site" "$wheel"
+peers=("$(dirname "$wheel")"/peers/*.whl)
+[ -e "${peers[0]}" ] || peers=()
+"$py" -m pip install -q --no-index --no-deps --target "$site" "$wheel" "${peers[@]}"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 "$py" - <<'EOF' | tee "$out/versions.txt"
 import ckpt, torch
 dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
 print(f"ckpt {ckpt.__version__}, torch {torch.__version__}, {dev}")
+import importlib.metadata as md
+for peer in ("torch-checkpointing",):
+    try:
+        print(f"{peer} {md.version(peer)}")
+    except md.PackageNotFoundError:
+        print(f"{peer}: not installed (its rows are left out)")
 import os
 def first(path):
     try:
