@@ -19,6 +19,7 @@
 pub(crate) mod pages;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
@@ -69,6 +70,9 @@ struct PoolState {
     sem: Arc<Semaphore>,
     returned: Notify,
     idle: Mutex<Idle>,
+    /// Saves that asked for buffers so far ([`StagingPool::acquire`]): a
+    /// readying ahead stops when it changes (see [`StagingPool::ready_ahead`]).
+    acquires: AtomicU64,
 }
 
 /// A pool of staging buffers with a byte budget.
@@ -109,6 +113,7 @@ impl StagingPool {
                 sem: Arc::new(Semaphore::new(permits)),
                 returned: Notify::new(),
                 idle: Mutex::new(HashMap::new()),
+                acquires: AtomicU64::new(0),
             }),
         }
     }
@@ -137,6 +142,8 @@ impl StagingPool {
         policy: BusyPolicy,
         step: u64,
     ) -> Result<Vec<StagingBuf>> {
+        // A readying in progress stops at its next piece (see `ready_ahead`).
+        self.inner.acquires.fetch_add(1, Ordering::SeqCst);
         // The budget counts whole pages per buffer (`staged_bytes`); a lead
         // adds at most one page to a buffer of 64 KiB or more.
         let total = staged_bytes(lens);
@@ -187,7 +194,18 @@ impl StagingPool {
     /// not fit is left to the save. Blocks for the page faults (about as long
     /// as that first copy): call it off the training thread. Returns the bytes
     /// readied.
+    ///
+    /// A save that asks for buffers meanwhile stops it at the next piece of
+    /// its page faults: it takes the buffers readied so far (the one being
+    /// mapped goes idle part-mapped, for a later save) and maps the rest
+    /// itself, unmapped. It must not wait: each mapping of a new buffer by
+    /// the save waits for the piece being faulted in (the kernel's lock of
+    /// the address space), so a save of GPT-2's 600 tensors (1.4 GiB) that
+    /// came just after the first optimizer step stalled for 2.0 s.
     pub fn ready_ahead(&self, lens: &[usize]) -> Result<u64> {
+        let inner = &self.inner;
+        let began = inner.acquires.load(Ordering::SeqCst);
+        let go_on = || inner.acquires.load(Ordering::SeqCst) == began;
         // How many buffers of each mapped length the save takes.
         let mut want: HashMap<usize, (usize, usize)> = HashMap::new();
         for &len in lens {
@@ -202,6 +220,9 @@ impl StagingPool {
                 .get(&mapped)
                 .map_or(0, Vec::len);
             for _ in have..n {
+                if !go_on() {
+                    return Ok(readied);
+                }
                 let sem = self.inner.sem.clone();
                 let free = u32::try_from(pages(len as u64))
                     .ok()
@@ -210,14 +231,19 @@ impl StagingPool {
                     return Ok(readied);
                 };
                 let buf = PageBuf::zeroed(mapped)?;
-                buf.populate();
-                readied += len as u64;
+                let whole = buf.populate_while(go_on);
+                if whole {
+                    readied += len as u64;
+                }
                 self.inner
                     .idle
                     .lock_unpoisoned()
                     .entry(mapped)
                     .or_default()
                     .push((buf, permit));
+                if !whole {
+                    return Ok(readied);
+                }
             }
         }
         Ok(readied)
@@ -365,6 +391,36 @@ mod tests {
         // (8 MiB less the 3 MiB and change held): one more 3 MiB buffer.
         assert_eq!(pool.ready_ahead(&[3 << 20, 3 << 20]).unwrap(), 3 << 20);
         drop(bufs);
+    }
+
+    /// A save that asks for buffers while a readying is under way stops it:
+    /// the readying maps no buffer after the save's, and returns what it
+    /// readied until then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_save_stops_a_readying_under_way() {
+        let lens = vec![32 << 10; 4000]; // (below LEAD_MIN: mapped as long as asked)
+        let pool = StagingPool::new(1 << 30);
+        let readying = {
+            let (pool, lens) = (pool.clone(), lens.clone());
+            std::thread::spawn(move || pool.ready_ahead(&lens).unwrap())
+        };
+        while pool.idle_bytes() == 0 {
+            std::thread::yield_now();
+        }
+        let taken = pool.acquire(&[1 << 20], BusyPolicy::Wait, 1).await.unwrap();
+        let idle_then = pool.idle_bytes();
+        let readied = readying.join().unwrap();
+        let all: u64 = lens.iter().map(|&l| l as u64).sum();
+        assert!(readied < all, "stopped early: {readied} of {all} bytes");
+        assert!(
+            pool.idle_bytes() <= idle_then + (32 << 10),
+            "at most the buffer being mapped was added after the save: {} then {idle_then}",
+            pool.idle_bytes()
+        );
+        // A readying that starts after the save goes on to the end.
+        drop(taken);
+        pool.ready_ahead(&[32 << 10; 8000]).unwrap();
+        assert_eq!(pool.inner.idle.lock_unpoisoned()[&(32 << 10)].len(), 8000);
     }
 
     #[tokio::test]

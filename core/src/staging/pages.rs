@@ -105,10 +105,22 @@ impl PageBuf {
     /// a first snapshot into fresh memory spent most of its time in page
     /// faults. Nothing may use the buffer meanwhile (on kernels without
     /// `MADV_POPULATE_WRITE` each page's first byte is read and written back).
-    pub fn populate(&self) {
-        if self.mapped > 0 {
-            populate_range(self.ptr.as_ptr() as usize, self.mapped);
+    ///
+    /// One piece of [`POPULATE_PIECE`] bytes at a time, while `go_on()`
+    /// holds; returns whether every page was mapped. A buffer left
+    /// part-mapped is as usable as one never mapped.
+    pub fn populate_while(&self, go_on: impl Fn() -> bool) -> bool {
+        let at = self.ptr.as_ptr() as usize;
+        let mut done = 0;
+        while done < self.mapped {
+            if !go_on() {
+                return false;
+            }
+            let n = POPULATE_PIECE.min(self.mapped - done);
+            populate_range(at + done, n);
+            done += n;
         }
+        true
     }
 
     pub fn as_slice(&self) -> &[u8] {
