@@ -300,6 +300,34 @@ def test_a_fresh_starts_first_save_takes_what_its_first_step_readied(
 
 
 @needs_cuda
+def test_a_lazy_save_right_after_the_first_step_stores_its_values_without_waiting_for_the_locking(url: str) -> None:
+    """A lazy save that comes right after the optimizer's first step takes
+    the state's memory while it is still being locked in the background
+    (nothing waits for it here: no ``drain``), and its copies are queued on
+    the same thread after the locking. Training goes on at once; the stored
+    values are those of the save, bitwise, in the memory reserved."""
+    model = _deep_model(9)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    _train(model, opt, 1, 30)
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1, "reserved at the first step"
+    reserved = pool._slabs[0].native.address
+    want = {k: bits(v) for k, v in model.state_dict().items()}
+    want_opt = [bits(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    cp.save(1, model=model, optimizer=opt)
+    _train(model, opt, 3, 31)
+    cp.wait()
+    assert [s.native.address for s in pool._slabs] == [reserved], "into the reserved memory"
+    assert pool._slabs[0].locked
+    saved = cp.read(1).state
+    assert {k: bits(v) for k, v in saved["model"].items()} == want
+    assert [bits(v) for s in saved["optimizer"]["state"].values() for v in s.values() if torch.is_tensor(v)] == want_opt
+    cp.close()
+
+
+@needs_cuda
 def test_a_restore_locks_its_new_slab_and_its_first_save_takes_it(url: str) -> None:
     """A restarted process's restore reads into a new host slab, page-locked
     after the read, and the next save takes that memory. Values bitwise both

@@ -310,15 +310,21 @@ class SlabPool:
 
     # -- slabs
 
-    def guess(self) -> Optional[_Slab]:
+    def guess(self, lazy: bool = False) -> Optional[_Slab]:
         """A free, prepared slab with the last save's layout, or None. A loop
         saves the same tensors each time, so a save can hand the engine this
         slab's slots while it walks the state, and an eager one can start its
-        copies then, before the walk knows every length (:class:`DeviceCopy`)."""
+        copies then, before the walk knows every length (:class:`DeviceCopy`).
+        A ``lazy`` save may also have a slab still being prepared in the
+        background (memory locked ahead, see :meth:`take`)."""
         if self._layout is None:
             return None
         for s in self._slabs:
-            if s.prepared and s.lens == self._layout and s.free() and (s.preparing is None or s.preparing.done()):
+            if s.lens != self._layout or not s.free():
+                continue
+            if s.prepared and (s.preparing is None or s.preparing.done()):
+                return s
+            if lazy and s.preparing is not None:
                 return s
         return None
 
@@ -341,10 +347,16 @@ class SlabPool:
                 s.slot_objs()  # (made once, now)
                 return
 
-    def take(self, lens: List[int], step: int) -> _Slab:
-        """A free slab with these slot lengths: reused, else new within the budget."""
+    def take(self, lens: List[int], step: int, lazy: bool = False) -> _Slab:
+        """A free slab with these slot lengths: reused, else new within the
+        budget. An eager save waits for memory being locked ahead (its copies
+        start on this thread); a ``lazy`` one takes it as it is: its copies
+        are queued on the launcher thread after that memory's preparation
+        (:meth:`prepare` on the same thread, see :meth:`reserve`), so a save
+        that comes just after the optimizer's first step does not stall for
+        the locking (0.32-0.38 s for 4 GiB on an H200 host)."""
         self._layout = tuple(lens)
-        self._settle()
+        self._settle(wait=not lazy)
         new: Optional[_Slab] = None
         while True:
             for s in self._slabs:
@@ -419,13 +431,15 @@ class SlabPool:
         self._slabs.append(slab)
         slab.preparing = self.launcher().submit(self.prepare, slab, device, True)
 
-    def _settle(self) -> None:
+    def _settle(self, wait: bool = True) -> None:
         """Wait for the reservations in flight (a save or restore takes their
-        memory next); one that failed is dropped."""
+        memory next); one that failed is dropped. Without ``wait``, only
+        those already done are settled."""
         for s in list(self._slabs):
-            fut, s.preparing = s.preparing, None
-            if fut is None:
+            fut = s.preparing
+            if fut is None or not (wait or fut.done()):
                 continue
+            s.preparing = None
             try:
                 fut.result()
             except Exception:  # noqa: BLE001 - no memory to be had: the save maps its own

@@ -97,7 +97,7 @@ class DeviceCopy:
         #: While the walk adds tensors, the slab is this save's even before
         #: copies are queued into it.
         self._open = True
-        guess = pool.guess()
+        guess = pool.guess(lazy)
         if guess is not None:
             guess.owner = self
         self._guess = guess
@@ -226,7 +226,7 @@ class DeviceCopy:
             self.slab = self._guess
         else:
             self._drop_guess()
-            slab = self._pool.take(self.lens(), step)
+            slab = self._pool.take(self.lens(), step, lazy=self._lazy)
             slab.owner = self
             self.slab = slab
             slots = slab.slot_objs()
