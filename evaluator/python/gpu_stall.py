@@ -4,7 +4,10 @@ model. A diagnosis tool beside the benchmark, not part of the report:
 
     python gpu_stall.py --dir D [--layers 24] [--width 1024] [--saves 8] [--optimizer foreach]
 
-For lazy and eager mode, in one process: ``--saves`` saves, two training
+First, for lazy and eager mode, a fresh start's first save right after its
+first step (``early_*``: its stall, and the next step's time beside a plain
+one's), with a checkpointer of its own. Then, for lazy and eager mode, in one
+process: ``--saves`` saves, two training
 steps apart, each once the previous one is written, each timed whole and by phase (the state dicts, the walk, the
 device copies' start, the slots, the engine's ``save``); then the same
 saves with Python's thread switch interval raised to 0.5 s (a stall that
@@ -129,6 +132,34 @@ def restores(tr: Trainer, root: str, n: int) -> Dict[str, Any]:
     }
 
 
+def early(tr: Trainer, root: str, lazy: bool) -> Dict[str, float]:
+    """A fresh start's first save right after its first step, as a job that
+    saves at once would make it: ``load_latest`` (nothing to restore), one
+    step (after which the first save is readied in the background), the save
+    at once, then the next step (which waits for the save's copies where they
+    are not done), beside a plain step's time."""
+    shutil.rmtree(root, ignore_errors=True)
+    cp = ckpt.Checkpointer(root, lazy=lazy, keep_last=1, gc_grace=0.0)
+    assert cp.load_latest(model=tr.model, optimizer=tr.opt) is None
+    tr.step()
+    tr.sync()
+    t0 = time.perf_counter()
+    cp.save(0, model=tr.model, optimizer=tr.opt)
+    stall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tr.step()
+    tr.sync()
+    after = time.perf_counter() - t0
+    cp.wait()
+    t0 = time.perf_counter()
+    tr.step()
+    tr.sync()
+    plain = time.perf_counter() - t0
+    cp.close()
+    shutil.rmtree(root, ignore_errors=True)
+    return {"stall_ms": 1e3 * stall, "next_step_ms": 1e3 * after, "plain_step_ms": 1e3 * plain}
+
+
 def saves(tr: Trainer, cp: Any, n: int, step0: int, phases: Phases) -> List[float]:
     stalls = []
     for i in range(n):
@@ -170,6 +201,11 @@ def main() -> None:
             with open(a.json, "w") as f:
                 json.dump(out, f, indent=1)
         return
+    for lazy in (True, False):
+        mode = "lazy" if lazy else "eager"
+        out[f"early_{mode}"] = early(tr, os.path.join(a.dir, f"early-{mode}"), lazy)
+        print(f"[stall] {mode}, a fresh start's save right after its first step: "
+              f"{json.dumps(out[f'early_{mode}'])}", flush=True)
     instrument(phases)
     step = 0
     for lazy in (True, False):
