@@ -47,7 +47,8 @@ def method_line(m: Dict[str, Any]) -> str:
 
 
 def stall_lines(out: str) -> None:
-    """gpu_stall.py's saves, by AdamW's implementation: first and later stall, and phases."""
+    """gpu_stall.py's saves, by AdamW's implementation: first and later stall,
+    phases, and a fresh start's save right after its first step."""
     for opt in ("fused", "foreach"):
         path = os.path.join(out, f"stall-{opt}.json")
         if not os.path.exists(path):
@@ -60,6 +61,11 @@ def stall_lines(out: str) -> None:
                 phases = {k: round(v, 2) for k, v in m.get("phases_ms", {}).items()}
                 print(f"stall, {opt} AdamW, {r.get('tensors')} tensors, {mode}: first {m['first_ms']:.1f} ms, "
                       f"later {m['later_ms']:.1f} ms, phases ms {json.dumps(phases)}")
+            e = r.get(f"early_{mode}")
+            if e:
+                print(f"stall, {opt} AdamW, {mode}, a fresh start's save right after its first step: "
+                      f"{e['stall_ms']:.1f} ms; the next step {e['next_step_ms']:.1f} ms "
+                      f"(a plain one {e['plain_step_ms']:.1f} ms)")
 
 
 def main(out: str) -> None:

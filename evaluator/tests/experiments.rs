@@ -759,3 +759,66 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
     assert_eq!(steps.rows.len(), ran);
     assert!(!o.targets.is_empty());
 }
+
+/// `gpu_stall.py`, the GPU run's diagnosis of a save's stall, and
+/// `scripts/gpu_summary.py`, which prints what a GPU run measured, run on CPU
+/// (a tiny model) so that a lent GPU's minutes are not spent on a broken
+/// script: each mode's stalls and phases, and a fresh start's save right
+/// after its first step.
+#[test]
+fn gpu_stall_script_on_cpu_writes_what_the_gpu_summary_prints() {
+    use ckpt_eval::experiments::gpu::script_path;
+    let Some(py) = ckpt_eval::python::interpreter() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("stall-fused.json");
+    let out = std::process::Command::new(&py)
+        .arg(script_path().with_file_name("gpu_stall.py"))
+        .args(["--device", "cpu", "--layers", "1", "--width", "64"])
+        .args([
+            "--seq", "16", "--batch", "2", "--vocab", "128", "--saves", "2",
+        ])
+        .arg("--dir")
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named") {
+        return; // no torch (or no ckpt package) in this interpreter
+    }
+    assert!(out.status.success(), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for mode in ["lazy", "eager"] {
+        let m = &r[mode];
+        assert!(m["first_ms"].as_f64().unwrap() > 0.0, "{mode}: {m}");
+        assert!(m["later_ms"].as_f64().unwrap() > 0.0, "{mode}: {m}");
+        let e = &r[format!("early_{mode}")];
+        for k in ["stall_ms", "next_step_ms", "plain_step_ms"] {
+            assert!(e[k].as_f64().unwrap() > 0.0, "{mode} {k}: {e}");
+        }
+    }
+    let summary =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu_summary.py");
+    let out = std::process::Command::new(&py)
+        .arg(summary)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for mode in ["lazy", "eager"] {
+        assert!(
+            text.contains(&format!(
+                "{mode}, a fresh start's save right after its first step"
+            )),
+            "{text}"
+        );
+    }
+}
