@@ -85,6 +85,19 @@ def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: P
     assert [s for s, _, e in latest.skipped if isinstance(e, ckpt.CorruptError)] == [2]
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_tensor_under_the_rank_states_reserved_name_is_refused(url: str, lazy: bool) -> None:
+    """Each rank's own state (its RNG) is stored as a tensor named
+    ``__rank{r}__``: a tensor of the user's under that name is refused, and
+    nothing is committed; under a name that only begins alike, it is saved."""
+    cp = ckpt.Checkpointer(url, lazy=lazy)
+    with pytest.raises(ckpt.InvalidInputError, match="reserved by ckpt"):
+        cp.save(1, {"__rank0__": torch.ones(3)})
+    cp.save(2, {"__rank0__x": torch.ones(3)}).wait()
+    assert [s for s, _ in cp._native.committed()] == [2]
+    cp.close()
+
+
 def test_invalid_input() -> None:
     with pytest.raises(ckpt.InvalidInputError):
         ckpt.Checkpointer("memory://bad-opts", busy="sometimes")

@@ -320,7 +320,7 @@ class Checkpointer:
         if local is not None:
             # Only rank 0's metadata reaches the manifest: each rank's own tree
             # travels as a tensor of its own (see ckpt._own).
-            if any(t.name == prefix for t in flat.tensors):
+            if prefix in flat.names:
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
             info["local"] = {"ranks": ranks}

@@ -69,6 +69,8 @@ class Flattened:
     local_tree: Any = None
     #: Names of the rank-local part's numpy arrays.
     local_numpy_names: List[str] = field(default_factory=list)
+    #: The name of every tensor in ``tensors`` (each is unique).
+    names: Set[str] = field(default_factory=set)
 
 
 class _Where:
@@ -347,6 +349,7 @@ def flatten(
         f.out.local_numpy_names = f.out.numpy_names[shared_numpy:]
         del f.out.numpy_names[shared_numpy:]
     f.out.device = exporter.device
+    f.out.names = f.names
     return f.out
 
 
