@@ -510,6 +510,40 @@ def test_a_lazy_save_does_not_wait_for_the_memory_being_locked_ahead(
     check_stored(url, expected)
 
 
+def test_a_lazy_save_into_memory_whose_locking_failed_stores_its_values(
+    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory locked ahead fails to be prepared after a lazy save took it
+    (as it may when the memory cannot be had): the save's copies still land
+    (in pageable memory), and a later save stores its values too."""
+    _counting_locks(monkeypatch)
+    release = threading.Event()
+    real = cudam.SlabPool.prepare
+
+    def prepare(self: Any, slab: Any, device: Any, whole: bool = False) -> None:
+        if whole and not slab.prepared:  # the reservation's
+            slab.prepared = True
+            assert release.wait(60), "never released"
+            raise MemoryError("no memory to be had (a test's)")
+        real(self, slab, device, whole)
+
+    monkeypatch.setattr(cudam.SlabPool, "prepare", prepare)
+    model, opt = fresh(monkeypatch)
+    cp = ckpt.Checkpointer(url, lazy=True, rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    train(model, opt)
+    expected = {1: snapshot(model, opt)}
+    cp.save(1, model=model, optimizer=opt)  # (returns: it takes the memory being prepared)
+    release.set()
+    train(model, opt)
+    cp.wait()
+    expected[2] = snapshot(model, opt)
+    cp.save(2, model=model, optimizer=opt)
+    train(model, opt)
+    cp.close()
+    check_stored(url, expected)
+
+
 def test_with_two_optimizers_the_reservation_waits_for_both_states(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -433,8 +433,9 @@ class SlabPool:
 
     def _settle(self, wait: bool = True) -> None:
         """Wait for the reservations in flight (a save or restore takes their
-        memory next); one that failed is dropped. Without ``wait``, only
-        those already done are settled."""
+        memory next); one that failed is dropped, unless a lazy save took it
+        meanwhile (it stays, pageable, in use). Without ``wait``, only those
+        already done are settled."""
         for s in list(self._slabs):
             fut = s.preparing
             if fut is None or not (wait or fut.done()):
@@ -443,7 +444,8 @@ class SlabPool:
             try:
                 fut.result()
             except Exception:  # noqa: BLE001 - no memory to be had: the save maps its own
-                self._drop(s)
+                if s.free():
+                    self._drop(s)
 
     def prepare(self, slab: _Slab, device: Optional[torch.device], whole: bool = False) -> None:
         """Populate and page-lock a new slab (once), with ``device`` (the
