@@ -340,6 +340,10 @@ class Method(abc.ABC):
     def prepare(self) -> None:
         """Import what the method needs (an exception skips the method)."""
 
+    def begin(self) -> None:
+        """What a job does at its start with this method, after ``open`` and
+        before it trains (ckpt: ``load_latest``, which finds nothing)."""
+
     def open(self) -> None:
         """A fresh directory (rank 0 makes it) and saver."""
         if rank() == 0:
@@ -413,6 +417,12 @@ class Ckpt(Method):
     def state(self) -> dict:
         """What ``save`` and ``load_latest`` are given."""
         return {"model": self.model, "optimizer": self.opt}
+
+    def begin(self) -> None:
+        # As the README asks of a job: on a fresh start too, with the names it
+        # saves under (it readies the first save after the next optimizer step).
+        if self.cp.load_latest(**self.state()) is not None:
+            raise RuntimeError(f"{self.name}: a fresh directory held a checkpoint")
 
     def start(self, step: int):
         before = self.cp.io_counts()["written_bytes"]

@@ -13,7 +13,10 @@ optimizer state exists. The context is the sequence length, so every position
 embedding is trained, and every saved tensor changes with each step (nothing is
 deduplicated between saves).
 
-Per method (a saver kept across saves, as in training): a cold save (pools,
+Per method, first, a job's first save right after its first step (``first
+stall``): a new saver opened as a job starts (ckpt: ``load_latest``, finding
+nothing), one training step, the save; then (a saver kept across saves, as in
+training): a cold save (pools,
 stagers, writer processes start) and, after a training step, a warm one and a
 load, all sampled for memory (below); then ``--repeats`` times, unsampled: a
 training step, then
@@ -265,6 +268,24 @@ def save_and_load(m: Method, tr: Trainer, a, state_bytes: int) -> dict:
     return rows
 
 
+def first_save(make, work: str, tr: Trainer) -> float:
+    """The stall of a job's first save right after its first step: a new saver
+    opened as a job starts (``Method.begin``: ckpt's ``load_latest``, finding
+    nothing), one training step, then the save. Waited for; then the saver is
+    closed and its files removed."""
+    m = make(work).bind(tr.model, tr.opt)
+    m.prepare()
+    m.open()
+    try:
+        m.begin()
+        tr.step()
+        stall, _, _ = timed_save(m, 0)
+    finally:
+        m.close()
+        shutil.rmtree(m.dir, ignore_errors=True)
+    return stall
+
+
 def train_rounds(tr: Trainer, m: Method, a, first_step: int) -> dict:
     """``a.rounds`` rounds of: ``a.every`` training steps without checkpointing,
     then a save and training steps until at least ``a.every`` are done and the
@@ -369,6 +390,7 @@ def main() -> None:
             out["methods"].append(row)
             continue
         t = time.perf_counter()
+        row["first_stall_s"] = [first_save(makers[name], work, tr)]
         row.update(save_and_load(m, tr, a, state_bytes))
         out["methods"].append(row)
         t1 = time.perf_counter()

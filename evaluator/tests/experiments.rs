@@ -376,6 +376,8 @@ fn python_rows_for_every_method_and_the_training_loop() {
             continue;
         }
         let (stall, durable) = (x.stall_s.as_ref().unwrap(), x.durable_s.as_ref().unwrap());
+        // A job's first save right after its first step, timed apart.
+        assert!(x.first_stall_s.is_some_and(|s| s > 0.0), "{}", x.name);
         well_formed(stall, 1);
         well_formed(durable, 1);
         assert!(stall.median <= durable.median + 1e-9, "{}", x.name);

@@ -91,6 +91,7 @@ pub fn parse(v: &Json) -> Result<PyTrainResults, Error> {
             durable_vs_write: ratio(durable_s.as_ref(), floors.write_fsync_s),
             load_vs_read: ratio(load_s.as_ref(), floors.read_cold_s),
             stall_s,
+            first_stall_s: python::floats(m, "first_stall_s").first().copied(),
             snapshot_s,
             durable_s,
             load_s,
@@ -391,6 +392,7 @@ mod tests {
     fn parses_the_output_and_computes_the_targets() {
         let m = |name: &str, stall: f64, durable: f64, load: Option<f64>| {
             let mut v = serde_json::json!({"name": name, "stall_s": [stall, stall],
+                "first_stall_s": [3.0 * stall],
                 "snapshot_s": [stall], "durable_s": [durable], "written_bytes": [100.0],
                 "peak_save_extra_bytes": 50.0});
             if let Some(l) = load {
@@ -431,6 +433,19 @@ mod tests {
             "negative peaks are 0"
         );
         assert!((r.methods[0].load_vs_read - 1.2).abs() < 1e-12);
+        assert!((r.methods[2].first_stall_s.unwrap() - 6.0).abs() < 1e-12);
+        assert_eq!(r.methods[4].first_stall_s, None, "skipped");
+        let table = &render::tables(&r)[0];
+        let col = table
+            .header
+            .iter()
+            .position(|c| c == "first stall ms")
+            .unwrap();
+        assert_eq!(
+            table.rows[1][col], "15.0",
+            "ckpt lazy's first save: {:?}",
+            table.rows[1]
+        );
         let eager = &r.loops[0];
         assert_eq!(eager.rounds, 3);
         assert!((eager.lost_s.median - 0.2).abs() < 1e-12, "{eager:?}");

@@ -12,7 +12,7 @@ pub fn tables(py: &PyTrainResults) -> Vec<Table> {
     let mut t = Table::new(
         "python_methods",
         format!(
-            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks the training loop, snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before (staging kept between saves counts); ratios to the same run's floors",
+            "Python: {} ({} layers, width {}, vocabulary {}, {:.1}M parameters) plus AdamW, {} MiB of state in {} tensors, one process on CPU (torch {}); median [min-max] of {} saves after a training step each (every tensor changes), after a cold and a warm save (sampled for memory; the timed ones are not); stall = the call blocks the training loop, first stall = a job's first save right after its first step (a new saver, opened as a job starts: ckpt's load_latest finds nothing), snapshot = until the state may change, durable = on disk with fsync; load (one method per file format) into the live model and optimizer, page cache dropped, every tensor checked equal; peak extra = Pss over the value before (staging kept between saves counts); ratios to the same run's floors",
             py.model,
             py.layers,
             py.width,
@@ -24,7 +24,7 @@ pub fn tables(py: &PyTrainResults) -> Vec<Table> {
             py.repeats
         ),
         &[
-            "method", "stall ms", "snapshot s", "durable s", "load s", "written MiB",
+            "method", "stall ms", "first stall ms", "snapshot s", "durable s", "load s", "written MiB",
             "peak extra save MiB", "peak extra load MiB", "stall/memcpy", "durable/write", "load/read",
         ],
     );
@@ -36,6 +36,8 @@ pub fn tables(py: &PyTrainResults) -> Vec<Table> {
         t.rows.push(vec![
             x.name.clone(),
             opt_ms(x.stall_s.as_ref()),
+            x.first_stall_s
+                .map_or_else(String::new, |s| format!("{:.1}", s * 1e3)),
             opt_secs(x.snapshot_s.as_ref()),
             opt_secs(x.durable_s.as_ref()),
             opt_secs(x.load_s.as_ref()),

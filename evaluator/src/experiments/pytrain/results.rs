@@ -27,6 +27,9 @@ pub struct PyMethodRow {
     pub skipped: Option<String>,
     /// Time the save call blocked the training loop, s.
     pub stall_s: Option<Summary>,
+    /// The stall of a job's first save right after its first step (a new
+    /// saver, opened as a job starts), s.
+    pub first_stall_s: Option<f64>,
     /// Time until the state may be mutated again, s.
     pub snapshot_s: Option<Summary>,
     /// Time until durable, s.
