@@ -64,8 +64,8 @@ def stall_lines(out: str) -> None:
             e = r.get(f"early_{mode}")
             if e:
                 print(f"stall, {opt} AdamW, {mode}, a fresh start's save right after its first step: "
-                      f"{e['stall_ms']:.1f} ms; the next step {e['next_step_ms']:.1f} ms "
-                      f"(a plain one {e['plain_step_ms']:.1f} ms)")
+                      f"{e['stall_ms']:.1f} ms; the first step {e.get('first_step_ms', 0.0):.1f} ms, "
+                      f"the next {e['next_step_ms']:.1f} ms (a plain one {e['plain_step_ms']:.1f} ms)")
 
 
 def main(out: str) -> None:

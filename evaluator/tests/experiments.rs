@@ -798,7 +798,7 @@ fn gpu_stall_script_on_cpu_writes_what_the_gpu_summary_prints() {
         assert!(m["first_ms"].as_f64().unwrap() > 0.0, "{mode}: {m}");
         assert!(m["later_ms"].as_f64().unwrap() > 0.0, "{mode}: {m}");
         let e = &r[format!("early_{mode}")];
-        for k in ["stall_ms", "next_step_ms", "plain_step_ms"] {
+        for k in ["first_step_ms", "stall_ms", "next_step_ms", "plain_step_ms"] {
             assert!(e[k].as_f64().unwrap() > 0.0, "{mode} {k}: {e}");
         }
     }
