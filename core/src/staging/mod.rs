@@ -197,8 +197,7 @@ impl StagingPool {
     ///
     /// A save that asks for buffers meanwhile stops it at the next piece of
     /// its page faults: it takes the buffers readied so far (the one being
-    /// mapped goes idle part-mapped, for a later save) and maps the rest
-    /// itself, unmapped. It must not wait: each mapping of a new buffer by
+    /// mapped is let go) and maps the rest itself, unfaulted. It must not wait: each mapping of a new buffer by
     /// the save waits for the piece being faulted in (the kernel's lock of
     /// the address space), so a save of GPT-2's 600 tensors (1.4 GiB) that
     /// came just after the first optimizer step stalled for 2.0 s.
@@ -231,19 +230,18 @@ impl StagingPool {
                     return Ok(readied);
                 };
                 let buf = PageBuf::zeroed(mapped)?;
-                let whole = buf.populate_while(go_on);
-                if whole {
-                    readied += len as u64;
+                if !buf.populate_while(go_on) {
+                    // The save mapped its own for this length: one kept idle
+                    // would hold memory (up to the largest tensor's) for nothing.
+                    return Ok(readied);
                 }
+                readied += len as u64;
                 self.inner
                     .idle
                     .lock_unpoisoned()
                     .entry(mapped)
                     .or_default()
                     .push((buf, permit));
-                if !whole {
-                    return Ok(readied);
-                }
             }
         }
         Ok(readied)
@@ -394,8 +392,8 @@ mod tests {
     }
 
     /// A save that asks for buffers while a readying is under way stops it:
-    /// the readying maps no buffer after the save's, and returns what it
-    /// readied until then.
+    /// the readying adds no buffer after the save's but one it had just
+    /// mapped (one part-mapped is let go), and returns what it readied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_save_stops_a_readying_under_way() {
         let lens = vec![32 << 10; 4000]; // (below LEAD_MIN: mapped as long as asked)
@@ -414,7 +412,7 @@ mod tests {
         assert!(readied < all, "stopped early: {readied} of {all} bytes");
         assert!(
             pool.idle_bytes() <= idle_then + (32 << 10),
-            "at most the buffer being mapped was added after the save: {} then {idle_then}",
+            "at most the buffer whose mapping was done as the save came was added after it: {} then {idle_then}",
             pool.idle_bytes()
         );
         // A readying that starts after the save goes on to the end.
