@@ -655,37 +655,50 @@ async fn memtier_restarts_from_every_source_or_why_not() {
     );
 }
 
+/// Runs one of the GPU scripts on CPU with a tiny GPT (`--device cpu`),
+/// its work under `dir` and its JSON at `json`, and `extra` arguments; false
+/// (the test has nothing to check) where this machine's Python lacks torch or
+/// the ckpt package.
+fn gpu_script_on_cpu(
+    script: &std::path::Path,
+    dir: &std::path::Path,
+    json: &std::path::Path,
+    extra: &[&str],
+) -> bool {
+    let Some(py) = ckpt_eval::python::interpreter() else {
+        return false;
+    };
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .args(["--device", "cpu", "--layers", "1", "--width", "64"])
+        .args(["--seq", "16", "--batch", "2", "--vocab", "128"])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir.join("work"))
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named") {
+        return false; // no torch (or no ckpt package) in this interpreter
+    }
+    assert!(out.status.success(), "{}: {stderr}", script.display());
+    true
+}
+
 /// `gpu_bench.py` needs CUDA for its figures, but its structure (the peers of
 /// `peers.py`, the loop, the restores, the JSON the gpu experiment renders)
 /// runs on CPU with `--device cpu`: every method, a tiny model.
 #[test]
 fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
     use ckpt_eval::experiments::gpu::{render, script_path, GpuResults};
-    let Some(py) = ckpt_eval::python::interpreter() else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("gpu.json");
-    let out = std::process::Command::new(py)
-        .arg(script_path())
-        .args([
-            "--device", "cpu", "--layers", "1", "--width", "64", "--seq", "16",
-        ])
-        .args([
-            "--batch", "2", "--vocab", "128", "--every", "2", "--rounds", "2",
-        ])
-        .args(["--restore-repeats", "2"])
-        .arg("--dir")
-        .arg(dir.path().join("work"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.contains("No module named") {
-        return; // no torch (or no ckpt package) in this interpreter
+    let extra = ["--every", "2", "--rounds", "2", "--restore-repeats", "2"];
+    if !gpu_script_on_cpu(&script_path(), dir.path(), &json, &extra) {
+        return;
     }
-    assert!(out.status.success(), "{stderr}");
     let r: GpuResults = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let names: Vec<&str> = r.methods.iter().map(|m| m.method.as_str()).collect();
     assert_eq!(
@@ -770,28 +783,13 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
 #[test]
 fn gpu_stall_script_on_cpu_writes_what_the_gpu_summary_prints() {
     use ckpt_eval::experiments::gpu::script_path;
-    let Some(py) = ckpt_eval::python::interpreter() else {
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("stall-fused.json");
-    let out = std::process::Command::new(&py)
-        .arg(script_path().with_file_name("gpu_stall.py"))
-        .args(["--device", "cpu", "--layers", "1", "--width", "64"])
-        .args([
-            "--seq", "16", "--batch", "2", "--vocab", "128", "--saves", "2",
-        ])
-        .arg("--dir")
-        .arg(dir.path().join("work"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.contains("No module named") {
-        return; // no torch (or no ckpt package) in this interpreter
+    let script = script_path().with_file_name("gpu_stall.py");
+    if !gpu_script_on_cpu(&script, dir.path(), &json, &["--saves", "2"]) {
+        return;
     }
-    assert!(out.status.success(), "{stderr}");
+    let py = ckpt_eval::python::interpreter().unwrap();
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     for mode in ["lazy", "eager"] {
         let m = &r[mode];
