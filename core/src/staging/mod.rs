@@ -142,8 +142,6 @@ impl StagingPool {
         policy: BusyPolicy,
         step: u64,
     ) -> Result<Vec<StagingBuf>> {
-        // A readying in progress stops at its next piece (see `ready_ahead`).
-        self.inner.acquires.fetch_add(1, Ordering::SeqCst);
         // The budget counts whole pages per buffer (`staged_bytes`); a lead
         // adds at most one page to a buffer of 64 KiB or more.
         let total = staged_bytes(lens);
@@ -163,6 +161,10 @@ impl StagingPool {
         let permit = if missing == 0 {
             None
         } else {
+            // This save maps buffers: a readying in progress stops at its
+            // next piece (see `ready_ahead`). One whose buffers were all
+            // idle (a loop's later saves, or none at all) lets it go on.
+            self.inner.acquires.fetch_add(1, Ordering::SeqCst);
             Some(self.permits(missing as u32, policy, step).await?)
         };
         let mut permit = permit;
@@ -195,8 +197,8 @@ impl StagingPool {
     /// as that first copy): call it off the training thread. Returns the bytes
     /// readied.
     ///
-    /// A save that asks for buffers meanwhile stops it at the next piece of
-    /// its page faults: it takes the buffers readied so far (the one being
+    /// A save that maps buffers meanwhile stops it at the next piece of its
+    /// page faults: it takes the buffers readied so far (the one being
     /// mapped is let go) and maps the rest itself, unfaulted. It must not wait: each mapping of a new buffer by
     /// the save waits for the piece being faulted in (the kernel's lock of
     /// the address space), so a save of GPT-2's 600 tensors (1.4 GiB) that
@@ -415,8 +417,20 @@ mod tests {
             "at most the buffer whose mapping was done as the save came was added after it: {} then {idle_then}",
             pool.idle_bytes()
         );
-        // A readying that starts after the save goes on to the end.
+        // A readying that starts after the save goes on to the end, and a
+        // save that maps nothing (its buffers idle, or none) does not stop one.
         drop(taken);
+        let more = {
+            let pool = pool.clone();
+            std::thread::spawn(move || pool.ready_ahead(&[16 << 10; 4000]).unwrap())
+        };
+        while pool.inner.idle.lock_unpoisoned().get(&(16 << 10)).is_none() {
+            std::thread::yield_now();
+        }
+        let none = pool.acquire(&[], BusyPolicy::Wait, 2).await.unwrap();
+        let idle_one = pool.acquire(&[1 << 20], BusyPolicy::Wait, 3).await.unwrap();
+        assert_eq!(more.join().unwrap(), 4000 * (16 << 10), "not stopped");
+        drop((none, idle_one));
         pool.ready_ahead(&[32 << 10; 8000]).unwrap();
         assert_eq!(pool.inner.idle.lock_unpoisoned()[&(32 << 10)].len(), 8000);
     }
