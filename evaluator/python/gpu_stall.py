@@ -5,8 +5,8 @@ model. A diagnosis tool beside the benchmark, not part of the report:
     python gpu_stall.py --dir D [--layers 24] [--width 1024] [--saves 8] [--optimizer foreach]
 
 First, for lazy and eager mode, a fresh start's first save right after its
-first step (``early_*``: its stall, and the next step's time beside a plain
-one's), with a checkpointer of its own. Then, for lazy and eager mode, in one
+first step (``early_*``: the first step's time, the save's stall, and the
+next step's time beside a plain one's), with a checkpointer of its own. Then, for lazy and eager mode, in one
 process: ``--saves`` saves, two training
 steps apart, each once the previous one is written, each timed whole and by phase (the state dicts, the walk, the
 device copies' start, the slots, the engine's ``save``); then the same

@@ -70,8 +70,8 @@ struct PoolState {
     sem: Arc<Semaphore>,
     returned: Notify,
     idle: Mutex<Idle>,
-    /// Saves that asked for buffers so far ([`StagingPool::acquire`]): a
-    /// readying ahead stops when it changes (see [`StagingPool::ready_ahead`]).
+    /// Saves that mapped buffers of their own so far ([`StagingPool::acquire`]):
+    /// a readying ahead stops when it changes (see [`StagingPool::ready_ahead`]).
     acquires: AtomicU64,
 }
 
@@ -199,10 +199,11 @@ impl StagingPool {
     ///
     /// A save that maps buffers meanwhile stops it at the next piece of its
     /// page faults: it takes the buffers readied so far (the one being
-    /// mapped is let go) and maps the rest itself, unfaulted. It must not wait: each mapping of a new buffer by
-    /// the save waits for the piece being faulted in (the kernel's lock of
-    /// the address space), so a save of GPT-2's 600 tensors (1.4 GiB) that
-    /// came just after the first optimizer step stalled for 2.0 s.
+    /// mapped is let go) and maps the rest itself, unfaulted. It must not
+    /// wait: each mapping of a new buffer by the save waits for the piece
+    /// being faulted in (the kernel's lock of the address space), so a save
+    /// of GPT-2's 600 tensors (1.4 GiB) that came just after the first
+    /// optimizer step stalled for 2.0 s.
     pub fn ready_ahead(&self, lens: &[usize]) -> Result<u64> {
         let inner = &self.inner;
         let began = inner.acquires.load(Ordering::SeqCst);
@@ -393,7 +394,7 @@ mod tests {
         drop(bufs);
     }
 
-    /// A save that asks for buffers while a readying is under way stops it:
+    /// A save that maps buffers while a readying is under way stops it:
     /// the readying adds no buffer after the save's but one it had just
     /// mapped (one part-mapped is let go), and returns what it readied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
