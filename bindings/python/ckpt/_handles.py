@@ -59,14 +59,18 @@ class RestorePhases:
     #: destination given to each tensor (CUDA tensors: a slot of a host slab).
     plan: float
     #: The engine's read into those destinations: the storage's reads, checksums
-    #: and decompression.
+    #: and decompression (with CUDA tensors, the copies to the device of the
+    #: groups read first run meanwhile, see :mod:`ckpt._hoststage`).
     read: float
     #: Every rank's outcome agreed on (0 with one process).
     agree: float
-    #: A new host slab for CUDA tensors page-locked after the read (0 where a
-    #: save left one locked, or there is no CUDA state).
+    #: A new host slab for CUDA tensors page-locked after the read, where
+    #: ``HostStage.lock`` is ``"after"`` (0 by default, where it is locked in
+    #: the background once the restore's copies landed; 0 where a save left
+    #: one locked, or there is no CUDA state).
     lock: float
-    #: The host-to-device copies out of the slab, and their wait.
+    #: The host-to-device copies out of the slab after the read (the last
+    #: group's, or all of them locked after the read), and the wait for all.
     to_device: float
     #: The values handed to the live objects (``load_state_dict``) and the
     #: random generators restored.
@@ -77,7 +81,8 @@ class RestorePhases:
     #: reads), in the same call.
     damaged: float = 0.0
     #: How the host slab for CUDA tensors was locked: ``"held"`` (a save left
-    #: it locked), ``"after"`` the read, ``"during"`` it, ``"pageable"`` (the
+    #: it locked), ``"later"`` (in the background, once its copies landed),
+    #: ``"after"`` the read, ``"during"`` it, ``"pageable"`` (the
     #: runtime would not lock it); None without CUDA tensors.
     slab: Optional[str] = None
 

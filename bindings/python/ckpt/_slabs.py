@@ -12,8 +12,9 @@ reuses them by layout. :mod:`ckpt.cuda` copies into them.
   (faulting its pages), into touched pageable memory 0.41 s, into locked
   memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
   which the CUDA driver takes no other call from the process. So memory is
-  locked ahead where it can be: a restore locks its slab once its read has
-  mapped the pages (:class:`~ckpt.cuda.HostStage`), and a fresh start
+  locked ahead where it can be: a restore's slab is locked once its read has
+  mapped the pages, in the background after its copies by default
+  (:class:`~ckpt.cuda.HostStage`, :meth:`SlabPool.lock_later`), and a fresh start
   reserves the first save's in the background
   (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._ahead`). Both are locked
   in one piece, and the first save lays such memory out anew for its own
@@ -233,8 +234,9 @@ class SlabPool:
         #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
         self.plans: Dict[str, Any] = {}
         #: How each restore's slab came to be page-locked (:class:`HostStage`):
-        #: "held" (a save left it locked), "during" the read, "after" it, or
-        #: "pageable" (the runtime refused).
+        #: "held" (a save left it locked), "later" (in the background once
+        #: its copies landed), "during" the read, "after" it, or "pageable"
+        #: (the runtime refused).
         self.restore_locks: List[str] = []
         # Unlocks what is left when the pool is collected (a checkpointer never
         # closed); it must not hold the pool itself, or the pool lives forever.
@@ -430,6 +432,17 @@ class SlabPool:
         slab = _Slab([nbytes])
         self._slabs.append(slab)
         slab.preparing = self.launcher().submit(self.prepare, slab, device, True)
+
+    def lock_later(self, slab: _Slab, device: Optional[torch.device]) -> bool:
+        """Page-lock ``slab`` in the background, in one piece, on the launcher
+        thread: a restore's new slab once its copies have landed
+        (:class:`~ckpt._hoststage.HostStage`), so that the job's first save
+        finds it locked, as it finds memory reserved ahead (:meth:`reserve`).
+        Whether it was queued (not for a slab locked, or tried, already)."""
+        if slab.locked or slab.prepared or slab.nbytes == 0 or slab.preparing is not None:
+            return False
+        slab.preparing = self.launcher().submit(self.prepare, slab, device, True)
+        return True
 
     def _settle(self, wait: bool = True) -> None:
         """Wait for the reservations in flight (a save or restore takes their

@@ -749,7 +749,8 @@ class Checkpointer:
             stage = self._host_stage()
             restore = _load.plan(self._native, step, attempt, targets, self._rng, stage, me)
             marks.append(time.perf_counter())
-            self._native.load_into(step, attempt, restore.plan.requests)
+            native = self._native
+            restore.plan.load(lambda requests: native.load_into(step, attempt, requests))
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # noqa: BLE001 - every rank must learn of it
@@ -760,6 +761,8 @@ class Checkpointer:
         verdict = _agree(self._coordinator, error)
         marks.append(time.perf_counter())
         if verdict is not None:
+            if restore is not None:
+                restore.plan.abandon()
             if isinstance(verdict, CheckpointError) and is_damage(verdict):
                 self._native.note_damaged(step, attempt)
                 return verdict, wrote, _AttemptTimes(marks + [marks[-1]], stage)

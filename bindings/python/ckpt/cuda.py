@@ -39,13 +39,13 @@ one trip over PCIe, no copy through the CPU.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
 from . import _slabs
+from ._hoststage import HostStage
 from ._slabs import SlabPool, _Slab
 
 __all__ = ["SlabPool", "DeviceCopy", "Pending", "HostStage"]
@@ -436,78 +436,3 @@ def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
             pass
     for d, s in zip(dst, src):
         d.copy_(s, non_blocking=True)
-
-
-class HostStage:
-    """A restore's CUDA destinations filled through one slab: the engine writes
-    into its slots, then host-to-device copies on the current stream.
-
-    A slab the pool already holds locked (left by a save) is used as it is. A
-    new one (a restarted process's first restore) is filled by the read in
-    pageable memory, then page-locked in one piece, and the copies to the
-    device run at the link's speed; the slab stays in the pool for the job's
-    first save. Locking pages the read already mapped is cheap (0.135 s for
-    4 GiB on an H100 host); locking fresh pages is not (1.2 s), and doing it
-    on the pool's thread while the read fills the slab was slower on an H200
-    host, in one run, both ways: 1.42 s against 0.76 s for a warm restore of
-    4 GiB, 3.97 s against 3.04 s for a cold one. That way
-    (:attr:`lock_during_read`) now maps the pages first, on several threads,
-    and locks pages already there; the GPU benchmark times it beside this
-    one, which stays the default until a GPU run says otherwise.
-    """
-
-    #: True: a new slab is mapped and page-locked on the pool's thread while
-    #: the read fills it (:meth:`SlabPool.lock_while_filled`); the GPU
-    #: benchmark's ``--restore-both`` times it beside the default.
-    lock_during_read = False
-
-    def __init__(self, pool: SlabPool) -> None:
-        self._pool = pool
-        self._dst: List[torch.Tensor] = []
-        self._views: List[torch.Tensor] = []
-        self.slab: Optional[_Slab] = None
-        self._held = False
-        #: Seconds :meth:`copy_back` spent locking a new slab, and copying to the device.
-        self.lock_s = 0.0
-        self.to_device_s = 0.0
-        #: How the slab was locked (as ``SlabPool.restore_locks`` records it), once copied back.
-        self.how: Optional[str] = None
-
-    def add(self, t: torch.Tensor) -> int:
-        self._dst.append(t)
-        return len(self._dst) - 1
-
-    def __len__(self) -> int:
-        return len(self._dst)
-
-    def buffers(self) -> List[Any]:
-        """A writable byte buffer (numpy) for each destination, in order: the slab's slots."""
-        lens = [t.numel() * t.element_size() for t in self._dst]
-        slab, offsets = self._pool.borrow(lens)
-        slab.owner = None
-        self.slab = slab
-        self._held = slab.locked
-        if self.lock_during_read:
-            self._pool.lock_while_filled(slab, self._dst[0].device if self._dst else None)
-        self._views = [slab.host[off : off + n] for off, n in zip(offsets, lens)]
-        return [v.numpy() for v in self._views]
-
-    def copy_back(self) -> None:
-        """Copy every slot into its live tensor and wait for the copies."""
-        t0 = time.perf_counter()
-        if self.slab is not None and self._dst:
-            # Locked during the read, else now, in one piece (no training runs
-            # yet), so the first save may lay it out anew.
-            self._pool.settle(self.slab)
-            how = "held" if self._held else "during" if self.slab.locked else "after"
-            self._pool.prepare(self.slab, self._dst[0].device, whole=True)
-            self.how = how if self.slab.locked else "pageable"
-            self._pool.restore_locks.append(self.how)
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            for t, v in zip(self._dst, self._views):
-                t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)
-        for d in {t.device for t in self._dst}:
-            torch.cuda.current_stream(d).synchronize()
-        self._dst, self._views = [], []
-        self.lock_s, self.to_device_s = t1 - t0, time.perf_counter() - t1

@@ -176,13 +176,13 @@ class RestorePlan:
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return
-        direct = t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+        direct = not _on_device(t) and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
         if direct and self._claim(t.data_ptr(), nbytes, name) == "same":
             return  # tied to a tensor already being filled (the same memory)
         if direct and self._free_span(t.data_ptr(), nbytes):
             self._read(name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy())
             return
-        pin = t.device.type == "cuda"
+        pin = _on_device(t)
         self._cuda = self._cuda or pin
         if pin and self._stage is not None:
             if self._claim(t.data_ptr(), nbytes, name) == "same":
@@ -238,6 +238,25 @@ class RestorePlan:
             return False
         self._memory[(ptr, nbytes)] = ""
         return True
+
+    def load(self, read: Callable[[List[LoadTarget]], None]) -> None:
+        """Run the load with ``read`` (the engine's load of a list of
+        requests). With CUDA destinations, the stage reads their slots group
+        by group and starts each group's copies to the device once it is read
+        (:meth:`ckpt.cuda.HostStage.fill`)."""
+        if not self._staged:
+            read(self.requests)
+            return
+        n = len(self._staged)
+        head, slots = self.requests[: len(self.requests) - n], self.requests[len(self.requests) - n :]
+        self._stage.fill(read, head, slots)
+
+    def abandon(self) -> None:
+        """After a failed load or a damaged checkpoint on any rank: wait for
+        the copies to the device already started (the stage's slab is reused
+        by the next attempt)."""
+        if self._staged:
+            self._stage.abandon()
 
     def place(self) -> None:
         """Give the CUDA destinations their slots in the stage's slab (after the walk)."""
@@ -331,6 +350,11 @@ def restore_into(target: Any, value: Any, where: str) -> bool:
         target[:] = value
         return True
     return False
+
+
+def _on_device(t: Any) -> bool:
+    """Whether a live tensor is filled through the host (a CUDA tensor)."""
+    return bool(t.device.type == "cuda")
 
 
 def _resolve(v: Any) -> Any:
