@@ -17,7 +17,8 @@
 #   2. the `gpu` experiment's benchmark, evaluator/python/gpu_bench.py, at its
 #      default size (a GPT-style model with about 4 GiB of model and optimizer
 #      state) with every method, its JSON in OUT/gpu-4g.json (plain lazy also
-#      restores with its host slab locked during the read, the other way);
+#      restores with its host slab locked after the read and during it, the
+#      other ways);
 #   3. the memory tier's restore and restart benchmark,
 #      evaluator/python/memtier_bench.py (1 GiB per rank: memory against local
 #      disk with the page cache dropped, on this host's cores), in
@@ -32,7 +33,7 @@
 # the state and for half of it) and plain eager beside the control, over 5
 # rounds, then step 4. --restore is for where a restore's time goes: the
 # CUDA tests, then step 2 with plain lazy alone (one short round) restoring 3
-# times each way (its slab locked after the read, and during it), each
+# times each way (its slab locked later, after the read, during it), each
 # restore's phases in the JSON; nothing else.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself; the run ends with a few lines per method of what
@@ -112,7 +113,7 @@ case "$quick" in
   --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged),ckpt eager" --rounds 5) ;;
   --restore) methods=(--methods "ckpt lazy" --rounds 1 --every 10 --restore-repeats 3) ;;
 esac
-step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-both \
+step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-ways later,after,during \
   "${methods[@]}"
 if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ] && [ "$quick" != "--restore" ]; then
   step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \

@@ -50,10 +50,12 @@ restarted process does; its cold restore has the disk's page cache dropped.
   read once before, untimed, so that it is in the page cache: a writer that
   bypasses the cache leaves none of it there) and with the page cache dropped (``/proc/sys/vm/drop_caches``
   where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
-  copy taken at the save. With ``--restore-both``, plain ckpt lazy restores
-  twice more, with the new host slab page-locked during the read instead of
-  after it (``restore_warm_lock_during_s``, ``restore_cold_lock_during_s``):
-  the other way, timed in the same run. ``--restore-repeats N`` restores each
+  copy taken at the save. ckpt's restores page-lock their new host slab in
+  the background once the copies to the device are done (``HostStage.lock``
+  ``"later"``); with ``--restore-ways later,after,during``, plain ckpt lazy
+  also restores with the slab locked after the read
+  (``restore_warm_lock_after_s``...) and during it
+  (``restore_cold_lock_during_s``...): every way, timed in the same run. ``--restore-repeats N`` restores each
   way N times, the ways interleaved: the figure is the median run, every run
   is in ``restore_*_runs_s``. ckpt's restores also record where
   their time went (``restore_warm_phases``...: ``Checkpointer.last_restore``,
@@ -341,9 +343,9 @@ class GpuCkpt(Ckpt):
         return None if slabs is None else slabs.peak_locked
 
     def loaded_by(self, cp: Any) -> None:
-        # How the restore's host slab was page-locked: after the read (ckpt's
-        # way), during it (--restore-both's other way), or not at all; and
-        # where the restore's time went.
+        # How the restore's host slab was page-locked: in the background once
+        # copied (ckpt's way), after the read or during it (--restore-ways),
+        # or not at all; and where the restore's time went.
         pool = cp._pool(False)
         self.restore_lock = ",".join(pool.restore_locks) if pool is not None else None
         self.restore_phases = restore_phases(cp.last_restore)
@@ -565,11 +567,13 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     ref = tr.reference()
     m.start(step)()
     m.prune(step)
-    # Plain lazy restores again with the restore's new slab locked during its
-    # read instead of after it: both ways in one run.
+    # Plain lazy restores again with the restore's new slab locked another
+    # way (after the read, during it): every way asked for, in one run.
     restores = [("warm", ""), ("cold", "")]
-    if a.restore_both and m.name == "ckpt lazy" and a.device == "cuda":
-        restores += [("warm", "_lock_during"), ("cold", "_lock_during")]
+    if m.name == "ckpt lazy" and a.device == "cuda":
+        for way in a.restore_ways.split(","):
+            if way.strip() and way.strip() != "later":
+                restores += [("warm", f"_lock_{way.strip()}"), ("cold", f"_lock_{way.strip()}")]
     # ``--restore-repeats`` rounds, each restoring every way once (the ways
     # interleaved, so that neither is always first); the median is the figure.
     runs: Dict[str, List[Tuple[float, Any]]] = {}
@@ -581,7 +585,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             else:
                 warm_cache(m.dir)
             tr.sync()
-            with _lock_during_read(bool(key)):
+            with _restore_lock(key[len("_lock_"):] if key else "later"):
                 t0 = time.perf_counter()
                 m.load(step)
                 tr.sync()
@@ -601,15 +605,15 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
 
 
 @contextlib.contextmanager
-def _lock_during_read(during: bool) -> Iterator[None]:
-    """A restore's new host slab page-locked during its read or after it (ckpt's way)."""
+def _restore_lock(way: str) -> Iterator[None]:
+    """A restore's new host slab page-locked ``way`` (``ckpt.cuda.HostStage.lock``)."""
     from ckpt.cuda import HostStage
 
-    was, HostStage.lock_during_read = HostStage.lock_during_read, during
+    was, HostStage.lock = HostStage.lock, way
     try:
         yield
     finally:
-        HostStage.lock_during_read = was
+        HostStage.lock = was
 
 
 def _excess(plain: List[List[float]], after: List[List[float]]) -> Dict[str, Any]:
@@ -710,8 +714,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(ALL))
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
-    ap.add_argument("--restore-both", action="store_true",
-                    help="plain ckpt lazy also restores with its new host slab locked during the read")
+    ap.add_argument("--restore-ways", default="later",
+                    help="how plain ckpt lazy's restores page-lock their new host slab, each timed: "
+                         "later (the default), after, during (comma-separated)")
     ap.add_argument("--no-restore", action="store_true", help="measure no restores (nor the save before them)")
     ap.add_argument("--restore-repeats", type=int, default=1,
                     help="restore each way this many times, interleaved; the median is the figure")
