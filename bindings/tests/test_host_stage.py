@@ -424,4 +424,13 @@ def test_load_latest_reads_device_tensors_in_groups_and_falls_back_from_a_damage
         assert cp.load_latest(live) == 1
     assert all(torch.equal(live[k], one[k]) for k in one)
     assert len(reads) > 4, "the damaged one failed in a later group, then the previous one was read whole"
+    # Both attempts used one slab (the failed one's copies waited for), which
+    # the first save takes, locked in the background meanwhile.
+    pool = cp._slabs
+    assert pool is not None and len(pool._slabs) == 1
+    restored = pool._slabs[0]
+    assert pool.restore_locks == ["later"]
+    cp.save(3, live).wait()
+    assert restored.locked and pool._slabs == [restored], "no new slab"
+    assert all(torch.equal(cp.read(3).state[k], one[k]) for k in one)
     cp.close()
