@@ -672,6 +672,11 @@ def targets(res: dict) -> List[dict]:
             add("lazy durable / write + fsync", lazy["durable_s"] / fl["write_fsync_s"], 1.1)
         if lazy["restore_cold_s"] is not None:
             add("cold restore / (cold read + host-to-device)", lazy["restore_cold_s"] / (fl["cold_read_s"] + fl["h2d_s"]), 1.1)
+        for way in ("after", "during"):  # the other ways of locking a restore's slab (--restore-ways)
+            other = lazy.get(f"restore_cold_lock_{way}_s")
+            if other is not None:
+                add(f"cold restore, slab locked {way} the read / (cold read + host-to-device)",
+                    other / (fl["cold_read_s"] + fl["h2d_s"]), 1.1)
         if lazy["pinned_peak_bytes"] is not None:
             add("page-locked bytes / state (budget 2x by default)", lazy["pinned_peak_bytes"] / res["state_bytes"], 2.1)
     if eager and eager["stall_later_s"] is not None:
