@@ -371,6 +371,16 @@ def test_a_slab_a_save_left_locked_is_not_locked_again_by_a_restore(
     pool.close()
 
 
+def test_an_unknown_way_of_locking_is_refused_before_anything_is_read(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cudam.HostStage, "lock", "sometime")
+    stage, _, _ = _restore_stage(cudam.SlabPool(None, "wait"))
+    with pytest.raises(ckpt.InvalidInputError, match="later"):
+        stage.buffers()
+    assert stage.slab is None
+
+
 # ----------------------------------------------------------------- through load_latest
 
 

@@ -50,6 +50,7 @@ import torch
 
 from . import _slabs
 from ._slabs import SlabPool, _Slab
+from .errors import InvalidInputError
 
 __all__ = ["HostStage", "groups", "LOCK_WAYS"]
 
@@ -121,7 +122,7 @@ class HostStage:
     def buffers(self) -> List[Any]:
         """A writable byte buffer (numpy) for each destination, in order: the slab's slots."""
         if self._way not in LOCK_WAYS:
-            raise ValueError(f"HostStage.lock must be one of {LOCK_WAYS}, not {self._way!r}")
+            raise InvalidInputError(f"HostStage.lock must be one of {LOCK_WAYS}, not {self._way!r}")
         lens = [t.numel() * t.element_size() for t in self._dst]
         slab, offsets = self._pool.borrow(lens)
         slab.owner = None
