@@ -333,6 +333,36 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
     pool.close()
 
 
+def test_a_read_only_readers_restore_locks_nothing(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """No save will use a read-only reader's slab: by default it is never
+    locked (the copies come from pageable memory, as a writer's do)."""
+    calls = _counting_locks(monkeypatch)
+    pool = cudam.SlabPool(None, "wait")
+    stage = cudam.HostStage(pool, keep=False)
+    live, stored = [torch.zeros(1000)], [torch.arange(1000, dtype=torch.float32)]
+    stage.add(live[0])
+    _fill(stage, stored, lambda call, slots: None)
+    stage.copy_back()
+    pool.drain()
+    assert calls["lock"] == [] and stage.slab is not None and not stage.slab.locked
+    assert pool.restore_locks == ["unlocked"]
+    assert torch.equal(live[0], stored[0])
+    pool.close()
+    # Through the checkpointer: its read_only option makes such a reader.
+    monkeypatch.setattr(restore_mod, "_on_device", lambda t: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with ckpt.Checkpointer(url, rng=False) as cp:
+        cp.save(1, {"w": stored[0]}).wait()
+    calls["lock"].clear()  # (the save's own slab)
+    live = [torch.zeros(1000)]
+    with ckpt.Checkpointer(url, rng=False, read_only=True) as cp:
+        assert cp.load_latest({"w": live[0]}) == 1
+        assert cp.last_restore is not None and cp.last_restore.slab == "unlocked"
+    assert torch.equal(live[0], stored[0]) and calls["lock"] == []
+
+
 @pytest.mark.parametrize("way", ["later", "after"])
 def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, way: str

@@ -82,7 +82,8 @@ class RestorePhases:
     damaged: float = 0.0
     #: How the host slab for CUDA tensors was locked: ``"held"`` (a save left
     #: it locked), ``"later"`` (in the background, once its copies landed),
-    #: ``"after"`` the read, ``"during"`` it, ``"pageable"`` (the
+    #: ``"after"`` the read, ``"during"`` it, ``"unlocked"`` (a read-only
+    #: reader's, which no save uses), ``"pageable"`` (the
     #: runtime would not lock it); None without CUDA tensors.
     slab: Optional[str] = None
 

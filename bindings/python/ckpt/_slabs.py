@@ -235,8 +235,8 @@ class SlabPool:
         self.plans: Dict[str, Any] = {}
         #: How each restore's slab came to be page-locked (:class:`HostStage`):
         #: "held" (a save left it locked), "later" (in the background once
-        #: its copies landed), "during" the read, "after" it, or "pageable"
-        #: (the runtime refused).
+        #: its copies landed), "during" the read, "after" it, "pageable"
+        #: (the runtime refused), or "unlocked" (a read-only reader's).
         self.restore_locks: List[str] = []
         # Unlocks what is left when the pool is collected (a checkpointer never
         # closed); it must not hold the pool itself, or the pool lives forever.

@@ -818,7 +818,7 @@ class Checkpointer:
             return None
         from .cuda import HostStage
 
-        return HostStage(self._pool(True))
+        return HostStage(self._pool(True), keep=not self._read_only)
 
     def _guard(self, obj: Any) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""
