@@ -36,6 +36,9 @@ def method_line(m: Dict[str, Any]) -> str:
             if t is not None:
                 lock = m.get(f"restore_{kind}{key}_lock")
                 text = f"restore {kind}{key.replace('_', ' ')} s {t:.2f}" + (f" ({lock})" if lock else "")
+                close = m.get(f"restore_{kind}{key}_close_s")
+                if close:  # the reader's close, left out of the figure
+                    text += f" (+ close {close:.3f})"
                 ph = m.get(f"restore_{kind}{key}_phases")
                 if ph:  # where its time went: the plan, the read, the slab's lock, the copies...
                     text += " [" + " ".join(f"{k} {v:.3f}" for k, v in ph.items()

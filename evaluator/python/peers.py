@@ -326,6 +326,8 @@ class Method(abc.ABC):
     name = "?"
     #: Whether this method's load is timed (one method per file format).
     loads = True
+    #: Seconds the last load spent closing its reader (ckpt's), within it.
+    close_s = 0.0
 
     def __init__(self, work: str) -> None:
         self.dir = os.path.join(work, self.name.replace(" ", "_").replace(".", "_"))
@@ -461,7 +463,10 @@ class Ckpt(Method):
                 raise RuntimeError(f"ckpt loaded step {got}, not {step}")
             self.loaded_by(cp)
         finally:
+            t = time.perf_counter()
             cp.close()
+            #: Seconds the reader's close took, within the load (a job's stays open).
+            self.close_s = time.perf_counter() - t
 
     def loaded_by(self, cp: Any) -> None:
         """What a benchmark notes of the reader that restored (before it closes)."""
