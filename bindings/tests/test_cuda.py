@@ -397,7 +397,9 @@ def test_a_restore_in_groups_copies_each_group_bitwise_every_way(
     assert {k: bits(v) for k, v in again.state_dict().items()} == want
     assert [bits(v) for s in opt2.state.values() for v in s.values() if torch.is_tensor(v)] == want_opt
     pool = cp._slabs
-    assert pool is not None and pool.restore_locks == [way]
+    # ("during" falls back to locking after the read where the runtime would
+    # not pin pages the read was writing.)
+    assert pool is not None and pool.restore_locks in ([way], ["after"] if way == "during" else [way])
     pool.drain()
     assert pool._slabs[0].locked
     cp.close()
