@@ -31,7 +31,7 @@ def method_line(m: Dict[str, Any]) -> str:
     if m.get("durable_s") is not None:
         parts.append(f"durable s {m['durable_s']:.2f}")
     for kind in ("warm", "cold"):
-        for key in ("", "_lock_during", "_lock_after"):
+        for key in ("", "_lock_during", "_lock_after", "_writer"):
             t = m.get(f"restore_{kind}{key}_s")
             if t is not None:
                 lock = m.get(f"restore_{kind}{key}_lock")
@@ -39,6 +39,9 @@ def method_line(m: Dict[str, Any]) -> str:
                 close = m.get(f"restore_{kind}{key}_close_s")
                 if close:  # the reader's close, left out of the figure
                     text += f" (+ close {close:.3f})"
+                after = m.get(f"restore_{kind}{key}_step_s")
+                if after is not None:  # a restarted writer's first training step
+                    text += f", then a step of {after * 1e3:.1f} ms"
                 ph = m.get(f"restore_{kind}{key}_phases")
                 if ph:  # where its time went: the plan, the read, the slab's lock, the copies...
                     text += " [" + " ".join(f"{k} {v:.3f}" for k, v in ph.items()

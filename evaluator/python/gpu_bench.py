@@ -49,11 +49,16 @@ restarted process does; its cold restore has the disk's page cache dropped.
   first) by a new reader, as a restarted process restores, timed until the
   values are on the device, less the close of ckpt's reader (a restarted
   job keeps its checkpointer open; the close is recorded as
-  ``restore_*_close_s``, and the figures of earlier runs included it): warm (every file
-  read once before, untimed, so that it is in the page cache: a writer that
-  bypasses the cache leaves none of it there) and with the page cache dropped (``/proc/sys/vm/drop_caches``
-  where allowed, else ``posix_fadvise``), checked ``torch.equal`` against a
-  copy taken at the save. ckpt's restores page-lock their new host slab in
+  ``restore_*_close_s``, and the figures of earlier runs included it). Plain
+  ckpt lazy also restores cold as a restarted job's writer does
+  (``restore_cold_writer_s``: it readies its first save, and locks its slab
+  in the background), then trains one step (``restore_cold_writer_step_s``,
+  against ``step_s``: what that lock costs the job). Restores run warm
+  (every file read once before, untimed, so that it is in the page cache: a
+  writer that bypasses the cache leaves none of it there) and with the page
+  cache dropped (``/proc/sys/vm/drop_caches`` where allowed, else
+  ``posix_fadvise``), each checked ``torch.equal`` against a copy taken at
+  the save. ckpt's restores page-lock their new host slab in
   the background once the copies to the device are done (``HostStage.lock``
   ``"later"``); with ``--restore-ways later,after,during``, plain ckpt lazy
   also restores with the slab locked after the read
@@ -574,11 +579,14 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     m.prune(step)
     # Plain lazy restores again with the restore's new slab locked another
     # way (after the read, during it): every way asked for, in one run.
+    # Then cold as a restarted job's writer (which readies its first save and
+    # locks its slab in the background), and the training step after it.
     restores = [("warm", ""), ("cold", "")]
     if m.name == "ckpt lazy" and a.device == "cuda":
         for way in a.restore_ways.split(","):
             if way.strip() and way.strip() != "later":
                 restores += [("warm", f"_lock_{way.strip()}"), ("cold", f"_lock_{way.strip()}")]
+        restores.append(("cold", "_writer"))
     # ``--restore-repeats`` rounds, each restoring every way once (the ways
     # interleaved, so that neither is always first); the median is the figure.
     runs: Dict[str, List[Tuple[float, Any]]] = {}
@@ -590,24 +598,34 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             else:
                 warm_cache(m.dir)
             tr.sync()
-            with _restore_lock(key[len("_lock_"):] if key else "later"):
+            with _restore_lock(key[len("_lock_"):] if key.startswith("_lock_") else "later"):
                 m.close_s = 0.0
                 t0 = time.perf_counter()
-                m.load(step)
+                if key == "_writer":
+                    m.load(step, writer=True)
+                else:
+                    m.load(step)
                 tr.sync()
                 # A restarted job's checkpointer stays open: the reader's close
                 # (slabs unlocked, its threads joined) is noted apart.
                 took = time.perf_counter() - t0 - m.close_s
             tr.check(ref, f"{m.name} ({kind}{key.replace('_', ' ')})")
-            got = (m.restore_lock, m.restore_phases, m.close_s) if isinstance(m, GpuCkpt) else None
+            got: Optional[Dict[str, Any]] = None
+            if isinstance(m, GpuCkpt):
+                got = {"lock": m.restore_lock, "phases": m.restore_phases, "close_s": m.close_s}
+            if key == "_writer":  # the job's first step: it may wait for the slab's lock
+                t1 = time.perf_counter()
+                tr.step()
+                tr.sync()
+                got = {**(got or {}), "step_s": time.perf_counter() - t1}
             runs.setdefault(f"restore_{kind}{key}", []).append((took, got))
     for name, taken in runs.items():
         ordered = sorted(taken, key=lambda r: r[0])
         took, got = ordered[(len(ordered) - 1) // 2]  # the median run (the lower one of an even count)
         out[f"{name}_s"] = took
         out[f"{name}_runs_s"] = [t for t, _ in taken]
-        if got is not None:
-            out[f"{name}_lock"], out[f"{name}_phases"], out[f"{name}_close_s"] = got
+        for k, v in (got or {}).items():
+            out[f"{name}_{k}"] = v
     del ref
     return out
 

@@ -447,14 +447,20 @@ class Ckpt(Method):
         if "keep_last" not in self.options:
             super().prune(step)
 
-    def load(self, step: int) -> None:
+    def load(self, step: int, writer: bool = False) -> None:
+        """Restore ``step`` with a new reader. ``writer``: one that may save,
+        as a restarted job's (it readies its first save and keeps its slab),
+        claiming no epoch; else a read-only one."""
         import ckpt
 
         url = "file://" + os.path.abspath(self.dir)
         try:
             # A reader beside the saver, which saves again after: it must not
             # claim the root's writer epoch (that would fence the saver).
-            cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False, read_only=True)
+            if writer:
+                cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False, fencing=False)
+            else:
+                cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False, read_only=True)
         except TypeError:  # a ckpt without writer epochs
             cp = ckpt.Checkpointer(url, lazy=self.lazy, rng=False)
         try:
