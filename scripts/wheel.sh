@@ -24,6 +24,10 @@ touch bindings/src/lib.rs
 mkdir -p "$out"
 rm -f "$out"/ckpt-*.whl
 (cd bindings && CARGO_PROFILE_RELEASE_DEBUG=0 ../.venv/bin/maturin build --release -o "$out")
+# ...and so that the next build of the extension (setup.sh's, for the venv)
+# links it afresh instead of installing the patched one, which looks for the
+# bundled libraries beside it.
+touch bindings/src/lib.rs
 # Where no network is, the benchmark says the peer is not installed.
 peer=$(grep -E '^torch-checkpointing==' scripts/requirements.txt)
 rm -rf "$out/peers"

@@ -583,9 +583,9 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     # locks its slab in the background), and the training step after it.
     restores = [("warm", ""), ("cold", "")]
     if m.name == "ckpt lazy" and a.device == "cuda":
-        for way in a.restore_ways.split(","):
-            if way.strip() and way.strip() != "later":
-                restores += [("warm", f"_lock_{way.strip()}"), ("cold", f"_lock_{way.strip()}")]
+        for way in [w.strip() for w in a.restore_ways.split(",")]:
+            if way and way != "later":
+                restores += [("warm", f"_lock_{way}"), ("cold", f"_lock_{way}")]
         restores.append(("cold", "_writer"))
     # ``--restore-repeats`` rounds, each restoring every way once (the ways
     # interleaved, so that neither is always first); the median is the figure.

@@ -102,6 +102,8 @@ class HostStage:
         self._keep = keep
         self._dst: List[torch.Tensor] = []
         self._views: List[torch.Tensor] = []
+        #: Each destination's bytes, once :meth:`buffers` laid the slots out.
+        self._lens: List[int] = []
         self.slab: Optional[_Slab] = None
         self._held = False
         self._way = self.lock
@@ -129,7 +131,7 @@ class HostStage:
         """A writable byte buffer (numpy) for each destination, in order: the slab's slots."""
         if self._way not in LOCK_WAYS:
             raise InvalidInputError(f"HostStage.lock must be one of {LOCK_WAYS}, not {self._way!r}")
-        lens = [t.numel() * t.element_size() for t in self._dst]
+        self._lens = lens = [t.numel() * t.element_size() for t in self._dst]
         slab, offsets = self._pool.borrow(lens)
         slab.owner = None
         self.slab = slab
@@ -146,10 +148,10 @@ class HostStage:
         copies to the device are queued once it is read, unless the slab is to
         be locked after the read. On an error the copies queued are waited
         for (the slab may be reused next) and it is raised."""
-        lens = [t.numel() * t.element_size() for t in self._dst]
+        lens = self._lens
         if len(slots) != len(lens):
             raise ValueError(f"{len(slots)} requests for the {len(lens)} slots of a host stage")
-        self._streams = {d: torch.cuda.current_stream(d) for d in {t.device for t in self._dst}}
+        self._streams = self._current_streams()
         try:
             for start, end in groups(lens) or [(0, 0)]:
                 read((head if start == 0 else []) + slots[start:end])
@@ -176,7 +178,7 @@ class HostStage:
         the background once nothing copies out of it."""
         t0 = time.perf_counter()
         if not self._streams:  # (not filled through fill(): one group)
-            self._streams = {d: torch.cuda.current_stream(d) for d in {t.device for t in self._dst}}
+            self._streams = self._current_streams()
         slab, device = self.slab, self._dst[0].device if self._dst else None
         new = slab is not None and device is not None and not self._held
         lock_s = 0.0
@@ -217,6 +219,10 @@ class HostStage:
             self._sync()
         except Exception:  # noqa: BLE001 - as above
             pass
+
+    def _current_streams(self) -> Dict[torch.device, Any]:
+        """This thread's current stream on each destination's device (the caller's)."""
+        return {d: torch.cuda.current_stream(d) for d in {t.device for t in self._dst}}
 
     def _wait_copies(self) -> None:
         copies, self._copies = self._copies, []

@@ -431,14 +431,14 @@ class SlabPool:
             return
         slab = _Slab([nbytes])
         self._slabs.append(slab)
-        slab.preparing = self.launcher().submit(self.prepare, slab, device, True)
+        self.lock_later(slab, device)
 
     def lock_later(self, slab: _Slab, device: Optional[torch.device]) -> bool:
         """Page-lock ``slab`` in the background, in one piece, on the launcher
-        thread: a restore's new slab once its copies have landed
-        (:class:`~ckpt._hoststage.HostStage`), so that the job's first save
-        finds it locked, as it finds memory reserved ahead (:meth:`reserve`).
-        Whether it was queued (not for a slab locked, or tried, already)."""
+        thread: a reservation (:meth:`reserve`), or a restore's new slab once
+        its copies have landed (:class:`~ckpt._hoststage.HostStage`), so that
+        the job's first save finds it locked. Whether it was queued (not for
+        a slab locked, or tried, already)."""
         if slab.locked or slab.prepared or slab.nbytes == 0 or slab.preparing is not None:
             return False
         slab.preparing = self.launcher().submit(self.prepare, slab, device, True)

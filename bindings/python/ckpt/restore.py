@@ -176,13 +176,13 @@ class RestorePlan:
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return
-        direct = not _on_device(t) and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+        pin = _on_device(t)
+        direct = not pin and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
         if direct and self._claim(t.data_ptr(), nbytes, name) == "same":
             return  # tied to a tensor already being filled (the same memory)
         if direct and self._free_span(t.data_ptr(), nbytes):
             self._read(name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy())
             return
-        pin = _on_device(t)
         self._cuda = self._cuda or pin
         if pin and self._stage is not None:
             if self._claim(t.data_ptr(), nbytes, name) == "same":
