@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
+import ckpt._ahead as ahead
 import ckpt.checkpointer as cpm
 import ckpt._slabs as slabs
 import ckpt.cuda as cudam
@@ -62,7 +63,7 @@ def install(patch: Callable[[Any, str, Any], None], cpu_scalars: bool = False) -
     patch(slabs._Locker, "lock", lambda self, address, n, quiet=False: True)
     patch(slabs._Locker, "unlock", lambda self, address: None)
     patch(slabs, "_on", lambda device: contextlib.nullcontext())
-    patch(cpm, "_cuda_ready", lambda: True)
+    patch(ahead, "cuda_ready", lambda: True)
 
     real_export = Exporter.export
 

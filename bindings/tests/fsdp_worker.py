@@ -157,7 +157,7 @@ def main() -> None:
         cuda_stand_in.install(setattr)
         record(rp, "_emit")
         # Its state counts as CUDA state (a fresh start readies the first save for it).
-        ckpt.checkpointer._cuda_device_in = lambda objs: torch.device("cpu")
+        ckpt._ahead.cuda_device_in = lambda objs: torch.device("cpu")
     else:
         import ckpt._repeat_host as rh
 

@@ -40,7 +40,7 @@ class Net(nn.Module):
 def as_cuda_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpointer takes the (CPU) state it is given for CUDA state, as
     ``load_latest`` decides whether to ready the first save."""
-    monkeypatch.setattr(ckpt.checkpointer, "_cuda_device_in", lambda objs: torch.device("cpu"))
+    monkeypatch.setattr(ckpt._ahead, "cuda_device_in", lambda objs: torch.device("cpu"))
 
 
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Tuple[Net, torch.optim.Optimizer]:

@@ -1,6 +1,6 @@
 """A CPU job's first save readied ahead of it, as later saves find theirs:
 the walk's plans made, and the staging memory its copies go to mapped and
-faulted in (``Checkpointer._rehearse``), after a fresh start's first
+faulted in (``ckpt._ahead.rehearse``), after a fresh start's first
 optimizer step or a restore."""
 
 from __future__ import annotations

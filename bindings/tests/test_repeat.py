@@ -392,7 +392,7 @@ def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
     # the reserved slab laid out for it, whose slots its walk hands out.
     model, opt = fresh(monkeypatch)
     collections: List[int] = []
-    monkeypatch.setattr(ckpt.checkpointer, "collect_now", lambda: collections.append(1))
+    monkeypatch.setattr(ckpt._ahead, "collect_now", lambda: collections.append(1))
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=True)
     assert cp.load_latest(model=model, optimizer=opt) is None
     assert not collections
@@ -500,11 +500,11 @@ def test_a_walk_ahead_queues_no_copies_and_a_failing_one_only_warns(
     train(model, opt)  # readied: a slab laid out, which the next save would guess
     assert cp._slabs is not None and cp._slabs._layout is not None
     copies = len(fake_cuda["copies"])
-    cp._rehearse(None, {"model": model, "optimizer": opt})  # (as a later restore would)
+    ckpt._ahead.rehearse(cp, None, {"model": model, "optimizer": opt})  # (as a later restore would)
     assert len(fake_cuda["copies"]) == copies, "an eager walk ahead queued copies into the guessed slab"
     monkeypatch.setattr(cudam.SlabPool, "lay_out_ahead", lambda self, lens: 1 / 0)
     with pytest.warns(RuntimeWarning, match="could not be readied .*ZeroDivisionError"):
-        cp._rehearse(None, {"model": model, "optimizer": opt})
+        ckpt._ahead.rehearse(cp, None, {"model": model, "optimizer": opt})
     expected = {1: snapshot(model, opt)}
     cp.save(1, model=model, optimizer=opt)
     cp.close()

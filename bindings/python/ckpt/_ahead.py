@@ -1,5 +1,8 @@
-"""A fresh start's first save, readied ahead of it: page-locked memory, and
-a walk of the state (``Checkpointer._rehearse``, once the state is whole).
+"""A checkpointer's first save, readied ahead of it, so that it is like any
+later one: page-locked memory, and a walk of the state (:func:`rehearse`, once
+the state is whole). ``Checkpointer.load_latest`` calls :func:`reserve` on a
+fresh start and :func:`after_restore` after a restore; a save or ``close``
+calls :func:`hooks_off`.
 
 A new host slab is mapped and page-locked before its first copies: 0.36-0.46 s
 for 4 GiB on an H100 host, in the stall of an eager first save. Where the
@@ -22,12 +25,212 @@ job's first steps, in place of the first save's lock.
 from __future__ import annotations
 
 import sys
+import threading
+import warnings
+import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from . import _ckpt, _own
+from ._gc import collect_now, collector_paused
 from .dtensor import local_tensor
+from .rng import RNGState
+from .tree import flatten
 
-__all__ = ["for_budget", "for_state", "cuda_bytes", "optimizers_in", "after_first_step"]
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer
+
+__all__ = [
+    "reserve", "after_restore", "rehearse", "hooks_off", "nothing", "cuda_ready", "cuda_device_in",
+    "for_budget", "for_state", "cuda_bytes", "optimizers_in", "after_first_step",
+]
+
+
+def reserve(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
+    """A fresh start of a job with torch state: ready its first save. With
+    CUDA state, its slab is mapped and page-locked in the background: half
+    the ``staging_budget`` now, else the state's CUDA bytes once its
+    optimizers have stepped. Then (CPU state too) the state is walked once
+    (:func:`rehearse`)."""
+    if cp._read_only or cp._pool_of is not None or "torch" not in sys.modules:
+        return
+    objs = [state, *named.values()]
+    device = cuda_device_in(objs) if cuda_ready() else None
+    if device is not None and cp._staging_budget is not None:
+        cp._pool(True).reserve(for_budget(cp._staging_budget), device)
+
+    def ready(cp: "Checkpointer") -> None:
+        if device is not None and cp._staging_budget is None:
+            try:
+                nbytes, count = cuda_bytes(objs, device)
+                cp._pool(True).reserve(for_state(nbytes, count), device)
+            except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
+                warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
+                              "it locks its own", RuntimeWarning, stacklevel=2)
+        rehearse(cp, state, named)
+
+    _when_stepped(cp, objs, ready)
+
+
+def after_restore(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
+    """After a restore of torch state: the restored state is the first
+    save's, walked once (:func:`rehearse`), also by a checkpointer that saves
+    through another's pool (the memory tier's: the plans are the pool's).
+    CUDA state at once, where the restore's slab is laid out for the first
+    save; CPU state after the optimizers' next step, out of the restore (a
+    restart's time to its first step is not lengthened)."""
+    if cp._read_only or "torch" not in sys.modules:
+        return
+    objs = [state, *named.values()]
+    if cuda_ready() and cuda_device_in(objs) is not None:
+        rehearse(cp, state, named)
+        return
+    _when_stepped(cp, objs, lambda cp: rehearse(cp, state, named))
+
+
+def hooks_off(cp: "Checkpointer") -> None:
+    """Take off the step post-hooks that ready ``cp``'s first save (fired or
+    not: a hook never removes itself, see :func:`after_first_step`)."""
+    off, cp._ahead_hooks_off = cp._ahead_hooks_off, nothing
+    off()
+
+
+def nothing() -> None:
+    """What removes no hooks (a checkpointer's ``_ahead_hooks_off`` with none on)."""
+
+
+def _when_stepped(cp: "Checkpointer", objs: List[Any], ready: Callable[["Checkpointer"], None]) -> None:
+    """Call ``ready`` with ``cp`` once every optimizer among ``objs`` has
+    stepped (at once where there is none), unless ``cp`` was closed or
+    collected meanwhile (the hooks hold it weakly)."""
+    me = weakref.ref(cp)
+
+    def fire() -> None:
+        live = me()
+        if live is not None and not live._closed:
+            ready(live)
+
+    optimizers = optimizers_in(objs)
+    hooks_off(cp)  # (an earlier start's: the first save is readied once)
+    if optimizers:
+        cp._ahead_hooks_off = after_first_step(optimizers, fire)
+    else:
+        fire()
+
+
+def rehearse(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
+    """Walk the state as a save would, saving nothing, so that the first
+    save is like a loop's later ones: it takes its mappings in bulk
+    (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into a
+    slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
+    and finds the staging memory for its CPU tensors' copies mapped (by a
+    thread of its own, :func:`_ready_staging`). A first save's stall was 2-3x
+    a later one's, most of it the walk without plans; on the CPU, an eager
+    one's was 13x, most of it page faults. Called where the state is whole,
+    out of any save: after a restore, and after a fresh start's first
+    optimizer steps. Then, with CUDA state, a full collection of the garbage
+    collector, which the new plans could otherwise bring due inside the first
+    save (:func:`ckpt._gc.collect_now`; 0.1-0.2 s with torch loaded, so not
+    for CPU state, whose first save made as many plans before). Best effort:
+    the save itself reports what is wrong."""
+    exporter = cp._exporter()
+    if exporter is None:
+        return
+    pool = cp._pool(cuda_ready())
+    if pool is not None:
+        pool.forget_layout()  # (a walk ahead takes no slab)
+    cuda = True
+    try:
+        lens, host = _walk(cp, exporter, state, named)
+        cuda = exporter.device is not None
+        exporter.make_plans()
+        if lens and pool is not None:
+            pool.lay_out_ahead(lens)
+        if host and cp._pool_of is None:
+            _ready_staging(cp, host)
+    except Exception as e:  # noqa: BLE001 - in a restore's return or a training step: only a stall is at stake
+        warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
+                      "the state itself", RuntimeWarning, stacklevel=2)
+    if cuda:
+        collect_now()
+
+
+def _walk(cp: "Checkpointer", exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
+    """:func:`rehearse`'s walk, as a save walks (the RNG state too); the slot
+    lengths of its CUDA tensors and the specs of its CPU tensors, or none
+    where it failed (the first save walks, and raises what this met).
+    Nothing is queued: its device copies are let go (buffers' clones are
+    dropped)."""
+    try:
+        local = {"rng": RNGState()} if cp._rng else None
+        with collector_paused():
+            flat = flatten(cp._entries(state, named), cp.lazy, exporter, local, _own.name(cp._own_identity()[0]))
+        if exporter.device is None:
+            return [], flat.tensors
+        from .cuda import Pending
+
+        host = [t for t in flat.tensors if not isinstance(t.data, (Pending, _ckpt.SlabSlot))]
+        return exporter.device.lens(), host
+    except Exception:  # noqa: BLE001 - see above
+        exporter.later = []
+        return [], []
+    finally:
+        if exporter.device is not None:
+            exporter.device.abandon()
+
+
+def _ready_staging(cp: "Checkpointer", specs: List[Any]) -> None:
+    """Map and fault in the staging memory the first save copies these
+    specs' CPU tensors into (each memory span once, as the engine stages
+    them), on a thread of its own (it takes about as long as that copy would;
+    with the GIL released); ``cp._readying`` while it runs."""
+    native = cp._native
+
+    def run() -> None:
+        try:
+            native.ready_staging(specs)
+        except Exception as e:  # noqa: BLE001 - best effort: the save maps its own
+            warnings.warn(f"ckpt: no staging memory readied for the first save ({type(e).__name__}: {e})",
+                          RuntimeWarning, stacklevel=2)
+
+    t = threading.Thread(target=run, name="ckpt-ready-staging", daemon=True)
+    cp._readying = t
+    t.start()
+
+
+def cuda_ready() -> bool:
+    """True when torch has initialised CUDA (so CUDA tensors can occur).
+
+    ``is_initialized`` alone: it implies a device, and it is a flag, while
+    ``is_available`` asks the driver each time (half a millisecond of every
+    save's stall on a machine without one)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
+    """The device of the first CUDA tensor met in ``objs`` (tensors, modules,
+    optimizers, mappings and sequences of them), or None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):
+            if obj.is_cuda:
+                return obj.device
+            continue
+        if isinstance(obj, torch.nn.Module):
+            inner, below = [*obj.parameters(), *obj.buffers()], 0
+        elif isinstance(obj, torch.optim.Optimizer):
+            inner, below = [p for g in obj.param_groups for p in g["params"]], 0
+        elif depth > 0 and isinstance(obj, (Mapping, list, tuple)):
+            inner, below = list(obj.values() if isinstance(obj, Mapping) else obj), depth - 1
+        else:
+            continue
+        found = cuda_device_in(inner, below)
+        if found is not None:
+            return found
+    return None
 
 
 def for_budget(budget: int) -> int:

@@ -337,7 +337,7 @@ class SlabPool:
 
     def lay_out_ahead(self, lens: List[int]) -> None:
         """The first save's slot lengths, known from a walk ahead of it
-        (``Checkpointer._rehearse``): a free slab locked (or being locked)
+        (:func:`ckpt._ahead.rehearse`): a free slab locked (or being locked)
         in one piece, reserved or left by a restore, is laid out for them
         now, and that save guesses it (:meth:`guess`) as a loop's later saves
         guess theirs: its walk hands out the slots themselves."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping, MutableMapping, MutableSequence
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ahead, _ckpt, _load, _own
-from ._gc import collect_now, collector_paused
+from ._gc import collector_paused
 from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ._ckpt import GcReport
 from ._load import META_VERSION, is_damage
@@ -198,9 +198,9 @@ class Checkpointer:
         #: that restored a checkpoint); None before one.
         self.last_restore: Optional[RestorePhases] = None
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
-        self._ahead_hooks_off: Callable[[], None] = _nothing
+        self._ahead_hooks_off: Callable[[], None] = _ahead.nothing
         self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
-        #: The thread readying the first save's staging memory, while it runs (:meth:`_rehearse`).
+        #: The thread readying the first save's staging memory, while it runs (:func:`ckpt._ahead.rehearse`).
         self._readying: Optional[threading.Thread] = None
         #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._repeat_host`).
         self._host_plans: Dict[str, Any] = {}
@@ -279,10 +279,10 @@ class Checkpointer:
         if also is not None and also._own_identity() != self._own_identity():
             raise InvalidInputError("a shared snapshot needs both checkpointers to save the same rank's state")
         self._reap()
-        if self._ahead_hooks_off is not _nothing:
-            self._hooks_off()
-        if also is not None and also._ahead_hooks_off is not _nothing:
-            also._hooks_off()
+        if self._ahead_hooks_off is not _ahead.nothing:
+            _ahead.hooks_off(self)
+        if also is not None and also._ahead_hooks_off is not _ahead.nothing:
+            _ahead.hooks_off(also)
         exporter = self._exporter()
         try:
             handle, flat, second, failure = self._save(step, entries, exporter, also)
@@ -410,7 +410,7 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
         self._closed = True
-        self._hooks_off()
+        _ahead.hooks_off(self)
         try:
             self.wait()
         finally:
@@ -480,153 +480,11 @@ class Checkpointer:
         for s, a, err in skipped:
             warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
         if restored is None:
-            self._reserve_ahead(state, named)
+            _ahead.reserve(self, state, named)
         else:
-            self._ready_restored(state, named)
+            _ahead.after_restore(self, state, named)
             self.last_restore = times.ending(t0, damaged)
         return restored
-
-    def _reserve_ahead(self, state: Any, named: Dict[str, Any]) -> None:
-        """A fresh start of a job with torch state: ready its first save, so
-        that it is like any later one (see :mod:`ckpt._ahead`). With CUDA
-        state, its slab is mapped and page-locked in the background: half the
-        ``staging_budget`` now, else the state's CUDA bytes once its
-        optimizers have stepped. Then (CPU state too) the state is walked once
-        (:meth:`_rehearse`)."""
-        if self._read_only or self._pool_of is not None or "torch" not in sys.modules:
-            return
-        objs = [state, *named.values()]
-        device = _cuda_device_in(objs) if _cuda_ready() else None
-        if device is not None and self._staging_budget is not None:
-            self._pool(True).reserve(_ahead.for_budget(self._staging_budget), device)
-        def ready(cp: "Checkpointer") -> None:
-            if device is not None and cp._staging_budget is None:
-                try:
-                    nbytes, count = _ahead.cuda_bytes(objs, device)
-                    cp._pool(True).reserve(_ahead.for_state(nbytes, count), device)
-                except Exception as e:  # noqa: BLE001 - in the training's step: only the first save's stall is at stake
-                    warnings.warn(f"ckpt: no memory locked ahead of the first save ({type(e).__name__}: {e}); "
-                                  "it locks its own", RuntimeWarning, stacklevel=2)
-            cp._rehearse(state, named)
-
-        self._after_first_step(objs, ready)
-
-    def _after_first_step(self, objs: List[Any], ready: Callable[["Checkpointer"], None]) -> None:
-        """Call ``ready`` with this checkpointer once every optimizer among
-        ``objs`` has stepped (at once where there is none), unless it was
-        closed or collected meanwhile (the hooks hold it weakly)."""
-        me = weakref.ref(self)
-
-        def fire() -> None:
-            cp = me()
-            if cp is not None and not cp._closed:
-                ready(cp)
-
-        optimizers = _ahead.optimizers_in(objs)
-        self._hooks_off()  # (an earlier start's: the first save is readied once)
-        if optimizers:
-            self._ahead_hooks_off = _ahead.after_first_step(optimizers, fire)
-        else:
-            fire()
-
-    def _hooks_off(self) -> None:
-        """Take off the step post-hooks that ready the first save (fired or
-        not: a hook never removes itself, see :func:`ckpt._ahead.after_first_step`)."""
-        off, self._ahead_hooks_off = self._ahead_hooks_off, _nothing
-        off()
-
-    def _ready_restored(self, state: Any, named: Dict[str, Any]) -> None:
-        """After a restore of torch state: the restored state is the first
-        save's, walked once (:meth:`_rehearse`), also by a checkpointer that
-        saves through another's pool (the memory tier's: the plans are the
-        pool's). CUDA state at once, where the restore's slab is laid out for
-        the first save; CPU state after the optimizers' next step, out of the
-        restore (a restart's time to its first step is not lengthened)."""
-        if self._read_only or "torch" not in sys.modules:
-            return
-        objs = [state, *named.values()]
-        if _cuda_ready() and _cuda_device_in(objs) is not None:
-            self._rehearse(state, named)
-            return
-        self._after_first_step(objs, lambda cp: cp._rehearse(state, named))
-
-    def _rehearse(self, state: Any, named: Dict[str, Any]) -> None:
-        """Walk the state as a save would, saving nothing, so that the first
-        save is like a loop's later ones: it takes its mappings in bulk
-        (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into
-        a slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
-        and finds the staging memory for its CPU tensors' copies mapped (by
-        a thread of its own, :meth:`_ready_staging`). A first save's stall
-        was 2-3x a later one's, most of it the walk without plans; on the CPU,
-        an eager one's was 13x, most of it page faults. Called where the state
-        is whole, out of any save: after a restore, and after a fresh start's
-        first optimizer steps. Then, with CUDA state, a full collection of the
-        garbage collector, which the new plans could otherwise bring due
-        inside the first save (:func:`ckpt._gc.collect_now`; 0.1-0.2 s with
-        torch loaded, so not for CPU state, whose first save made as many
-        plans before). Best effort: the save itself reports what is wrong."""
-        exporter = self._exporter()
-        if exporter is None:
-            return
-        pool = self._pool(_cuda_ready())
-        if pool is not None:
-            pool.forget_layout()  # (a walk ahead takes no slab)
-        cuda = True
-        try:
-            lens, host = self._walk_ahead(exporter, state, named)
-            cuda = exporter.device is not None
-            exporter.make_plans()
-            if lens and pool is not None:
-                pool.lay_out_ahead(lens)
-            if host and self._pool_of is None:
-                self._ready_staging(host)
-        except Exception as e:  # noqa: BLE001 - in a restore's return or a training step: only a stall is at stake
-            warnings.warn(f"ckpt: the first save could not be readied ({type(e).__name__}: {e}); it walks "
-                          "the state itself", RuntimeWarning, stacklevel=2)
-        if cuda:
-            collect_now()
-
-    def _walk_ahead(self, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
-        """:meth:`_rehearse`'s walk, as ``_save`` walks (the RNG state too);
-        the slot lengths of its CUDA tensors and the specs of its CPU
-        tensors, or none where it failed (the first save walks, and raises what this met).
-        Nothing is queued: its device copies are let go (buffers' clones are
-        dropped)."""
-        try:
-            local = {"rng": RNGState()} if self._rng else None
-            with collector_paused():
-                flat = flatten(self._entries(state, named), self.lazy, exporter, local,
-                               _own.name(self._own_identity()[0]))
-            if exporter.device is None:
-                return [], flat.tensors
-            from .cuda import Pending
-
-            host = [t for t in flat.tensors if not isinstance(t.data, (Pending, _ckpt.SlabSlot))]
-            return exporter.device.lens(), host
-        except Exception:  # noqa: BLE001 - see above
-            exporter.later = []
-            return [], []
-        finally:
-            if exporter.device is not None:
-                exporter.device.abandon()
-
-    def _ready_staging(self, specs: List[Any]) -> None:
-        """Map and fault in the staging memory the first save copies these
-        specs' CPU tensors into (each memory span once, as the engine stages
-        them), on a thread of its own (it takes about as long as that copy
-        would; with the GIL released)."""
-        native = self._native
-
-        def run() -> None:
-            try:
-                native.ready_staging(specs)
-            except Exception as e:  # noqa: BLE001 - best effort: the save maps its own
-                warnings.warn(f"ckpt: no staging memory readied for the first save ({type(e).__name__}: {e})",
-                              RuntimeWarning, stacklevel=2)
-
-        t = threading.Thread(target=run, name="ckpt-ready-staging", daemon=True)
-        self._readying = t
-        t.start()
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
@@ -642,7 +500,7 @@ class Checkpointer:
         error, _, times = self._attempt(step, found[-1], state, targets)
         if error is not None:
             raise error
-        self._ready_restored(state, named)
+        _ahead.after_restore(self, state, named)
         self.last_restore = times.ending(t0)
         return step
 
@@ -799,7 +657,7 @@ class Checkpointer:
         if "torch" not in sys.modules:
             return None
         exporter = _exporter_class()
-        return exporter(self._pool(_cuda_ready()), self.lazy, self._host_plans)
+        return exporter(self._pool(_ahead.cuda_ready()), self.lazy, self._host_plans)
 
     def _pool(self, create: bool) -> Any:
         """The slab pool this checkpointer's CUDA saves and restores use (its
@@ -814,7 +672,7 @@ class Checkpointer:
     def _host_stage(self) -> Any:
         """Where a restore's CUDA tensors land on the host: a slab of this
         checkpointer's pool (page-locked, reused by later saves and restores)."""
-        if not _cuda_ready():
+        if not _ahead.cuda_ready():
             return None
         from .cuda import HostStage
 
@@ -833,31 +691,6 @@ class Checkpointer:
                 cp._before_step()
 
         self._hooks[id(obj)] = obj.register_step_pre_hook(wait_for_snapshots)
-
-
-def _cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
-    """The device of the first CUDA tensor met in ``objs`` (tensors, modules,
-    optimizers, mappings and sequences of them), or None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    for obj in objs:
-        if isinstance(obj, torch.Tensor):
-            if obj.is_cuda:
-                return obj.device
-            continue
-        if isinstance(obj, torch.nn.Module):
-            inner, below = [*obj.parameters(), *obj.buffers()], 0
-        elif isinstance(obj, torch.optim.Optimizer):
-            inner, below = [p for g in obj.param_groups for p in g["params"]], 0
-        elif depth > 0 and isinstance(obj, (Mapping, list, tuple)):
-            inner, below = list(obj.values() if isinstance(obj, Mapping) else obj), depth - 1
-        else:
-            continue
-        found = _cuda_device_in(inner, below)
-        if found is not None:
-            return found
-    return None
 
 
 class _AttemptTimes:
@@ -884,10 +717,6 @@ class _AttemptTimes:
         )
 
 
-def _nothing() -> None:
-    pass
-
-
 _EXPORTER: Any = None
 
 
@@ -901,16 +730,6 @@ def _exporter_class() -> Any:
 
         _EXPORTER = Exporter
     return _EXPORTER
-
-
-def _cuda_ready() -> bool:
-    """True when torch has initialised CUDA (so CUDA tensors can occur).
-
-    ``is_initialized`` alone: it implies a device, and it is a flag, while
-    ``is_available`` asks the driver each time (half a millisecond of every
-    save's stall on a machine without one)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
 
 
 #: In lazy mode, CPU tensors smaller than this are copied at once when the save
