@@ -145,28 +145,34 @@ const SAVED_TO: [(&str, &str); 3] = [
     ("disk", "ckpt local disk (plain checkpointer)"),
 ];
 
-/// The stalls of eager saves by where they went, if measured: median of the
-/// later saves (the list's first, the process's cold one, apart), ratio to
-/// the plain disk save's.
-fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
-    let b = &res.bench;
+/// A table of saves' stalls by where they went: the median of the later
+/// saves (each list's first, the process's cold one, apart), and its ratio to
+/// the `base` save's; with the ratio of the `both` saves (to both tiers).
+struct ByDestination {
+    id: &'static str,
+    title: String,
+    stall: &'static str,
+    rows: &'static [(&'static str, &'static str)],
+    base: &'static str,
+    both: &'static str,
+}
+
+fn by_destination(res: &MemtierResults, d: ByDestination) -> Option<(Table, f64)> {
+    let stalls = &res.bench.save_stalls_s;
     let later = |k: &str| {
-        b.save_stalls_s
+        stalls
             .get(k)
             .and_then(|v| summary(v.get(1..).unwrap_or(&[])))
     };
-    let base = later("disk")?;
+    let base = later(d.base)?;
     let mut t = Table::new(
-        "memtier-save",
-        format!(
-            "Memory tier: stall of an eager save of {:.2} GiB by where it goes; median [min-max] of the later saves of interleaved rounds (a fresh checkpointer each), the process's first save (cold) apart; ratio of medians to the plain save to local disk in this run",
-            b.gib
-        ),
-        &["saved to", "stall s", "first save s", "/ disk"],
+        d.id,
+        d.title,
+        &["saved to", d.stall, "first save s", "/ disk"],
     );
-    for (key, label) in SAVED_TO {
+    for &(key, label) in d.rows {
         let Some(s) = later(key) else { continue };
-        let first = b.save_stalls_s.get(key).and_then(|v| v.first().copied());
+        let first = stalls.get(key).and_then(|v| v.first().copied());
         t.rows.push(vec![
             label.to_owned(),
             secs(&s),
@@ -174,8 +180,27 @@ fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
             opt_ratio(ratio(Some(&s), Some(&base))),
         ]);
     }
-    let both = ratio(later("memory and disk").as_ref(), Some(&base));
+    let both = ratio(later(d.both).as_ref(), Some(&base));
     Some((t, both))
+}
+
+/// The stalls of eager saves by where they went, if measured, against the
+/// plain disk save's.
+fn stall_table(res: &MemtierResults) -> Option<(Table, f64)> {
+    by_destination(
+        res,
+        ByDestination {
+            id: "memtier-save",
+            title: format!(
+                "Memory tier: stall of an eager save of {:.2} GiB by where it goes; median [min-max] of the later saves of interleaved rounds (a fresh checkpointer each), the process's first save (cold) apart; ratio of medians to the plain save to local disk in this run",
+                res.bench.gib
+            ),
+            stall: "stall s",
+            rows: &SAVED_TO,
+            base: "disk",
+            both: "memory and disk",
+        },
+    )
 }
 
 /// Lazy saves, until the snapshot is taken, by where they went, in the table's order.
@@ -190,33 +215,20 @@ const LAZY_SAVED_TO: [(&str, &str); 2] = [
 /// Lazy saves until their snapshot is taken, if measured: to both tiers
 /// against a plain lazy save to local disk (medians of the later saves).
 fn lazy_table(res: &MemtierResults) -> Option<(Table, f64)> {
-    let b = &res.bench;
-    let later = |k: &str| {
-        b.save_stalls_s
-            .get(k)
-            .and_then(|v| summary(v.get(1..).unwrap_or(&[])))
-    };
-    let base = later("disk, lazy")?;
-    let mut t = Table::new(
-        "memtier-lazy",
-        format!(
-            "Memory tier: a lazy save of {:.2} GiB (a module's parameters and their optimizer) until its snapshot is taken (`save` + `wait_snapshot`: the most a training step waits for it), by where it goes; median [min-max] of the later saves of interleaved rounds, the process's first save apart; ratio of medians to the plain lazy save to local disk in this run",
-            b.gib
-        ),
-        &["saved to", "until the snapshot s", "first save s", "/ disk"],
-    );
-    for (key, label) in LAZY_SAVED_TO {
-        let Some(s) = later(key) else { continue };
-        let first = b.save_stalls_s.get(key).and_then(|v| v.first().copied());
-        t.rows.push(vec![
-            label.to_owned(),
-            secs(&s),
-            first.map_or_else(String::new, |f| format!("{f:.3}")),
-            opt_ratio(ratio(Some(&s), Some(&base))),
-        ]);
-    }
-    let both = ratio(later("memory and disk, lazy").as_ref(), Some(&base));
-    Some((t, both))
+    by_destination(
+        res,
+        ByDestination {
+            id: "memtier-lazy",
+            title: format!(
+                "Memory tier: a lazy save of {:.2} GiB (a module's parameters and their optimizer) until its snapshot is taken (`save` + `wait_snapshot`: the most a training step waits for it), by where it goes; median [min-max] of the later saves of interleaved rounds, the process's first save apart; ratio of medians to the plain lazy save to local disk in this run",
+                res.bench.gib
+            ),
+            stall: "until the snapshot s",
+            rows: &LAZY_SAVED_TO,
+            base: "disk, lazy",
+            both: "memory and disk, lazy",
+        },
+    )
 }
 
 /// Bound of the training loop's time with replication over without: the
