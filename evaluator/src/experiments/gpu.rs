@@ -210,7 +210,13 @@ impl Experiment for Gpu {
     }
 
     fn about(&self, _ctx: &Ctx) -> String {
-        format!("{} {}", script_path().display(), self.args().join(" "))
+        let args = self.args();
+        let model = if args.is_empty() {
+            "gpu_bench.py's default model, 4 GiB of state".to_owned()
+        } else {
+            args.join(" ")
+        };
+        format!("a GPT-style model's training loop on one CUDA device, checkpointed by each method ({model})")
     }
 
     fn estimate_s(&self, _ctx: &Ctx) -> f64 {
