@@ -241,7 +241,7 @@ pub fn engine_table(e: &EngineResults) -> Table {
     let mut t = Table::new(
         "engine",
         format!(
-            "Engine: {} MiB of F32 in {} tensors; median [min-max] of {} runs; its targets are in the targets section",
+            "Engine: ckpt's Rust engine saving {} MiB of F32 in {} tensors; median [min-max] of {} runs; its targets are in the targets section",
             e.state_bytes >> 20,
             e.tensors,
             e.memcpy_s.n

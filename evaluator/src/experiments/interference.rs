@@ -253,7 +253,7 @@ pub fn table(i: &InterferenceResults) -> Table {
     let mut t = Table::new(
         "interference",
         format!(
-            "Interference: eager save until committed, {} MiB, noise at {} thread(s)",
+            "Interference: a ckpt eager save until committed, {} MiB, noise at {} thread(s)",
             mib(i.state_bytes as f64),
             i.intensity
         ),

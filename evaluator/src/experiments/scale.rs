@@ -275,7 +275,7 @@ pub fn table(sc: &ScaleResults) -> Table {
     let mut t = Table::new(
         "scale",
         format!(
-            "Scale: {} MiB of data-parallel state held by every rank, fsynced; slowest rank per save, median [min-max] of {} saves; this machine has {} cores and one disk (ranks beyond that share them)",
+            "Scale: ckpt saving {} MiB of data-parallel state held by every rank, fsynced; slowest rank per save, median [min-max] of {} saves; this machine has {} cores and one disk (ranks beyond that share them)",
             mib(sc.state_bytes as f64),
             sc.rows.first().map_or(0, |x| x.commit_s.n),
             sc.cores
