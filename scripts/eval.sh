@@ -37,7 +37,7 @@ source scripts/env.sh
 # Python package has it anyway, and the two builds share those crates.
 features=mpi,hdf5,s3
 if [ ! -x target/release/ckpt-eval ]; then
-  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it and the recovery experiment's fault_victim (usually 7-8 min the first time on 2 cores) ..." >&2
+  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it and the recovery experiment's fault_victim (usually 6.5-7.5 min the first time on 2 cores) ..." >&2
 fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
@@ -89,8 +89,8 @@ if [ -n "$bindings_pid" ]; then
 fi
 # The recovery experiment's victim, `fault_victim`: a tch training loop that
 # links libtorch (the venv's), with ckpt's failpoints compiled in, so its
-# ckpt-core differs from ckpt-eval's and it is a build of its own (about 3.5
-# min the first time on 2 cores, mostly libtorch's C++ glue; then a no-op).
+# ckpt-core differs from ckpt-eval's and it is a build of its own (about 2.5
+# min the first time on 2 cores; then a no-op).
 # Built last, before the suite, not beside it. Without it, the report says
 # that recovery did not run, and why.
 if [ "$help" = 0 ]; then
