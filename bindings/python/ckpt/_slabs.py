@@ -575,16 +575,18 @@ _LOCK_PIECE = 256 << 20
 
 def _pieces(slab: _Slab) -> List[Tuple[int, int]]:
     """``(offset, length)`` of the pieces a slab is locked in: each ends where a
-    large slot's page begins (large slots start 16 bytes into a fresh page, so
-    no page is in two pieces, and every slot lies in one piece, which a copy
-    into it needs)."""
+    slot's page begins where no earlier slot reaches into that page (large
+    slots start ``STAGING_LEAD`` bytes into a fresh page), so no page is in
+    two pieces, and every slot lies in one piece, which a copy into it
+    needs)."""
     out: List[Tuple[int, int]] = []
-    start = 0
+    start = reached = 0
     for off, n in slab.slots:
         page = off - (off % 4096)
-        if off % 4096 == 16 and page - start >= _LOCK_PIECE:
+        if page >= reached and page - start >= _LOCK_PIECE:
             out.append((start, page - start))
             start = page
+        reached = max(reached, off + n)
     if slab.nbytes > start:
         out.append((start, slab.nbytes - start))
     return out
