@@ -168,5 +168,8 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(export::export, m)?)?;
     m.add_function(wrap_pyfunction!(export::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Where a large staging buffer's or slab slot's data starts within its
+    // page: the native chunk header's length.
+    m.add("STAGING_LEAD", ckpt_core::staging::STAGING_LEAD)?;
     Ok(())
 }

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import ckpt
+from ckpt import _ckpt
 
 
 class Tied(nn.Module):
@@ -70,8 +71,8 @@ def test_a_fresh_start_readies_its_first_save_after_the_first_step(tmp_path, laz
     want = staged_bytes(model, opt)
     got = readied(cp)
     # Every span once: the tied weight is not readied twice (128 KiB more), and
-    # each buffer adds at most its 16-byte lead.
-    assert want <= got <= want + 16 * 64, (got, want)
+    # each buffer adds at most its lead (STAGING_LEAD bytes).
+    assert want <= got <= want + _ckpt.STAGING_LEAD * 64, (got, want)
     assert cp._host_plans, "the walk's plans were made ahead"
     train(model, opt, 2)
     expect = {k: bits(v) for k, v in model.state_dict().items()}
@@ -110,7 +111,7 @@ def test_a_restore_readies_the_next_save_and_a_reader_readies_nothing(tmp_path):
     train(fresh, fopt, 8)
     want = staged_bytes(fresh, fopt)
     got = readied(cp)
-    assert want <= got <= want + 16 * 64, (got, want)
+    assert want <= got <= want + _ckpt.STAGING_LEAD * 64, (got, want)
     cp.save(2, model=fresh, optimizer=fopt).wait()
     assert cp._native.staging_idle_bytes() == got
     cp.close()

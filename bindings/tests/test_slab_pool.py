@@ -41,7 +41,7 @@ class _Landing:
 
 
 def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]]) -> None:
-    # Large slots start 16 bytes into a page: the slab is longer than its tensors.
+    # Large slots start STAGING_LEAD bytes into a page: the slab is longer than its tensors.
     lens = [4 << 20, 4 << 20, 1000]
     pool = cudam.SlabPool(None, "skip")
     first = pool.take(lens, 1)

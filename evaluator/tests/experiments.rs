@@ -500,7 +500,7 @@ async fn suite_report_holds_every_table_csv_and_plot() {
                 .unwrap()
         };
         // Two ranks without dedup write two copies; with dedup, one (plus the
-        // 16-byte chunk headers).
+        // chunks' 64-byte headers).
         let copies = |bytes: u64, n: u64| bytes >= n * state && bytes < n * state + 4096;
         assert!(copies(written(2, false), 2), "{}", written(2, false));
         assert!(copies(written(2, true), 1), "{}", written(2, true));

@@ -34,7 +34,7 @@ const PAGE: u64 = 4096;
 /// Bytes between a page boundary and the data of a staging buffer of
 /// [`LEAD_MIN`] bytes or more: the native chunk header's length, so chunk data
 /// is as aligned in memory as in its stored object.
-pub const STAGING_LEAD: usize = 16;
+pub const STAGING_LEAD: usize = 64;
 /// Staging buffers from this length on start [`STAGING_LEAD`] bytes into a
 /// page; smaller ones are never written from their memory (the local store
 /// copies parts below this length) and start on the page.

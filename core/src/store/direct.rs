@@ -627,8 +627,9 @@ mod tests {
         }
     }
 
-    /// The native format's chunks over staging memory (a 16-byte header, then
-    /// data that starts 16 bytes into a page): their whole blocks are written
+    /// The native format's chunks over staging memory (a header, then data
+    /// that starts as far into a page as the header is long): their whole
+    /// blocks are written
     /// from the staging memory, and only the head and tail are copied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chunks_over_staging_memory_are_written_without_a_copy() {

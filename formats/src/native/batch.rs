@@ -298,21 +298,21 @@ fn whole_from_file(
     dst: &mut [u8],
     damaged: &dyn Fn(CodecError) -> Error,
 ) -> Result<()> {
-    let mut head = [0u8; chunk::HEADER_LEN];
-    read_at(file, &mut head, 0, size, damaged)?;
-    let Some(raw) = chunk::raw_len(&head).map_err(damaged)? else {
+    let head = read_header(file, size, damaged)?;
+    if !head.is_raw() {
         let stored = read_file(file, size, damaged)?;
         let _cpu = handle.block_on(ckpt_core::budget::cpu_permit())?;
         return chunk::decode_into(&stored, hash, dst).map_err(damaged);
-    };
-    let expect = chunk::HEADER_LEN as u64 + dst.len() as u64;
+    }
+    let raw = head.raw_len;
+    let expect = head.len as u64 + dst.len() as u64;
     if raw != dst.len() as u64 || size != expect {
         return Err(damaged(CodecError::Truncated(format!(
             "{size} bytes stored claiming {raw} raw bytes; the tensor's chunk has {} ({expect} stored)",
             dst.len()
         ))));
     }
-    read_at(file, dst, chunk::HEADER_LEN as u64, size, damaged)?;
+    read_at(file, dst, head.len as u64, size, damaged)?;
     let _cpu = handle.block_on(ckpt_core::budget::cpu_permit())?;
     chunk::verify(dst, hash).map_err(damaged)
 }
@@ -329,11 +329,11 @@ fn packed_from_file<'a>(
     mut members: Members<'a>,
     damaged: &dyn Fn(CodecError) -> Error,
 ) -> Result<Option<Members<'a>>> {
-    let mut head = [0u8; chunk::HEADER_LEN];
-    read_at(file, &mut head, 0, size, damaged)?;
-    let Some(raw) = chunk::raw_len(&head).map_err(damaged)? else {
+    let head = read_header(file, size, damaged)?;
+    if !head.is_raw() {
         return Ok(Some(members));
-    };
+    }
+    let raw = head.raw_len;
     members.sort_by_key(|(offset, _)| *offset);
     let mut end = 0u64;
     for (offset, d) in &members {
@@ -345,19 +345,32 @@ fn packed_from_file<'a>(
     if end != raw {
         return Ok(Some(members));
     }
-    let expect = chunk::HEADER_LEN as u64 + raw;
+    let expect = head.len as u64 + raw;
     if size != expect {
         return Err(damaged(CodecError::Truncated(format!(
             "{size} bytes stored claiming {raw} raw bytes ({expect} stored)"
         ))));
     }
     for (offset, d) in members.iter_mut() {
-        read_at(file, d, (chunk::HEADER_LEN + *offset) as u64, size, damaged)?;
+        read_at(file, d, (head.len + *offset) as u64, size, damaged)?;
     }
     let _cpu = handle.block_on(ckpt_core::budget::cpu_permit())?;
     let parts: Vec<&[u8]> = members.iter().map(|(_, d)| &**d).collect();
     chunk::verify_parts(&parts, hash).map_err(damaged)?;
     Ok(None)
+}
+
+/// The header of a stored chunk of `size` bytes (its first
+/// [`chunk::HEADER_LEN`] bytes, or all of a shorter one), checked.
+fn read_header(
+    file: &File,
+    size: u64,
+    damaged: &dyn Fn(CodecError) -> Error,
+) -> Result<chunk::Header> {
+    let mut head = [0u8; chunk::HEADER_LEN];
+    let n = size.min(chunk::HEADER_LEN as u64) as usize;
+    read_at(file, &mut head[..n], 0, size, damaged)?;
+    chunk::header(&head[..n]).map_err(damaged)
 }
 
 /// A whole stored chunk of `size` bytes (at most a chunk's header and payload).
@@ -588,6 +601,52 @@ mod tests {
                 assert_eq!(tensor.as_deref(), Some("small2"));
             }
             other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    /// A stored chunk rewritten as chunks were written before the header grew
+    /// to 64 bytes: magic `CKC1`, the payload right after the first 16 bytes.
+    fn as_v1(p: &std::path::Path) {
+        let b = std::fs::read(p).unwrap();
+        assert_eq!(&b[..4], b"CKC2");
+        assert!(b[chunk::V1_HEADER_LEN..chunk::HEADER_LEN]
+            .iter()
+            .all(|&x| x == 0));
+        let mut v1 = b[..chunk::V1_HEADER_LEN].to_vec();
+        v1[..4].copy_from_slice(b"CKC1");
+        v1.extend_from_slice(&b[chunk::HEADER_LEN..]);
+        std::fs::write(p, v1).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_with_the_earlier_16_byte_header_still_load() {
+        for zstd in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}", dir.path().display());
+            let (m, st) = saved(&url, zstd).await;
+            for e in std::fs::read_dir(dir.path().join("chunks")).unwrap() {
+                as_v1(&e.unwrap().path());
+            }
+            // In place (raw chunks whole and packed, or decoded), into new
+            // buffers, and one tensor of a packed chunk (through a buffer).
+            check(&url, &m, &st, u64::MAX).await.unwrap();
+            let got = ckpt_core::Format::read_many(
+                &super::super::Native,
+                &ctx(&url),
+                m.tensors.iter().collect(),
+            )
+            .await
+            .unwrap();
+            for (t, b) in st.tensors.iter().zip(&got) {
+                assert_eq!(&t.data[..], &b[..], "{}", t.name);
+            }
+            let at = m.tensors.iter().position(|t| t.name == "small2").unwrap();
+            let mut one = vec![0xA5; st.tensors[at].data.len()];
+            let targets = vec![(&m.tensors[at], one.as_mut_slice())];
+            read_in_windows(&ctx(&url), targets, u64::MAX)
+                .await
+                .unwrap();
+            assert_eq!(&one[..], &st.tensors[at].data[..]);
         }
     }
 
