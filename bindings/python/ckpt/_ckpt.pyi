@@ -37,6 +37,7 @@ __all__ = [
     "export",
     "cli_main",
     "__version__",
+    "STAGING_LEAD",
 ]
 
 #: ``(dtype, shape, buffer)``: one loaded tensor.
