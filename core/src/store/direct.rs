@@ -629,8 +629,8 @@ mod tests {
 
     /// The native format's chunks over staging memory (a header, then data
     /// that starts as far into a page as the header is long): their whole
-    /// blocks are written
-    /// from the staging memory, and only the head and tail are copied.
+    /// blocks are written from the staging memory, and only the head and tail
+    /// are copied.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn chunks_over_staging_memory_are_written_without_a_copy() {
         use crate::staging::pages::PageBuf;
