@@ -88,6 +88,15 @@ impl CopySource for PySource {
         // caller of save promised not to write them until the snapshot is done.
         unsafe { copy_span(self.export.ptr, self.export.len, dst) }
     }
+
+    fn splits(&self) -> bool {
+        true
+    }
+
+    fn copy_range_into(&self, offset: usize, dst: &mut [u8]) -> ckpt_core::Result<()> {
+        // SAFETY: as in `copy_into`.
+        unsafe { copy_part(self.export.ptr, self.export.len, offset, dst) }
+    }
 }
 
 /// Copy the `len` bytes at `ptr` into `dst`, which must be as long: what a
@@ -108,6 +117,29 @@ pub(crate) unsafe fn copy_span(ptr: usize, len: usize, dst: &mut [u8]) -> ckpt_c
         dst.copy_from_slice(src);
     }
     Ok(())
+}
+
+/// Copy the `dst.len()` bytes that start `offset` bytes into the `len` bytes
+/// at `ptr`: a part of a large source, which a snapshot spreads over threads.
+///
+/// # Safety
+/// As [`copy_span`].
+pub(crate) unsafe fn copy_part(
+    ptr: usize,
+    len: usize,
+    offset: usize,
+    dst: &mut [u8],
+) -> ckpt_core::Result<()> {
+    match offset.checked_add(dst.len()) {
+        Some(end) if end <= len => {
+            // SAFETY: `offset..end` lies within `ptr..ptr + len` (checked).
+            unsafe { copy_span(ptr + offset, dst.len(), dst) }
+        }
+        _ => Err(ckpt_core::Error::Internal(format!(
+            "a part of {} bytes at {offset} of a source of {len}",
+            dst.len()
+        ))),
+    }
 }
 
 /// Loaded tensor bytes, exported as a writable one-dimensional byte buffer.

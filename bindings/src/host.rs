@@ -25,7 +25,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 use crate::args::{Shard, TensorSpec};
-use crate::buffer::{copy_span, export_bytes};
+use crate::buffer::{copy_part, copy_span, export_bytes};
 use crate::errors::{invalid, IntoPyResult};
 
 /// The bytes of a CPU tensor: `len` bytes at `ptr`, inside the memory of the
@@ -107,6 +107,15 @@ impl CopySource for HostSource {
         // span was made) and the storage is held; the caller of save
         // promised not to write them until the snapshot is done.
         unsafe { copy_span(self.ptr, self.len, dst) }
+    }
+
+    fn splits(&self) -> bool {
+        true
+    }
+
+    fn copy_range_into(&self, offset: usize, dst: &mut [u8]) -> ckpt_core::Result<()> {
+        // SAFETY: as in `copy_into`.
+        unsafe { copy_part(self.ptr, self.len, offset, dst) }
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! - [`handle`]: `Checkpointer::save`: checks, then the snapshot (the only stall),
 //!   then the persist task is spawned; the [`SaveHandle`] the caller waits on.
-//! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging.
+//! - [`snapshot`]: what `save` is given ([`Capture`]) and the copy into staging;
+//!   [`copy`]: those copies spread over threads, large sources cut in pieces.
 //! - [`shared`]: one snapshot saved by two checkpointers ([`SharedSnapshot`]).
 //! - [`slab`]: [`Slab`], host memory filled from outside (a GPU's
 //!   device-to-host copies) and saved without a copy.
@@ -16,6 +17,7 @@
 //! and `handle` and `persist` use `snapshot` and `report`; `snapshot` and
 //! `slab` fill buffers of [`crate::staging`].
 
+pub(crate) mod copy;
 pub(crate) mod gc;
 pub(crate) mod handle;
 pub(crate) mod persist;

@@ -18,6 +18,7 @@ use crate::model::dtype::DType;
 use crate::model::state::State;
 use crate::model::tensor::{ShardSpec, Tensor};
 use crate::model::value::Value;
+use crate::save::copy::{self, CopyJob};
 use crate::staging::StagingBuf;
 use crate::sync::RwLockExt;
 
@@ -38,6 +39,24 @@ pub trait CopySource: Send + Sync + 'static {
 
     /// Copy the current contents into `dst` (`dst.len() == self.len()`).
     fn copy_into(&self, dst: &mut [u8]) -> Result<()>;
+
+    /// Whether [`copy_range_into`](Self::copy_range_into) copies a part:
+    /// the snapshot then cuts a large source over several threads.
+    fn splits(&self) -> bool {
+        false
+    }
+
+    /// Copy the `dst.len()` bytes that start `offset` bytes in. Called only
+    /// where [`splits`](Self::splits) is true; the default copies only the
+    /// whole source.
+    fn copy_range_into(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset == 0 && dst.len() == self.len() {
+            return self.copy_into(dst);
+        }
+        Err(Error::Internal(
+            "a part asked of a source that copies only whole".into(),
+        ))
+    }
 }
 
 /// What a snapshot waits for before it reads a capture's memory: copies that
@@ -219,6 +238,20 @@ impl CopySource for SharedVec {
         dst.copy_from_slice(&src);
         Ok(())
     }
+
+    fn splits(&self) -> bool {
+        true
+    }
+
+    fn copy_range_into(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = self.0.read_unpoisoned();
+        let part = offset
+            .checked_add(dst.len())
+            .and_then(|end| src.get(offset..end))
+            .ok_or_else(|| Error::InvalidInput("source changed size during the snapshot".into()))?;
+        dst.copy_from_slice(part);
+        Ok(())
+    }
 }
 
 /// Wait for `ready` (memory still being filled from outside), then [`copy_all`].
@@ -289,7 +322,7 @@ pub fn copy_now_first(
 }
 
 /// Copy every `Copy` tensor into its staging buffer, spread over `threads` threads
-/// (balanced by bytes), and return the tensors with frozen bytes in input order.
+/// (balanced by bytes, see [`copy`]), and return the tensors with frozen bytes in input order.
 ///
 /// In debug builds each source is read a second time after its copy and compared,
 /// so a mutation during a (lazy) snapshot is reported instead of saved silently.
@@ -331,39 +364,9 @@ pub fn copy_all(
             }
         }
     }
-    // Balance bytes over threads: largest first, each to the least loaded thread.
-    let bytes = jobs.iter().map(|(_, s, _)| s.len()).sum();
-    let threads = copy_threads(bytes, jobs.len(), threads);
-    jobs.sort_by_key(|(_, s, _)| std::cmp::Reverse(s.len()));
-    let mut groups: Vec<(usize, Vec<CopyJob>)> = (0..threads).map(|_| (0, Vec::new())).collect();
-    for job in jobs {
-        let g = groups
-            .iter_mut()
-            .min_by_key(|(load, _)| *load)
-            .expect("at least one group");
-        g.0 += job.1.len();
-        g.1.push(job);
-    }
-    // The calling thread copies the first group itself: a save's few small
-    // tensors (RNG states, copied in a lazy save's stall) start no thread.
-    let mut groups = groups.into_iter().map(|(_, group)| group);
-    let mine = groups.next().unwrap_or_default();
-    let results: Vec<Result<Vec<(usize, Bytes)>>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .map(|group| scope.spawn(move || copy_group(group)))
-            .collect();
-        let mut results = vec![copy_group(mine)];
-        results.extend(handles.into_iter().map(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::Internal("snapshot thread panicked".into())))
-        }));
-        results
-    });
-    for r in results {
-        for (i, data) in r? {
-            if let Some(t) = out[i].as_mut() {
-                t.data = data;
-            }
+    for (i, data) in copy::run(jobs, threads)? {
+        if let Some(t) = out[i].as_mut() {
+            t.data = data;
         }
     }
     for (i, first) in aliases {
@@ -384,45 +387,9 @@ pub fn copy_all(
         .collect()
 }
 
-/// The fewest bytes worth a copy thread of their own: starting and joining a
-/// thread takes tens of microseconds, about what a MiB takes to copy.
-const MIN_THREAD_BYTES: usize = 4 << 20;
-
-/// Threads that copy `jobs` sources of `bytes` in all, at most `threads`: one
-/// per [`MIN_THREAD_BYTES`], and never more than there are sources.
-fn copy_threads(bytes: usize, jobs: usize, threads: usize) -> usize {
-    threads
-        .min(bytes.div_ceil(MIN_THREAD_BYTES))
-        .min(jobs)
-        .max(1)
-}
-
-/// One copy: the tensor's index, its source and its staging buffer.
-type CopyJob = (usize, Arc<dyn CopySource>, StagingBuf);
-
 /// Identity of a copy source: the `Arc`'s allocation.
 fn source_key(src: &Arc<dyn CopySource>) -> usize {
     Arc::as_ptr(src).cast::<()>() as usize
-}
-
-fn copy_group(group: Vec<CopyJob>) -> Result<Vec<(usize, Bytes)>> {
-    let mut done = Vec::with_capacity(group.len());
-    for (i, src, mut buf) in group {
-        src.copy_into(buf.as_mut_slice())?;
-        #[cfg(debug_assertions)]
-        {
-            let mut again = vec![0u8; buf.as_ref().len()];
-            src.copy_into(&mut again)?;
-            if again != buf.as_ref() {
-                return Err(Error::InvalidInput(format!(
-                    "tensor #{i} was modified while its snapshot was being taken; \
-                     call wait_snapshot() before mutating state (e.g. before optimizer.step())"
-                )));
-            }
-        }
-        done.push((i, buf.freeze()));
-    }
-    Ok(done)
 }
 
 fn make(
@@ -456,18 +423,6 @@ pub(crate) enum SnapState {
 mod tests {
     use super::*;
     use crate::staging::{BusyPolicy, StagingPool};
-
-    #[test]
-    fn small_copies_start_no_thread_and_large_ones_share_the_cores() {
-        // A lazy save's RNG states (a few KiB) are copied by the caller alone.
-        assert_eq!(copy_threads(20 << 10, 4, 8), 1);
-        assert_eq!(copy_threads(0, 0, 8), 1);
-        // A thread per MIN_THREAD_BYTES, at most `threads`, at most a thread a source.
-        assert_eq!(copy_threads(MIN_THREAD_BYTES + 1, 10, 8), 2);
-        assert_eq!(copy_threads(256 << 20, 64, 8), 8);
-        assert_eq!(copy_threads(256 << 20, 3, 8), 3);
-        assert_eq!(copy_threads(256 << 20, 64, 1), 1);
-    }
 
     async fn copied(sizes: &[usize], threads: usize) {
         let srcs: Vec<Arc<SharedVec>> = sizes
