@@ -83,7 +83,12 @@ def settle() -> None:
 class Peak:
     """Samples tree_pss() on a thread while a window opened with ``active()`` is
     open. ``extra``: the peak over the windows, minus the value at entry and
-    minus ``own``, the bytes of reference copies the benchmark itself holds."""
+    minus ``own``, the bytes of reference copies the benchmark itself holds.
+
+    One reading takes tens of milliseconds, so a reading counts only if its
+    window was open from its start to its end: one still in flight when the
+    window closed would else take in what the benchmark does next (a training
+    step's activations, a reference copy not yet in ``own``)."""
 
     def __enter__(self) -> "Peak":
         settle()
@@ -91,14 +96,21 @@ class Peak:
         self.own = 0
         self.extra = 0
         self._on = False
+        #: Bumped as each window opens and closes: a reading counts only if
+        #: it is the same, and open, after the reading as before it.
+        self._window = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
         return self
 
     def _sample(self) -> None:
-        if self._on:
-            self.extra = max(self.extra, tree_pss() - self.base - self.own)
+        window, own = self._window, self.own
+        if not self._on:
+            return
+        value = tree_pss() - self.base - own
+        if self._on and self._window == window:
+            self.extra = max(self.extra, value)
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
@@ -110,12 +122,14 @@ class Peak:
         class _On:
             def __enter__(self):
                 settle()
+                peak._window += 1
                 peak._on = True
                 peak._sample()
 
             def __exit__(self, *exc):
                 peak._sample()
                 peak._on = False
+                peak._window += 1
 
         return _On()
 
