@@ -2,7 +2,7 @@
 ``torch.save``, ``safetensors.torch``, ``torch.distributed.checkpoint`` and
 ``torch-checkpointing``, in one process on CPU. ``ckpt-eval python`` runs it:
 
-    python pytrain_bench.py --dir D [--layers 6] [--width 384] [--seq 128] [--repeats 2] [--rounds 3] [--every 4]
+    python pytrain_bench.py --dir D [--layers 6] [--width 384] [--seq 128] [--repeats 3] [--rounds 3] [--every 4]
 
 The model is GPT-2-shaped: ``transformers.GPT2LMHeadModel`` from a
 ``GPT2Config`` (GPT-2's vocabulary, tied embedding and head, fewer and narrower
@@ -356,7 +356,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence (also the context length)")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--every", type=int, default=4, help="training steps between checkpoints in the loop")
     ap.add_argument("--rounds", type=int, default=3, help="checkpoints per method in the training loop")
     ap.add_argument("--methods",
