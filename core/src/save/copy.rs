@@ -3,11 +3,11 @@
 //! A save's bytes are rarely spread evenly over its tensors: a language
 //! model's embedding and its two AdamW moments are most of its state. Copying
 //! whole sources, largest first onto the least loaded thread, left one thread
-//! with two of those three (GPT-2 small on two threads: one copied 102 MiB
-//! while the other copied 63). So a source that can copy a part of itself
-//! ([`CopySource::copy_range_into`]) is cut into pieces that fill each
-//! thread up to an even share; sources that copy only whole are placed first,
-//! largest first, as before.
+//! with two of those three (the python experiment's GPT-2-shaped model, 166
+//! MiB, on two threads: one copied 98 MiB while the other copied 68). So a
+//! source that can copy a part of itself ([`CopySource::copy_range_into`]) is
+//! cut into pieces that fill each thread up to an even share; sources that
+//! copy only whole are placed first, largest first, as before.
 
 use std::sync::Arc;
 
@@ -243,7 +243,7 @@ mod tests {
 
     #[tokio::test]
     async fn large_sources_are_cut_so_that_threads_copy_even_shares() {
-        // GPT-2 small's shape: three large tensors and many small ones.
+        // A GPT-2-shaped state: three large tensors and many small ones.
         let mut sources: Vec<Arc<dyn CopySource>> = (0..3)
             .map(|i| SharedVec::new(bytes(24 << 20, i)) as Arc<dyn CopySource>)
             .collect();
