@@ -84,6 +84,8 @@ fn copy_threads(bytes: usize, units: usize, threads: usize) -> usize {
 
 /// A part of one source and where it goes.
 struct Piece<'a> {
+    /// The tensor's index: named when a debug build catches a mutation.
+    #[cfg_attr(not(debug_assertions), allow(dead_code))]
     index: usize,
     src: &'a dyn CopySource,
     offset: usize,
