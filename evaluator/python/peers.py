@@ -95,9 +95,8 @@ class Peak:
         self.base = tree_pss()
         self.own = 0
         self.extra = 0
-        self._on = False
-        #: Bumped as each window opens and closes: a reading counts only if
-        #: it is the same, and open, after the reading as before it.
+        #: Bumped as each window opens and closes (odd: open): a reading
+        #: counts only if it is the same, and odd, after the reading as before.
         self._window = 0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -106,10 +105,10 @@ class Peak:
 
     def _sample(self) -> None:
         window, own = self._window, self.own
-        if not self._on:
+        if window % 2 == 0:
             return
         value = tree_pss() - self.base - own
-        if self._on and self._window == window:
+        if self._window == window:
             self.extra = max(self.extra, value)
 
     def _run(self) -> None:
@@ -123,12 +122,10 @@ class Peak:
             def __enter__(self):
                 settle()
                 peak._window += 1
-                peak._on = True
                 peak._sample()
 
             def __exit__(self, *exc):
                 peak._sample()
-                peak._on = False
                 peak._window += 1
 
         return _On()

@@ -145,19 +145,13 @@ fn schedule(jobs: &mut [CopyJob], bytes: usize, threads: usize) -> Result<Vec<Ve
 
 fn copy_pieces(group: Vec<Piece<'_>>) -> Result<()> {
     for p in group {
-        if p.offset == 0 && p.dst.len() == p.src.len() {
-            p.src.copy_into(p.dst)?;
-        } else {
-            p.src.copy_range_into(p.offset, p.dst)?;
-        }
+        // A source that copies only whole is one piece, which the trait's
+        // default hands to `copy_into`.
+        p.src.copy_range_into(p.offset, p.dst)?;
         #[cfg(debug_assertions)]
         {
             let mut again = vec![0u8; p.dst.len()];
-            if p.offset == 0 && p.dst.len() == p.src.len() {
-                p.src.copy_into(&mut again)?;
-            } else {
-                p.src.copy_range_into(p.offset, &mut again)?;
-            }
+            p.src.copy_range_into(p.offset, &mut again)?;
             if again != *p.dst {
                 return Err(Error::InvalidInput(format!(
                     "tensor #{} was modified while its snapshot was being taken; \

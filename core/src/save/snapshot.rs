@@ -46,9 +46,10 @@ pub trait CopySource: Send + Sync + 'static {
         false
     }
 
-    /// Copy the `dst.len()` bytes that start `offset` bytes in. Called only
-    /// where [`splits`](Self::splits) is true; the default copies only the
-    /// whole source.
+    /// Copy the `dst.len()` bytes that start `offset` bytes in: the whole
+    /// source too (offset 0, its length). A part is asked only where
+    /// [`splits`](Self::splits) is true; the default copies only the whole
+    /// source, through [`copy_into`](Self::copy_into).
     fn copy_range_into(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         if offset == 0 && dst.len() == self.len() {
             return self.copy_into(dst);
