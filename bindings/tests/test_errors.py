@@ -147,22 +147,6 @@ def test_timeout_and_skipped(url: str) -> None:
     assert cp.steps() == [1]
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path):
-    """A real 4 MiB tmpfs (needs mount privileges; skipped without them)."""
-    import subprocess
-
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_a_full_disk_is_a_storage_error_with_enospc(full_disk: Path) -> None:
     import errno
 

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from . import _ckpt, _own
+from . import _ckpt, _exit, _own
 from ._gc import collect_now, collector_paused
 from .dtensor import local_tensor
 from .rng import RNGState
@@ -196,6 +196,7 @@ def _ready_staging(cp: "Checkpointer", specs: List[Any]) -> None:
     t = threading.Thread(target=run, name="ckpt-ready-staging", daemon=True)
     cp._readying = t
     t.start()
+    _exit.track_thread(t)  # joined at exit: it holds tensors (see ckpt._exit)
 
 
 def cuda_ready() -> bool:

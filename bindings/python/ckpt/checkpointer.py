@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _ahead, _ckpt, _load, _own
+from . import _ahead, _ckpt, _exit, _load, _own
 from ._gc import collector_paused
 from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ._ckpt import GcReport
@@ -247,6 +247,10 @@ class Checkpointer:
         may be objects with ``state_dict()`` (modules, optimizers, schedulers),
         torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
 
+        A save still in progress when the interpreter exits normally is
+        finished then (see :mod:`ckpt._exit`); :meth:`wait` is where its
+        failure raises.
+
         Raises :class:`~ckpt.ConflictError` if ``step`` is already committed
         (as far as this checkpointer knows: what its load or first save listed,
         and its own commits since; no storage request in the stall). A step
@@ -295,8 +299,10 @@ class Checkpointer:
             flat.device.launch()  # lazy: the copies are queued in the background from now on
             exporter.make_plans()  # (then, on the same thread, what the next save walks in bulk)
         self._unwaited.append(handle)
+        _exit.track_save(handle)
         if also is not None and second is not None:
             also._unwaited.append(second)
+            _exit.track_save(second)
         if self.lazy:
             # The second save reads this one's copies, not the live state: the
             # step pre-hook waits for this one alone.

@@ -76,6 +76,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from . import _exit
 from . import errors as errs
 from . import _memreshape as reshape
 from ._gc import collector_paused
@@ -174,6 +175,7 @@ class MemoryCheckpointer:
         self._jobs: "queue.Queue[Optional[Tuple[int, Any, Optional[BaseException]]]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="ckpt-memory-tier", daemon=True)
         self._thread.start()
+        _exit.track_tier(self)
         #: Where the last :meth:`load_latest` read this rank's state from:
         #: ``"memory"``, ``"peer"`` (a replica), ``"memory, merged"`` (the
         #: checkpoints of a job of another shape), ``"durable"`` or ``None``.
@@ -299,6 +301,20 @@ class MemoryCheckpointer:
             self._thread.join()
             self.memory.close()
             self.durable.close()  # last: it owns the slabs
+
+    def _at_exit(self) -> None:
+        """At the interpreter's exit (:mod:`ckpt._exit`), unless closed: the
+        replications queued finish (each waits for its save), the thread
+        stops, and their failures are said on stderr (nobody waits for them)."""
+        if not self._thread.is_alive():
+            return
+        self._jobs.put(None)
+        while self._thread.is_alive():
+            self._thread.join(0.1)
+        with self._lock:
+            errors, self._errors = self._errors, []
+        for e in errors:
+            _exit.say(f"memory tier: {type(e).__name__}: {e}")
 
     def __enter__(self) -> "MemoryCheckpointer":
         return self
