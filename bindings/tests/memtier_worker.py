@@ -73,7 +73,7 @@ def main() -> None:
     )
     if rank == args.stuck_rank:
         # A peer that stops answering: its replication thread never sends nor receives.
-        cp._link.sendrecv = lambda *_: time.sleep(3600)
+        cp._link.sendrecv = cp._link.sendrecv_into = lambda *_: time.sleep(3600)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # A tensor that never changes: its chunk is the same at every save.

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import _ckpt
+from . import _memwire as wire
 from ._memtier import MemoryRoot, chunk_objects, load_outcome, manifest_body, write_object
 from .errors import CheckpointError
 
@@ -191,21 +192,25 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
         outgoing = everyone_wants[dst].get(me, [])
         incoming = everyone_wants[me].get(src, [])
         rounds = max((len(everyone_wants[q].get((q - k) % world, [])) for q in range(world)), default=0)
-        for i in range(rounds):
-            data = bytearray()
-            if i < len(outgoing):
-                holder = _find(local_roots, outgoing[i][0])
-                data = holder.read(outgoing[i][0]) if holder is not None else bytearray()
-            got = mc._link.sendrecv(data, dst, src)
-            if i >= len(incoming) or failure is not None:
-                continue
-            key, size = incoming[i]
-            if size >= 0 and len(got) != size:
-                failure = f"{key}: {len(got)} bytes arrived from rank {src}, {size} expected"
-                continue
-            err = write_object(merged, key, got)
-            if err is not None:
-                failure = f"{key}: {err.get('msg')}"
+        # Buffers reused, each object written while the next one arrives (ckpt._memwire).
+        sending = wire.Outgoing([(_find(local_roots, key), key) for key, _ in outgoing])
+        receiving = wire.Incoming()
+        try:
+            for i in range(rounds):
+                got = receiving.swap(mc._link, sending.next(), dst, src)
+                if i >= len(incoming) or failure is not None:
+                    continue
+                key, size = incoming[i]
+                if size >= 0 and len(got) != size:
+                    failure = f"{key}: {len(got)} bytes arrived from rank {src}, {size} expected"
+                    continue
+                err = receiving.write(merged, key, got)
+                if err is not None:
+                    failure = f"{err.get('msg')}"
+        finally:
+            err = receiving.close()
+            if err is not None and failure is None:
+                failure = f"{err.get('msg')}"
     if failure is not None:
         return failure
     attempt = manifest_body(manifest)["attempt"]

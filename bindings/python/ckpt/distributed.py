@@ -32,7 +32,7 @@ import os
 import sys
 from array import array
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Type
 
 from .errors import InvalidInputError, UnsupportedError
 
@@ -119,8 +119,15 @@ class TorchCoordinator:
         Point to point, not a collective: only the pairs talk. Used by the
         memory tier (:mod:`ckpt.memory`) to pass replicas around a ring of
         nodes, where every rank sends to one peer and receives from another.
-        A ``bytearray`` is sent without a copy.
+        A writable buffer (``bytearray``, a ``memoryview`` of one) is sent without a copy.
         """
+        out: bytearray = self.sendrecv_into(data, dst, src, bytearray)
+        return out
+
+    def sendrecv_into(self, data: Any, dst: int, src: int, buffer_for: Callable[[int], Any]) -> Any:
+        """:meth:`sendrecv`, received into ``buffer_for(length)`` (a writable
+        buffer of that length: the memory tier reuses its buffers, see
+        :mod:`ckpt._memwire`), which is returned."""
         torch, dist = self._torch, self._dist
         gdst = dist.get_global_rank(self.group, dst)
         gsrc = dist.get_global_rank(self.group, src)
@@ -130,10 +137,10 @@ class TorchCoordinator:
         for w in works:
             w.wait()
         length = int(n_in.item())
-        out = bytearray(length)
+        out = buffer_for(length)
         works = []
-        if data:
-            buf = data if isinstance(data, bytearray) else bytearray(data)
+        if len(data):
+            buf = data if not memoryview(data).readonly else bytearray(data)
             works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8), gdst, group=self.group))
         if length:
             works.append(dist.irecv(torch.frombuffer(out, dtype=torch.uint8), gsrc, group=self.group))
@@ -199,11 +206,16 @@ class MPICoordinator:
     def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
         this rank (``MPI_Sendrecv``: lengths, then the bytes). Point to point."""
+        out: bytearray = self.sendrecv_into(data, dst, src, bytearray)
+        return out
+
+    def sendrecv_into(self, data: Any, dst: int, src: int, buffer_for: Callable[[int], Any]) -> Any:
+        """:meth:`sendrecv`, received into ``buffer_for(length)``, which is returned."""
         MPI = self._MPI
         n_in = array("q", [0])
         self.comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
-        buf = bytearray(n_in[0])
-        self.comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, len(buf), MPI.BYTE], src, 1)
+        buf = buffer_for(n_in[0])
+        self.comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, n_in[0], MPI.BYTE], src, 1)
         return buf
 
     def close(self) -> None:

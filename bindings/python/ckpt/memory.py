@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import _exit
+from . import _memwire as wire
 from . import errors as errs
 from . import _memreshape as reshape
 from ._gc import collector_paused
@@ -572,18 +573,24 @@ class MemoryCheckpointer:
         rounds = max((len(w) for w in everyone), default=0)
         failure: Optional[Dict[str, Any]] = None
         manifest: Any = None
-        for i in range(rounds):
-            data = out_root.read(outgoing[i][0]) if i < len(outgoing) else bytearray()
-            got = self._link.sendrecv(data, dst, src)
-            if i >= len(incoming) or failure is not None:
-                continue
-            key, size = incoming[i]
-            if len(got) != size:
-                failure = {"cls": "CorruptError", "msg": f"{key}: {len(got)} bytes arrived, {size} offered"}
-            elif i == len(incoming) - 1:
-                manifest = got  # written below, last
-            else:
-                failure = write_object(in_root, key, got)
+        # Buffers reused, each object written while the next one arrives (ckpt._memwire).
+        sending = wire.Outgoing([(out_root, key) for key, _ in outgoing])
+        receiving = wire.Incoming()
+        try:
+            for i in range(rounds):
+                got = receiving.swap(self._link, sending.next(), dst, src)
+                if i >= len(incoming) or failure is not None:
+                    continue
+                key, size = incoming[i]
+                if len(got) != size:
+                    failure = {"cls": "CorruptError", "msg": f"{key}: {len(got)} bytes arrived, {size} offered"}
+                elif i == len(incoming) - 1:
+                    manifest = bytes(got)  # written below, last
+                else:
+                    failure = receiving.write(in_root, key, got)
+        finally:
+            closing = receiving.close()
+            failure = failure or closing
         if failure is None and manifest is not None:
             failure = write_object(in_root, incoming[-1][0], manifest)
         return failure
