@@ -131,10 +131,15 @@ def _finish() -> None:
     except KeyboardInterrupt:
         left = sum(1 for h in pending if not h.done())
         say(f"exit: abandoned {_plural(left, 'save')} in progress; the last committed checkpoint is intact")
-        return
-    for t in threads:
-        while t.is_alive():
-            t.join(0.1)
+    finally:
+        # Joined even after a Ctrl-C: each ends within about a copy of the
+        # state, and one left running could abort the finalizing process.
+        for t in threads:
+            try:
+                while t.is_alive():
+                    t.join(0.1)
+            except KeyboardInterrupt:
+                pass
 
 
 atexit.register(_finish)
