@@ -131,3 +131,38 @@ def test_the_memory_tier_finishes_at_exit(tmp_path: Path, shm: Path) -> None:
     assert again.last_source == "memory"
     assert np.array_equal(w, np.arange(1 << 20, dtype=np.float32))
     again.close()
+
+
+def test_a_process_group_destroyed_under_a_save_is_a_typed_error_said_at_exit(tmp_path: Path) -> None:
+    """A script that destroys torch.distributed's process group while its save
+    is still being coordinated (no wait before ``destroy_process_group``):
+    the save fails with a typed error that says what to do, said at exit on
+    every rank, and the job ends (no hang, no dead-peer timeout)."""
+    from test_distributed import free_port
+
+    script = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import torch.distributed as dist
+        import ckpt
+
+        dist.init_process_group("gloo")
+        m = torch.nn.Linear(1024, 1024)
+        cp = ckpt.Checkpointer(sys.argv[1], compression="zstd", level=19, rng=False)
+        cp.save(1, model=m)  # (about a second of compression: still in flight below)
+        dist.destroy_process_group()
+        """
+    )
+    port = str(free_port())
+    procs = []
+    for r in range(2):
+        env = python_env()
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([PYTHON, "-c", script, (tmp_path / "root").as_uri()], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "ckpt: the save of step 1 failed: InvalidInputError" in err, err
+        assert "before destroy_process_group()" in err, err

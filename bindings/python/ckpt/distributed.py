@@ -77,6 +77,20 @@ class TorchCoordinator:
         self.rank: int = dist.get_rank(self.group)
         self.world_size: int = dist.get_world_size(self.group)
 
+    def _live(self) -> Any:
+        """``torch.distributed``, as long as the job has not shut it down."""
+        dist = self._dist
+        if not dist.is_initialized():
+            # Called from ckpt's background thread: a save (or the memory
+            # tier's replication) still in flight when the program destroyed
+            # the process group. Typed, so it is not taken for a dead peer.
+            raise InvalidInputError(
+                "torch.distributed was shut down (destroy_process_group) while ckpt still had a save to "
+                "coordinate; call Checkpointer.wait() or close() before destroy_process_group() "
+                "(whether the save was committed: Checkpointer.steps())"
+            )
+        return dist
+
     def _tensor(self, data: bytes, length: int) -> Any:
         torch = self._torch
         out = torch.zeros(length, dtype=torch.uint8)
@@ -86,7 +100,7 @@ class TorchCoordinator:
 
     def all_gather(self, data: bytes) -> List[bytes]:
         """Every rank's ``data``, in rank order (lengths first, then the padded bytes)."""
-        torch, dist = self._torch, self._dist
+        torch, dist = self._torch, self._live()
         n = self.world_size
         lens = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
         dist.all_gather(lens, torch.tensor([len(data)], dtype=torch.int64), group=self.group)
@@ -100,7 +114,7 @@ class TorchCoordinator:
 
     def broadcast(self, data: bytes, root: int) -> bytes:
         """``root``'s ``data`` on every rank (its length first, then the bytes)."""
-        torch, dist = self._torch, self._dist
+        torch, dist = self._torch, self._live()
         src = dist.get_global_rank(self.group, root)
         n = torch.tensor([len(data) if self.rank == root else 0], dtype=torch.int64)
         dist.broadcast(n, src=src, group=self.group)
@@ -128,7 +142,7 @@ class TorchCoordinator:
         """:meth:`sendrecv`, received into ``buffer_for(length)`` (a writable
         buffer of that length: the memory tier reuses its buffers, see
         :mod:`ckpt._memwire`), which is returned."""
-        torch, dist = self._torch, self._dist
+        torch, dist = self._torch, self._live()
         gdst = dist.get_global_rank(self.group, dst)
         gsrc = dist.get_global_rank(self.group, src)
         n_out = torch.tensor([len(data)], dtype=torch.int64)
