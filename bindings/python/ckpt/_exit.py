@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 __all__ = ["track_save", "track_thread", "track_tier", "say", "NOTICE_AFTER"]
 
@@ -88,33 +88,29 @@ def _plural(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def _wait_saves(pending: List[Any]) -> None:
-    """Wait for ``pending`` saves; a note on stderr once it takes long, each
-    failure reported. ``KeyboardInterrupt`` propagates (abandon)."""
+def _wait_one(h: Any, timeout: Optional[float]) -> None:
+    """Wait for one save, at most ``timeout`` seconds; its failure is said."""
     from .errors import CheckpointError
 
-    start = time.monotonic()
-    noted = False
+    try:
+        h.wait(timeout)
+    except CheckpointError as e:
+        if h.done():  # (else this wait ran out: the save goes on)
+            say(f"the save of step {h.step} failed: {type(e).__name__}: {e}")
+
+
+def _wait_saves(pending: List[Any]) -> None:
+    """Wait for ``pending`` saves: quietly for :data:`NOTICE_AFTER` seconds,
+    then, with a note on stderr, for as long as they take. Each failure is
+    said. ``KeyboardInterrupt`` propagates (abandon)."""
+    deadline = time.monotonic() + NOTICE_AFTER
     for h in pending:
-        while True:
-            if not noted:
-                left = NOTICE_AFTER - (time.monotonic() - start)
-                if left <= 0:
-                    rest = sum(1 for x in pending if not x.done())
-                    say(f"finishing {_plural(rest, 'save')} still in progress before exiting (Ctrl-C abandons)")
-                    noted = True
-                    continue
-                timeout: Any = left
-            else:
-                timeout = None
-            try:
-                h.wait(timeout)
-                break
-            except CheckpointError as e:
-                if not h.done():
-                    continue  # (this wait's own timeout: the note is due)
-                say(f"the save of step {h.step} failed: {type(e).__name__}: {e}")
-                break
+        _wait_one(h, max(0.0, deadline - time.monotonic()))
+    rest = [h for h in pending if not h.done()]
+    if rest:
+        say(f"finishing {_plural(len(rest), 'save')} still in progress before exiting (Ctrl-C abandons)")
+        for h in rest:
+            _wait_one(h, None)
 
 
 def _finish() -> None:

@@ -17,13 +17,15 @@ Now the sender reads every object into the same buffer (:class:`Outgoing`),
 and a link with ``sendrecv_into`` (ckpt's torch and MPI links) receives into
 two buffers in turn (:class:`Incoming`); their pages are faulted once. Each
 object received is written into its root by a thread of its own (file I/O
-releases the GIL) while the next arrives. Measured in the memory tier's
-restart benchmark (128 MiB per rank, the last node replaced; two runs of 9
-restarts each way, interleaved): the replaced rank's restore took 0.190 and
-0.181 s (medians) against 0.204 and 0.197 s before, 7-8 % less. A link with ``sendrecv`` alone gets its own buffer
-per object, written the same way. The caller learns a write's failure at
-the next object or at :meth:`Incoming.finish`, and the ranks stay in step on
-the link whatever fails.
+releases the GIL) while the next arrives. A link with ``sendrecv`` alone
+gets its own buffer per object, written the same way. The caller learns a
+write's failure at the next object or at :meth:`Incoming.close`, and the
+ranks stay in step on the link whatever fails.
+
+Measured in the memory tier's restart benchmark (128 MiB per rank, the last
+node replaced; two runs of 9 restarts each way, interleaved): the replaced
+rank's restore took 0.190 and 0.181 s (medians) against 0.204 and 0.197 s
+before, 7-8 % less.
 """
 
 from __future__ import annotations
