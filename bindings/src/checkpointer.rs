@@ -308,15 +308,24 @@ impl Checkpointer {
     /// (at its lowered priority), not in that save's copy. Best effort within
     /// the staging budget; returns the bytes readied. Blocks, with the GIL
     /// released, for about as long as a first copy of those bytes would
-    /// take: call it off the training thread.
-    fn ready_staging(&self, py: Python<'_>, tensors: Vec<Bound<'_, TensorSpec>>) -> PyResult<u64> {
+    /// take: call it off the training thread. `also`: the byte lengths of
+    /// further tensors the save will copy that do not exist yet (an
+    /// optimizer's state before its first step).
+    #[pyo3(signature = (tensors, also=Vec::new()))]
+    fn ready_staging(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<Bound<'_, TensorSpec>>,
+        also: Vec<usize>,
+    ) -> PyResult<u64> {
         let cp = self.core()?.clone();
-        let lens = Capture {
+        let mut lens = Capture {
             tensors: sources(py, &tensors)?,
             meta: Value::Null,
             ready: None,
         }
         .copy_lens();
+        lens.extend(also);
         runtime::wait(py, move || async move { cp.ready_staging(&lens).await })
             .and_then(IntoPyResult::py)
     }

@@ -1,18 +1,19 @@
 """A CPU job's first save readied ahead of it, as later saves find theirs:
 the walk's plans made, and the staging memory its copies go to mapped and
-faulted in (``ckpt._ahead.rehearse``), after a fresh start's first
-optimizer step or a restore."""
+faulted in (``ckpt._ahead.rehearse``): on a fresh start from
+``load_latest`` on (the optimizer state to come included, by the
+optimizer's kind), after a restore from the optimizer's next step."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict, Iterable, List, Tuple
 
 import pytest
 import torch
 from torch import nn
 
 import ckpt
-from ckpt import _ckpt
+from ckpt import _ahead, _ckpt
 
 
 class Tied(nn.Module):
@@ -59,21 +60,24 @@ def bits(t: torch.Tensor) -> bytes:
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
-def test_a_fresh_start_readies_its_first_save_after_the_first_step(tmp_path, lazy):
+def test_a_fresh_start_readies_its_first_save_before_the_first_step(tmp_path, lazy):
     torch.manual_seed(0)
     model = Tied()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     cp = ckpt.Checkpointer(f"file://{tmp_path}", lazy=lazy, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None
-    # Nothing before the optimizer state exists.
-    assert readied(cp) == 0 and not cp._host_plans
+    # From load_latest on, during the first step: the AdamW state that step
+    # creates included (a save right after it found its memory unfaulted).
+    early = readied(cp)
     train(model, opt, 1)
     want = staged_bytes(model, opt)
-    got = readied(cp)
     # Every span once: the tied weight is not readied twice (128 KiB more), and
     # each buffer adds at most its lead (STAGING_LEAD bytes).
-    assert want <= got <= want + _ckpt.STAGING_LEAD * 64, (got, want)
-    assert cp._host_plans, "the walk's plans were made ahead"
+    assert want <= early <= want + _ckpt.STAGING_LEAD * 64, (early, want)
+    # The walk after the first step found nothing left to ready.
+    got = readied(cp)
+    assert got == early
+    assert cp._host_plans, "the walk's plans were made ahead (the optimizer state's)"
     train(model, opt, 2)
     expect = {k: bits(v) for k, v in model.state_dict().items()}
     h = cp.save(2, model=model, optimizer=opt)
@@ -84,6 +88,77 @@ def test_a_fresh_start_readies_its_first_save_after_the_first_step(tmp_path, laz
     assert cp._native.staging_idle_bytes() == got
     saved = cp.read(2).state["model"]
     assert {k: bits(v) for k, v in saved.items()} == expect
+    cp.close()
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> List[int]:
+    return sorted(v.nbytes for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
+
+
+KINDS: List[Tuple[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]]] = [
+    ("AdamW", lambda ps: torch.optim.AdamW(ps)),
+    ("Adam-amsgrad", lambda ps: torch.optim.Adam(ps, amsgrad=True)),
+    ("Adam-foreach-off", lambda ps: torch.optim.Adam(ps, foreach=False)),
+    ("NAdam", lambda ps: torch.optim.NAdam(ps)),
+    ("RAdam", lambda ps: torch.optim.RAdam(ps)),
+    ("Adamax", lambda ps: torch.optim.Adamax(ps)),
+    ("Adadelta", lambda ps: torch.optim.Adadelta(ps)),
+    ("Adagrad", lambda ps: torch.optim.Adagrad(ps)),  # (its state exists from the start)
+    ("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1)),
+    ("SGD-momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+    ("RMSprop", lambda ps: torch.optim.RMSprop(ps)),
+    ("RMSprop-centered-momentum", lambda ps: torch.optim.RMSprop(ps, momentum=0.9, centered=True)),
+    ("Rprop", lambda ps: torch.optim.Rprop(ps)),
+]
+
+
+@pytest.mark.parametrize("make", [k[1] for k in KINDS], ids=[k[0] for k in KINDS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_state_a_first_step_creates_is_foreseen_by_kind(make, dtype):
+    """``state_lens`` against the state torch's optimizers really create: a
+    change in torch's layout shows here, not as a slower first save."""
+    torch.manual_seed(0)
+    model = Tied().to(dtype)
+    model.mid.bias.requires_grad_(False)  # (no state for it)
+    opt = make(model.parameters())
+    before = state_bytes(opt)
+    foreseen = _ahead.state_lens([opt])
+    train(model, opt, 1)
+    assert sorted(before + foreseen) == state_bytes(opt)
+
+
+class Heavy(torch.optim.Optimizer):
+    """An optimizer ckpt has no rule for: a buffer per parameter, made at its first step."""
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                    buf.add_(p.grad)
+                    p.sub_(buf, alpha=group["lr"])
+
+
+def test_an_optimizer_of_another_kind_is_readied_once_its_state_exists(tmp_path):
+    torch.manual_seed(0)
+    model = Tied()
+    opt = Heavy(model.parameters())
+    assert _ahead.state_lens([opt]) == []
+    cp = ckpt.Checkpointer(f"file://{tmp_path}", rng=False)
+    assert cp.load_latest(model=model, optimizer=opt) is None
+    params = staged_bytes(model, opt)
+    assert params <= readied(cp) <= params + _ckpt.STAGING_LEAD * 64  # the parameters' share
+    train(model, opt, 1)
+    want = staged_bytes(model, opt)
+    assert want == 2 * params
+    got = readied(cp)
+    assert want <= got <= want + _ckpt.STAGING_LEAD * 64, (got, want)
+    cp.save(1, model=model, optimizer=opt).wait()
+    assert cp._native.staging_idle_bytes() == got
     cp.close()
 
 
