@@ -99,6 +99,7 @@ KINDS: List[Tuple[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
     ("AdamW", lambda ps: torch.optim.AdamW(ps)),
     ("Adam-amsgrad", lambda ps: torch.optim.Adam(ps, amsgrad=True)),
     ("Adam-foreach-off", lambda ps: torch.optim.Adam(ps, foreach=False)),
+    ("AdamW-fused", lambda ps: torch.optim.AdamW(ps, fused=True)),
     ("NAdam", lambda ps: torch.optim.NAdam(ps)),
     ("RAdam", lambda ps: torch.optim.RAdam(ps)),
     ("Adamax", lambda ps: torch.optim.Adamax(ps)),
@@ -106,6 +107,7 @@ KINDS: List[Tuple[str, Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
     ("Adagrad", lambda ps: torch.optim.Adagrad(ps)),  # (its state exists from the start)
     ("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1)),
     ("SGD-momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+    ("SGD-momentum-fused", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)),
     ("RMSprop", lambda ps: torch.optim.RMSprop(ps)),
     ("RMSprop-centered-momentum", lambda ps: torch.optim.RMSprop(ps, momentum=0.9, centered=True)),
     ("Rprop", lambda ps: torch.optim.Rprop(ps)),
