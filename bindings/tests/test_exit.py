@@ -166,3 +166,45 @@ def test_a_process_group_destroyed_under_a_save_is_a_typed_error_said_at_exit(tm
         assert p.returncode == 0, err
         assert "ckpt: the save of step 1 failed: InvalidInputError" in err, err
         assert "before destroy_process_group()" in err, err
+
+
+# A job stopped by its scheduler (SIGTERM, then SIGKILL after a grace period)
+# in the middle of a lazy save.
+PREEMPTED = textwrap.dedent(
+    """
+    import signal, sys, time
+    import numpy as np
+    import ckpt
+
+    url, handled = sys.argv[1], sys.argv[2] == "handled"
+    if handled:  # the recipe of bindings/README.md, "At exit"
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    noise = np.random.default_rng(7).integers(0, 256, size=8 << 20, dtype=np.uint8)
+    cp = ckpt.Checkpointer(url, compression="zstd", level=19, lazy=True, rng=False)
+    cp.save(5, noise=noise)
+    print("saving", flush=True)
+    while True:
+        time.sleep(0.01)  # training
+    """
+)
+
+
+@pytest.mark.parametrize("handled", ["handled", "default"])
+def test_a_preempted_job_keeps_its_save_when_sigterm_is_made_an_exit(url: str, handled: str) -> None:
+    """By default SIGTERM ends the process at once, with the save half
+    written (the last committed checkpoint stays whole); turned into
+    ``SystemExit`` by a handler, the exit finishes the save first."""
+    p = subprocess.Popen([PYTHON, "-c", PREEMPTED, url, handled], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=python_env())
+    assert p.stdout is not None and p.stdout.readline().strip() == "saving"
+    p.terminate()
+    _, err = p.communicate(timeout=120)
+    cp = ckpt.Checkpointer(url, rng=False)
+    if handled == "default":
+        assert p.returncode == -15, err
+        assert cp.steps() == []
+        return
+    assert p.returncode == 143, err
+    assert cp.steps() == [5], err
+    want = np.random.default_rng(7).integers(0, 256, size=8 << 20, dtype=np.uint8)
+    assert np.array_equal(np.asarray(cp.read_latest().state["noise"]), want)
