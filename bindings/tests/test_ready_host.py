@@ -59,11 +59,17 @@ def bits(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+@pytest.mark.parametrize("stepped", [False, True], ids=["new", "stepped"])
 @pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
-def test_a_fresh_start_readies_its_first_save_before_the_first_step(tmp_path, lazy):
+def test_a_fresh_start_readies_its_first_save_before_the_first_step(tmp_path, lazy, stepped):
+    """``stepped``: the optimizer state exists before ``load_latest`` (a
+    model fine-tuned in the same process, a benchmark): readied once all the
+    same, not once more after the step."""
     torch.manual_seed(0)
     model = Tied()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if stepped:
+        train(model, opt, 0)
     cp = ckpt.Checkpointer(f"file://{tmp_path}", lazy=lazy, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None
     # From load_latest on, during the first step: the AdamW state that step
