@@ -1,6 +1,7 @@
-"""A module saved through a wrapper (torch.compile, DataParallel, both) and
-restored without it, or the other way round (ckpt._wrappers): the keys are
-one prefix off, and the values come back all the same."""
+"""A module saved through wrappers (torch.compile of the whole or of each
+block, DataParallel, both) and restored without them, or through others
+(ckpt._wrappers): the keys differ by the wrappers' parts, and the values
+come back all the same."""
 
 from __future__ import annotations
 
@@ -22,16 +23,27 @@ def compiled(m: nn.Module) -> nn.Module:
     return torch.compile(m, backend="eager")
 
 
+def regional(m: nn.Module) -> nn.Module:
+    """Each block compiled on its own (its keys: ``0._orig_mod.weight``, ...)."""
+    for i in (0, 1, 3):
+        m[i] = compiled(m[i])  # type: ignore[index]
+    return m
+
+
 WRAPS: Dict[str, Callable[[nn.Module], nn.Module]] = {
     "plain": lambda m: m,
     "compiled": compiled,
     "data-parallel": nn.DataParallel,  # (on CPU, a pass-through that prefixes "module.")
     "compiled-data-parallel": lambda m: compiled(nn.DataParallel(m)),
+    "regional": regional,
+    "data-parallel-regional": lambda m: nn.DataParallel(regional(m)),
 }
 
 
 def bits(m: nn.Module) -> Dict[str, bytes]:
-    return {k: v.detach().reshape(-1).view(torch.uint8).numpy().tobytes() for k, v in m.state_dict().items()}
+    """The values by the module's own names (compiled blocks' segments left out)."""
+    return {k.replace("_orig_mod.", ""): v.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
+            for k, v in m.state_dict().items()}
 
 
 @pytest.mark.parametrize("saved", list(WRAPS))

@@ -1,27 +1,29 @@
-"""A module saved through a wrapper and restored without it, or the other way
-round.
+"""A module saved through wrappers and restored without them, or the other
+way round.
 
-A wrapper module prefixes every key of its state dict: ``torch.compile``'s
+A wrapper module prefixes the keys of its state dict: ``torch.compile``'s
 ``OptimizedModule`` with ``_orig_mod.``, ``DistributedDataParallel`` and
-``DataParallel`` with ``module.``, both where one wraps the other. A job
+``DataParallel`` with ``module.``, in any nesting; a block compiled on its
+own (regional compilation, one ``torch.compile`` per transformer block) puts
+``_orig_mod`` inside the keys (``layers.0._orig_mod.attn.weight``). A job
 trained compiled and evaluated eagerly, or restarted with DDP after a run
-without it, found its checkpoint's keys one prefix off its model's, and
-``load_latest`` failed with torch's ``Error(s) in loading state_dict``
-(missing and unexpected keys, all of them).
+without it, found its checkpoint's keys off its model's, and
+``load_latest`` failed with torch's ``Error(s) in loading state_dict``.
 
 :func:`fit` renames the stored keys of a module's state dict to the live
-module's where the two differ only by such leading prefixes: the names left
-once those are taken off are the same on both sides. The checkpoint is not
-changed, and the restore then goes as any other (in place, shapes and dtypes
-checked against the live tensors). Keys that differ otherwise are left as
-they are, for ``load_state_dict`` to report as before.
+module's where both come to the same names once the wrappers' parts are
+taken off (the leading prefixes that every key has, and every ``_orig_mod``
+segment), one to one. The checkpoint is not changed, and the restore then
+goes as any other (in place, shapes and dtypes checked against the live
+tensors). Keys that differ otherwise are left as they are, for
+``load_state_dict`` to report as before.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from .tree import TAG
 
@@ -30,32 +32,32 @@ __all__ = ["PREFIXES", "fit"]
 #: Leading key prefixes that wrapper modules add: torch.compile's, then DDP's
 #: and DataParallel's.
 PREFIXES = ("_orig_mod.", "module.")
+#: The key segment of a module compiled on its own.
+_COMPILED = "_orig_mod"
 
 
 def fit(stored: Any, target: Any, state: Mapping[str, Any]) -> Any:
     """``stored`` (the saved tree of one entry) with its keys renamed to
     those of ``state`` (``target.state_dict()``) where ``target`` is a module
-    whose state dict differs from it by wrapper prefixes alone
-    (:data:`PREFIXES`); else ``stored`` itself."""
+    and the two differ by wrappers alone (see the module docs); else
+    ``stored`` itself."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(target, torch.nn.Module) or not isinstance(state, Mapping):
         return stored
     if type(stored) is not dict or stored.get(TAG) != "odict" or type(stored.get("items")) is not dict:
         return stored
-    have = list(stored["items"])
-    live = list(state)
+    have: List[Any] = list(stored["items"])
+    live: List[Any] = list(state)
     if not have or not live or set(have) == set(live) or not all(isinstance(k, str) for k in have + live):
         return stored
     old, new = _lead(have), _lead(live)
-    if old == new or {k[len(old):] for k in have} != {k[len(new):] for k in live}:
+    canon = {k: _canon(k[len(old):]) for k in have}
+    to_live = {_canon(k[len(new):]): k for k in live}
+    if len(to_live) != len(live) or len(set(canon.values())) != len(have) or set(canon.values()) != set(to_live):
         return stored
-
-    def rename(key: str) -> str:
-        return new + key[len(old):]
-
     out = dict(stored)
-    out["items"] = {rename(k): v for k, v in stored["items"].items()}
-    out["metadata"] = _metadata(stored.get("metadata"), old, new)
+    out["items"] = {to_live[canon[k]]: v for k, v in stored["items"].items()}
+    out["metadata"] = _metadata(stored.get("metadata"), old, new, getattr(state, "_metadata", None))
     return out
 
 
@@ -73,29 +75,47 @@ def _lead(keys: Iterable[str]) -> str:
     return lead
 
 
-def _metadata(meta: Any, old: str, new: str) -> Any:
-    """A state dict's ``_metadata`` (module versions by module prefix: ``""``
-    for the root, ``"_orig_mod.0"``, ...) renamed as its keys were: entries of
-    the wrappers left behind are dropped (``load_state_dict`` looks up only
-    the live modules' prefixes)."""
+def _canon(path: str) -> str:
+    """``path`` without its ``_orig_mod`` segments."""
+    if _COMPILED not in path:
+        return path
+    return ".".join(s for s in path.split(".") if s != _COMPILED)
+
+
+def _module(prefix: Any, lead: str) -> Optional[str]:
+    """A module's prefix in a state dict's ``_metadata`` (``""`` for the
+    root) without the wrappers' parts; None for a wrapper above ``lead``."""
+    if not isinstance(prefix, str):
+        return None
+    full = prefix + "." if prefix else ""
+    if not full.startswith(lead):
+        return None
+    return _canon(full[len(lead):].removesuffix("."))
+
+
+def _metadata(meta: Any, old: str, new: str, live: Any) -> Any:
+    """A stored state dict's ``_metadata`` (module versions by module
+    prefix) renamed to the live modules' prefixes (those of ``live``, the
+    live state dict's, where it has one; else the names without wrappers).
+    Of a wrapper and the module it wraps, which come to one name, the
+    module's entry is kept."""
     if type(meta) is not dict:
         return meta
     odict = meta.get(TAG) == "odict"
     items = meta.get("items") if odict else meta
     if type(items) is not dict:
         return meta
-
-    def rename(prefix: Any) -> Optional[str]:
-        if not isinstance(prefix, str):
-            return None
-        full = prefix + "." if prefix else ""
-        if not full.startswith(old):
-            return None
-        return (new + full[len(old):]).removesuffix(".")
-
-    renamed: Dict[Any, Any] = {}
-    for k, v in items.items():
-        r = rename(k)
-        if r is not None:
-            renamed[r] = v
+    by_name: Dict[str, Any] = {}
+    for k in sorted((k for k in items if isinstance(k, str)), key=len):  # (the wrapped module last)
+        name = _module(k, old)
+        if name is not None:
+            by_name[name] = items[k]
+    if isinstance(live, Mapping):
+        renamed = {}
+        for k in live:
+            name = _module(k, new)
+            if name is not None and name in by_name:
+                renamed[k] = by_name[name]
+    else:
+        renamed = by_name
     return {**meta, "items": renamed} if odict else renamed
