@@ -14,6 +14,10 @@ checkpoint; ``plain`` restores into an unsharded model in a single process.
 Each rank writes ``OUT/<mode>-rank<r>.json``: digests of the full state (as
 PyTorch gathers it itself) after the save/load and at the end, and its I/O.
 
+``--compile`` (every mode) trains, saves and loads ``torch.compile``'s
+wrapper of the model, whose keys are ``_orig_mod.*``; the digests are by the
+model's own names (DCP's ``get_state_dict`` takes the wrapper off).
+
 ``--depth D`` (every mode) builds a narrower MLP of D hidden layers instead,
 with enough tensors per mapping for repeated saves to be taken in bulk.
 ``--stand-in`` routes the CPU tensors through ckpt's CUDA path
@@ -77,7 +81,7 @@ def batch(step: int, rank: int, width: int = DIMS[0]) -> tuple:
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int, rank: int) -> None:
-    x, y = batch(step, rank, model[0].in_features)
+    x, y = batch(step, rank, getattr(model, "_orig_mod", model)[0].in_features)
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
     opt.step()
@@ -137,6 +141,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--stand-in", action="store_true")
     ap.add_argument("--ready", action="store_true", help="train: load_latest first, as a job's fresh start does")
+    ap.add_argument("--compile", action="store_true", help="train and save or load torch.compile's wrapper of the model")
     a = ap.parse_args()
     bulk: list = []  # mappings taken in bulk since the last save
 
@@ -172,6 +177,8 @@ def main() -> None:
     model = build(a.depth)
     if sharded:
         model = shard(model, a.tp)
+    if a.compile:
+        model = torch.compile(model, backend="eager")  # (its state dict's keys: _orig_mod.*)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     cp = ckpt.Checkpointer(a.url, lazy=a.lazy, collective_timeout=a.timeout, coordinate="auto" if sharded else "none")
     row: dict = {"rank": rank, "world": dist.get_world_size() if sharded else 1}

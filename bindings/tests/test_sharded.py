@@ -102,6 +102,25 @@ def test_fsdp2_saved_by_2_loads_into_3_1_and_2_bitwise(tmp_path: Path) -> None:
         assert r["read_bytes"] < 0.62 * total, (r["read_bytes"], total)
 
 
+def test_fsdp2_saved_compiled_loads_uncompiled_and_the_other_way(tmp_path: Path) -> None:
+    """torch.compile's wrapper prefixes every key (``_orig_mod.``): a job
+    trained compiled restores into the bare sharded model and one process,
+    and a bare model's checkpoint into a compiled job (ckpt._wrappers)."""
+    out = tmp_path / "out"
+    compiled, bare = (tmp_path / "compiled").as_uri(), (tmp_path / "bare").as_uri()
+    torchrun(2, "train", compiled, str(out / "a"), "--steps", "4", "--save-at", "2", "--compile")
+    ref = rows(out / "a", "train", 2)[0]["at_save"]
+    torchrun(2, "load", compiled, str(out / "b"), "--steps", "4")
+    assert all(r["loaded"] == 2 and r["at_save"] == ref for r in rows(out / "b", "load", 2))
+    plain(compiled, str(out / "c"), "--steps", "4")
+    assert rows(out / "c", "plain", 1)[0]["at_save"] == ref
+
+    torchrun(2, "train", bare, str(out / "d"), "--steps", "4", "--save-at", "2")
+    ref = rows(out / "d", "train", 2)[0]["at_save"]
+    torchrun(3, "load", bare, str(out / "e"), "--steps", "4", "--compile")
+    assert all(r["loaded"] == 2 and r["at_save"] == ref for r in rows(out / "e", "load", 3))
+
+
 def test_fsdp2_repeated_lazy_saves_through_the_cuda_path_take_the_shards_in_bulk(tmp_path: Path) -> None:
     # A loop's later saves take a mapping of DTensors (the model's state dict,
     # the optimizer's state) in bulk, as the last save's plan says, with each
