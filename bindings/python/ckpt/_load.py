@@ -21,7 +21,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from . import _ckpt, _own, _wrappers
+from . import _ckpt, _match, _own, _wrappers
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
 from .restore import RestorePlan, live_state, restore_into
 from .rng import RNGState
@@ -97,11 +97,12 @@ def plan(
     layout = Layout.of(meta)
     rp = RestorePlan(table, layout.numpy_names, stage)
     values: Dict[str, Any] = {}
+    _match.entries(step, layout.state, [key for key, _ in targets])
     for key, target in targets:
-        if key not in layout.state:
-            raise NotFoundError(f"checkpoint of step {step} has no entry {key!r} (it has {sorted(layout.state)})")
         live, hint = live_state(target)
-        values[key] = rp.value(_wrappers.fit(layout.state[key], target, live), live, key, hint)
+        stored = _wrappers.fit(layout.state[key], target, live)
+        _match.fits(key, stored, target, live)
+        values[key] = rp.value(stored, live, key, hint)
     own: Optional[Dict[str, _own.Loaded]] = None
     rank = native.rank if rank is None else rank
     if rng and _own.name(rank) in table:

@@ -457,8 +457,13 @@ class Checkpointer:
         some data was already written into the live tensors, this raises
         :class:`~ckpt.CorruptError` instead of returning ``None``.
 
-        Raises :class:`~ckpt.InvalidInputError` naming the tensor when a shape
-        or dtype does not match the checkpoint, before anything is written.
+        Raises :class:`~ckpt.InvalidInputError`, before anything is written,
+        when the call does not fit the newest checkpoint: an entry it does not
+        have, a module whose state dict keys differ from the stored ones (one
+        that loads its own way is left to its ``load_state_dict``), an
+        optimizer over other parameters, a tensor of another shape or dtype.
+        That is the caller's mistake, not damage: no checkpoint is skipped
+        for it (see :mod:`ckpt._match`).
 
         :attr:`last_restore` then says where the call's time went.
         """
