@@ -161,3 +161,17 @@ def test_the_memory_tier_refuses_a_misnamed_entry_from_either_tier(url: str, shm
             assert _same(fresh, _copy(m))
             cp.close()
 
+
+def test_a_model_on_the_meta_device_is_refused_until_it_has_memory(url: str) -> None:
+    m, opt = _trained()
+    _saved_to = ckpt.Checkpointer(url)
+    _saved_to.save(1, model=m, optimizer=opt).wait()
+    with torch.device("meta"):
+        deferred = _net(4, 4, 2)
+    cp = ckpt.Checkpointer(url)
+    with pytest.raises(ckpt.InvalidInputError, match=r"'model.0.weight' is on the meta device"):
+        cp.load_latest(model=deferred)  # (it returned 1 with nothing restored)
+    deferred.to_empty(device="cpu")
+    fopt = torch.optim.AdamW(deferred.parameters(), lr=0.1)
+    assert cp.load_latest(model=deferred, optimizer=fopt) == 1
+    assert _same(deferred, _copy(m))

@@ -173,6 +173,13 @@ class RestorePlan:
     def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], t: Any) -> None:
         torch = _torch()
         t = t.detach()
+        if t.device.type == "meta":
+            # (Its copy from the checkpoint would be a no-op: the restore would
+            # return its step with nothing restored.)
+            raise InvalidInputError(
+                f"tensor {name!r} is on the meta device here, which holds no data to restore into: allocate "
+                "the model first (model.to_empty(device=...)), then restore"
+            )
         nbytes = t.numel() * t.element_size()
         if nbytes == 0:
             return
