@@ -461,8 +461,8 @@ class Checkpointer:
         when the call does not fit the newest checkpoint: an entry it does not
         have, a module whose state dict keys differ from the stored ones (one
         that loads its own way is left to its ``load_state_dict``), an
-        optimizer over other parameters, a tensor of another shape or dtype.
-        That is the caller's mistake, not damage: no checkpoint is skipped
+        optimizer over other parameters, a tensor of another shape or dtype
+        or on the meta device. That is the caller's mistake, not damage: no checkpoint is skipped
         for it (see :mod:`ckpt._match`).
 
         :attr:`last_restore` then says where the call's time went.
