@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Dict, List
 
@@ -250,6 +251,27 @@ def test_partial_placement_is_refused_before_anything_is_written(url: str, mesh)
     target = {"w": DTensor.from_local(torch.zeros(6), mesh, [Shard(0)])}
     assert cp.load_latest(target) == 1
     assert torch.equal(target["w"].to_local(), torch.arange(6.0))
+
+
+def test_a_live_layout_the_restore_cannot_take_is_raised_not_taken_for_damage(url: str, mesh) -> None:
+    """A live DTensor placed ``Partial`` was once an ``UnsupportedError``
+    counted as damage: every checkpoint was skipped and ``load_latest``
+    returned None, a fresh start over the job's checkpoints."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    with ckpt.Checkpointer(url, keep_last=2) as cp:
+        cp.save(1, {"w": torch.arange(4.0)})
+        cp.save(2, {"w": torch.arange(4.0) + 1})
+    cp = ckpt.Checkpointer(url, keep_last=2)
+    target = {"w": DTensor.from_local(torch.zeros(4), mesh, [Partial()])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a skipped checkpoint is a warning)
+        with pytest.raises(ckpt.UnsupportedError, match=r"'w'|w:.*Partial"):
+            cp.load_latest(target)
+    with pytest.raises(ckpt.ConflictError):  # step 2 still commits its step
+        cp.save(2, {"w": torch.zeros(4)})
+    plain = {"w": torch.zeros(4)}
+    assert cp.load_latest(plain) == 2 and torch.equal(plain["w"], torch.arange(4.0) + 1)
 
 
 def test_shape_or_dtype_mismatch_names_the_tensor_and_writes_nothing(url: str, mesh) -> None:

@@ -170,5 +170,9 @@ def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str,
 
 
 def is_damage(e: CheckpointError) -> bool:
-    """Stored data damaged or missing (as opposed to a failing store or bad input)."""
-    return isinstance(e, (CorruptError, NotFoundError, UnsupportedError))
+    """Stored data damaged or missing (as opposed to a failing store, bad
+    input, or what this ckpt or this live state cannot take: an
+    :class:`~ckpt.UnsupportedError` is raised, not skipped, since every
+    older checkpoint would be skipped for it too, or for its newer writer,
+    and the job would start afresh over them)."""
+    return isinstance(e, (CorruptError, NotFoundError))
