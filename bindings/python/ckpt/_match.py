@@ -48,7 +48,7 @@ def entries(step: int, stored: Mapping[str, Any], asked: Sequence[str]) -> None:
     if missing:
         raise InvalidInputError(
             f"the checkpoint of step {step} has no entry {_names(missing)} (it has {_names(sorted(stored)) or 'none'}): "
-            "restore the entries under the names they were saved with; nothing was restored"
+            "restore the entries under the names they were saved with; nothing of it was restored"
         )
 
 
@@ -82,7 +82,7 @@ def _module(torch: Any, key: str, stored: Any, target: Any, live: Any) -> None:
         said.append(f"{len(unexpected)} keys this module does not have ({_names(unexpected)})")
     raise InvalidInputError(
         f"{key!r}: the checkpoint's state dict does not fit this {type(target).__name__}: "
-        f"{'; '.join(said)}; nothing was restored (to load part of it, read it with read_latest() "
+        f"{'; '.join(said)}; nothing of it was restored (to load part of it, read it with read_latest() "
         "and call load_state_dict(..., strict=False))"
     )
 
@@ -100,7 +100,7 @@ def _optimizer(torch: Any, key: str, stored: Any, target: Any, live: Any) -> Non
         return
     raise InvalidInputError(
         f"{key!r}: the checkpoint's optimizer state has {_groups(have)}, this {type(target).__name__} "
-        f"{_groups(want)}; nothing was restored (make the optimizer over the same parameters, grouped as at the save)"
+        f"{_groups(want)}; nothing of it was restored (make the optimizer over the same parameters, grouped as at the save)"
     )
 
 
