@@ -58,6 +58,29 @@ def test_a_step_committed_by_another_writer_meanwhile_is_a_conflict_at_commit(ur
         mine.save(5, w=torch.zeros(4))
 
 
+def test_a_save_retention_would_retire_at_once_is_refused(url: str) -> None:
+    """A job back at an early step (rolled back to an archived checkpoint
+    with ``load``, or restarted without ``load_latest``) saved, was told it
+    had, and retention retired each save as it committed; a restart then
+    loaded the old newest."""
+    model = torch.nn.Linear(4, 4)
+    with ckpt.Checkpointer(url, keep_last=2, keep_every=100) as cp:
+        for step in (100, 150, 200, 250):
+            cp.save(step, model=model)
+    assert cp.steps() == [100, 200, 250]
+    rollback = ckpt.Checkpointer(url, keep_last=2, keep_every=100)
+    assert rollback.load(100, model=model) == 100
+    with pytest.raises(ckpt.ConflictError, match=r"step 110 would be retired as soon as it commits.*newest: 250, 200"):
+        rollback.save(110, model=model)
+    forgot = ckpt.Checkpointer(url, keep_last=2)
+    with pytest.raises(ckpt.ConflictError, match="step 1 would be retired"):
+        forgot.save(1, model=model)
+    assert forgot.steps() == [100, 200, 250]
+    with ckpt.Checkpointer(url, keep_last=3) as kept:  # a retention that keeps it: saved
+        kept.save(210, model=model)
+    assert kept.steps() == [200, 210, 250]
+
+
 def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: Path) -> None:
     cp = ckpt.Checkpointer(url, rng=False)
     cp.save(1, big=torch.zeros(1 << 16)).wait()

@@ -49,17 +49,79 @@ async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
         Err(Error::Conflict(_))
     ));
     assert_same(&f32_state(3, 64, 4), &cp.load_step(4).await.unwrap().state);
-    // What its retention retired may be saved again (keep_last(2) retired 1
-    // and 2); being the oldest, it is retired again by the same commit.
-    let again = cp
-        .save(1, &f32_state(3, 64, 11))
+    // What its retention retired (keep_last(2) retired 1 and 2) is not
+    // committed any more, but a save of it would be retired by its own commit:
+    // refused as that, not as a step already committed.
+    match cp.save(1, &f32_state(3, 64, 11)).await {
+        Err(Error::Conflict(msg)) => assert!(
+            msg.contains("would be retired as soon as it commits") && msg.contains("newest: 4, 3"),
+            "{msg}"
+        ),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+// A job that went back to an earlier step (a rollback, or a restart that did
+// not load) saved checkpoints that retention retired as they committed: each
+// save succeeded, none was kept, and a restart loaded the newest old one.
+#[tokio::test]
+async fn a_save_retention_would_retire_at_once_is_refused() {
+    let store = memory_store(&memory_root("retired-at-once"));
+    let open = |retention: Retention| {
+        ckpt_formats::builder("memory://unused")
+            .store(store.clone())
+            .retention(retention)
+            .build()
+    };
+    let cp = open(Retention::keep_last(2)).await.unwrap();
+    for step in [10, 20, 30, 40] {
+        cp.save(step, &f32_state(2, 64, step))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+    }
+    // One later step kept: a save between them is kept too (it retires 30).
+    cp.save(35, &f32_state(2, 64, 35))
         .await
-        .expect("a retired step is not committed any more")
+        .unwrap()
         .wait()
         .await
         .unwrap();
-    let retired = again.gc.expect("retention ran").retired;
-    assert!(retired.contains(&again.id), "{retired:?}");
+    // Two: refused before anything is written, by a restart too.
+    let restart = open(Retention::keep_last(2)).await.unwrap();
+    for c in [&cp, &restart] {
+        match c.save(5, &f32_state(2, 64, 5)).await {
+            Err(Error::Conflict(msg)) => assert!(msg.contains("step 5 would be retired"), "{msg}"),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+    let steps =
+        |ids: Vec<ckpt_core::CheckpointId>| ids.iter().map(|id| id.step).collect::<Vec<_>>();
+    assert_eq!(steps(restart.committed().await.unwrap()), [35, 40]);
+    // A step retention keeps whatever its age (keep_every), or no retention: saved.
+    let every = open(Retention {
+        keep_last: Some(2),
+        keep_every: Some(5),
+    })
+    .await
+    .unwrap();
+    every
+        .save(5, &f32_state(2, 64, 5))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let all = open(Retention::keep_all()).await.unwrap();
+    all.save(6, &f32_state(2, 64, 6))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(steps(all.committed().await.unwrap()), [5, 6, 35, 40]);
 }
 
 // A restart lists the checkpoints to load the newest; its first save uses

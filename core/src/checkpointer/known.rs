@@ -65,6 +65,21 @@ impl Known {
         }
     }
 
+    /// The known committed checkpoints of steps after `step` that no load
+    /// found damaged (empty before the store was listed).
+    pub fn newer(&self, step: u64) -> Vec<CheckpointId> {
+        let damaged = self.damaged.lock_unpoisoned();
+        let committed = self.committed.lock_unpoisoned();
+        let mut out: Vec<CheckpointId> = committed
+            .iter()
+            .flatten()
+            .filter(|id| id.step > step && !damaged.contains(*id))
+            .cloned()
+            .collect();
+        out.sort_by_key(|id| id.step);
+        out
+    }
+
     /// A load found `id` damaged: its step may be saved again.
     pub fn note_damaged(&self, id: &CheckpointId) {
         self.damaged.lock_unpoisoned().insert(id.clone());

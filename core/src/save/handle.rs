@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::layout::catalog;
 use crate::layout::epoch::{EpochView, Verdict};
+use crate::layout::retention::Retention;
 use crate::model::CheckpointId;
 use crate::save::persist::PersistJob;
 
@@ -179,6 +180,9 @@ impl Checkpointer {
                 "step {step} is already committed ({existing})"
             )));
         }
+        if let Some(why) = self.retired_at_once(step).await? {
+            return Err(Error::Conflict(why));
+        }
         failpoint::hit("save.start").await?;
 
         // Staging memory for the tensors that must be copied.
@@ -319,6 +323,26 @@ impl Checkpointer {
     /// torn manifest, on a store that does not write objects whole, commits
     /// nothing, and a job that fell back past a damaged checkpoint redoes its
     /// step beside it).
+    /// Why a save of `step` would be retired as soon as it commits, if it
+    /// would (see [`retire_reason`]). The known checkpoints of later steps
+    /// decide, so a save of a new step reads nothing; only where they would
+    /// retire it are their manifests read, so that those a load found
+    /// damaged, a zombie committed or another process retired do not count.
+    async fn retired_at_once(&self, step: u64) -> Result<Option<String>> {
+        let retention = &self.options().retention;
+        let newer = self.known().newer(step);
+        if retire_reason(retention, step, &newer).is_none() {
+            return Ok(None);
+        }
+        let mut counted = Vec::with_capacity(newer.len());
+        for id in newer {
+            if let Some(id) = self.conflicting(vec![id]).await? {
+                counted.push(id);
+            }
+        }
+        Ok(retire_reason(retention, step, &counted))
+    }
+
     pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
         let store = self.store().as_ref();
         let mut view = None;
@@ -373,4 +397,33 @@ fn validate(capture: &Capture) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Why a save of `step` would be retired as soon as it commits, if it would:
+/// retention keeps the newest `keep_last` steps, and `newer` (the committed
+/// checkpoints after `step`, oldest first) are at least that many. Such a
+/// save was accepted and then deleted by the commit's own GC, so a job that
+/// went back to an earlier step (a rollback after a loss spike, or a restart
+/// that did not load) kept none of its new checkpoints, and its restarts
+/// loaded the newest old one.
+fn retire_reason(retention: &Retention, step: u64, newer: &[CheckpointId]) -> Option<String> {
+    let n = retention.keep_last?.max(1);
+    let every = retention.keep_every.is_some_and(|k| k > 0 && step % k == 0);
+    if every || newer.len() < n {
+        return None;
+    }
+    let shown: Vec<String> = newer
+        .iter()
+        .rev()
+        .take(3)
+        .map(|id| id.step.to_string())
+        .collect();
+    Some(format!(
+        "step {step} would be retired as soon as it commits: retention keeps the newest {n}, and {} \
+         checkpoints of later steps are committed (newest: {}); load_latest restores the newest. \
+         A job that went back to an earlier step should save to another root, or remove the \
+         checkpoints of later steps first",
+        newer.len(),
+        shown.join(", ")
+    ))
 }
