@@ -318,11 +318,6 @@ impl Checkpointer {
         Ok((handle, shared))
     }
 
-    /// The first of `ids` (checkpoints of one step) that commits its step: a
-    /// readable manifest that no load of this checkpointer found damaged (a
-    /// torn manifest, on a store that does not write objects whole, commits
-    /// nothing, and a job that fell back past a damaged checkpoint redoes its
-    /// step beside it).
     /// Why a save of `step` would be retired as soon as it commits, if it
     /// would (see [`retire_reason`]). The known checkpoints of later steps
     /// decide, so a save of a new step reads nothing; only where they would
@@ -343,6 +338,11 @@ impl Checkpointer {
         Ok(retire_reason(retention, step, &counted))
     }
 
+    /// The first of `ids` (checkpoints of one step) that commits its step: a
+    /// readable manifest that no load of this checkpointer found damaged (a
+    /// torn manifest, on a store that does not write objects whole, commits
+    /// nothing, and a job that fell back past a damaged checkpoint redoes its
+    /// step beside it).
     pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
         let store = self.store().as_ref();
         let mut view = None;
