@@ -73,22 +73,16 @@ async fn a_save_retention_would_retire_at_once_is_refused() {
             .retention(retention)
             .build()
     };
+    async fn saved(cp: &Checkpointer, step: u64) {
+        let h = cp.save(step, &f32_state(2, 64, step)).await.unwrap();
+        h.wait().await.unwrap();
+    }
     let cp = open(Retention::keep_last(2)).await.unwrap();
     for step in [10, 20, 30, 40] {
-        cp.save(step, &f32_state(2, 64, step))
-            .await
-            .unwrap()
-            .wait()
-            .await
-            .unwrap();
+        saved(&cp, step).await;
     }
     // One later step kept: a save between them is kept too (it retires 30).
-    cp.save(35, &f32_state(2, 64, 35))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    saved(&cp, 35).await;
     // Two: refused before anything is written, by a restart too.
     let restart = open(Retention::keep_last(2)).await.unwrap();
     for c in [&cp, &restart] {
@@ -97,31 +91,16 @@ async fn a_save_retention_would_retire_at_once_is_refused() {
             other => panic!("expected a conflict, got {other:?}"),
         }
     }
-    let steps =
-        |ids: Vec<ckpt_core::CheckpointId>| ids.iter().map(|id| id.step).collect::<Vec<_>>();
-    assert_eq!(steps(restart.committed().await.unwrap()), [35, 40]);
+    assert_eq!(committed_steps(&restart).await.unwrap(), [35, 40]);
     // A step retention keeps whatever its age (keep_every), or no retention: saved.
-    let every = open(Retention {
+    let every = Retention {
         keep_last: Some(2),
         keep_every: Some(5),
-    })
-    .await
-    .unwrap();
-    every
-        .save(5, &f32_state(2, 64, 5))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    };
+    saved(&open(every).await.unwrap(), 5).await;
     let all = open(Retention::keep_all()).await.unwrap();
-    all.save(6, &f32_state(2, 64, 6))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
-    assert_eq!(steps(all.committed().await.unwrap()), [5, 6, 35, 40]);
+    saved(&all, 6).await;
+    assert_eq!(committed_steps(&all).await.unwrap(), [5, 6, 35, 40]);
 }
 
 // A restart lists the checkpoints to load the newest; its first save uses

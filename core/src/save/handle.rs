@@ -325,6 +325,9 @@ impl Checkpointer {
     /// damaged, a zombie committed or another process retired do not count.
     async fn retired_at_once(&self, step: u64) -> Result<Option<String>> {
         let retention = &self.options().retention;
+        if retention.keep_last.is_none() {
+            return Ok(None); // (keeps everything: no scan of the known checkpoints)
+        }
         let newer = self.known().newer(step);
         if retire_reason(retention, step, &newer).is_none() {
             return Ok(None);
