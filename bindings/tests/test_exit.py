@@ -164,8 +164,15 @@ def test_a_process_group_destroyed_under_a_save_is_a_typed_error_said_at_exit(tm
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-        assert "ckpt: the save of step 1 failed: InvalidInputError" in err, err
-        assert "before destroy_process_group()" in err, err
+        # A rank that finds its own group gone says what to do. A rank whose
+        # peer destroyed its group while a collective between them was in
+        # flight (a race of the two ranks' timing) sees that peer leave, and
+        # says so as the typed timeout of a peer that stopped taking part.
+        if "ckpt: the save of step 1 failed: InvalidInputError" in err:
+            assert "before destroy_process_group()" in err, err
+        else:
+            assert "ckpt: the save of step 1 failed: CheckpointTimeoutError" in err, err
+            assert "stopped taking part" in err, err
 
 
 # A job stopped by its scheduler (SIGTERM, then SIGKILL after a grace period)
