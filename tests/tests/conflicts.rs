@@ -9,6 +9,8 @@ use std::sync::Arc;
 use ckpt_core::store::{memory_store, CountingStore};
 use ckpt_core::{Checkpointer, Error, Retention};
 use ckpt_tests::*;
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
 
 async fn open(counting: &Arc<CountingStore>) -> Checkpointer {
     ckpt_formats::builder("memory://unused")
@@ -50,11 +52,14 @@ async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
     ));
     assert_same(&f32_state(3, 64, 4), &cp.load_step(4).await.unwrap().state);
     // What its retention retired (keep_last(2) retired 1 and 2) is not
-    // committed any more, but a save of it would be retired by its own commit:
-    // refused as that, not as a step already committed.
+    // committed any more, but a save of it comes before later checkpoints
+    // (and would be retired by its own commit): refused as that, not as a
+    // step already committed.
     match cp.save(1, &f32_state(3, 64, 11)).await {
         Err(Error::Conflict(msg)) => assert!(
-            msg.contains("would be retired as soon as it commits") && msg.contains("newest: 4, 3"),
+            msg.contains("step 1 comes before 2 committed")
+                && msg.contains("(4, 3)")
+                && msg.contains("would retire it as soon as it commits"),
             "{msg}"
         ),
         other => panic!("expected a conflict, got {other:?}"),
@@ -62,11 +67,14 @@ async fn starting_a_save_of_a_new_step_reads_nothing_from_storage() {
 }
 
 // A job that went back to an earlier step (a rollback, or a restart that did
-// not load) saved checkpoints that retention retired as they committed: each
-// save succeeded, none was kept, and a restart loaded the newest old one.
+// not load) saved checkpoints that a restart never came back to: load_latest
+// resumed from the newest old one (and with keep_last, retention retired each
+// new one as it committed). Such a save is refused, whatever the retention,
+// before anything is written; a later checkpoint a load found damaged does
+// not count.
 #[tokio::test]
-async fn a_save_retention_would_retire_at_once_is_refused() {
-    let store = memory_store(&memory_root("retired-at-once"));
+async fn a_save_before_a_committed_later_step_is_refused() {
+    let store = memory_store(&memory_root("before-later"));
     let open = |retention: Retention| {
         ckpt_formats::builder("memory://unused")
             .store(store.clone())
@@ -81,26 +89,56 @@ async fn a_save_retention_would_retire_at_once_is_refused() {
     for step in [10, 20, 30, 40] {
         saved(&cp, step).await;
     }
-    // One later step kept: a save between them is kept too (it retires 30).
-    saved(&cp, 35).await;
-    // Two: refused before anything is written, by a restart too.
-    let restart = open(Retention::keep_last(2)).await.unwrap();
-    for c in [&cp, &restart] {
-        match c.save(5, &f32_state(2, 64, 5)).await {
-            Err(Error::Conflict(msg)) => assert!(msg.contains("step 5 would be retired"), "{msg}"),
-            other => panic!("expected a conflict, got {other:?}"),
-        }
-    }
-    assert_eq!(committed_steps(&restart).await.unwrap(), [35, 40]);
-    // A step retention keeps whatever its age (keep_every), or no retention: saved.
+    let data_before = store
+        .list(None)
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len();
     let every = Retention {
         keep_last: Some(2),
         keep_every: Some(5),
     };
-    saved(&open(every).await.unwrap(), 5).await;
+    let restart = open(Retention::keep_last(2)).await.unwrap();
+    let archive = open(every).await.unwrap();
     let all = open(Retention::keep_all()).await.unwrap();
-    saved(&all, 6).await;
-    assert_eq!(committed_steps(&all).await.unwrap(), [5, 6, 35, 40]);
+    for (c, step, retired) in [
+        (&cp, 35, false),
+        (&cp, 5, true),
+        (&restart, 5, true),
+        (&archive, 5, false),
+        (&all, 6, false),
+    ] {
+        match c.save(step, &f32_state(2, 64, step)).await {
+            Err(Error::Conflict(msg)) => {
+                assert!(msg.contains(&format!("step {step} comes before")), "{msg}");
+                assert!(msg.contains("discard_after"), "{msg}");
+                assert_eq!(msg.contains("would retire it"), retired, "{msg}");
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+    assert_eq!(committed_steps(&restart).await.unwrap(), [30, 40]);
+    let data_after = store
+        .list(None)
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(data_before, data_after, "a refused save wrote something");
+
+    // A load that finds 40 damaged passes over it; then 35 may be saved.
+    store
+        .put(
+            &ckpt_core::layout::manifest_key(&restart.committed().await.unwrap()[1]),
+            b"not a manifest".to_vec().into(),
+        )
+        .await
+        .unwrap();
+    let reload = open(Retention::keep_last(2)).await.unwrap();
+    assert_eq!(reload.load_latest().await.unwrap().unwrap().id.step, 30);
+    saved(&reload, 35).await;
+    assert_eq!(reload.load_latest().await.unwrap().unwrap().id.step, 35);
 }
 
 // A restart lists the checkpoints to load the newest; its first save uses

@@ -67,6 +67,34 @@ impl Fencing {
         Ok(slot.clone())
     }
 
+    /// Claim the epoch after the one held (claiming one first if none is
+    /// yet), keeping valid only the checkpoints `keep` accepts
+    /// ([`epoch::claim_successor`]), and carry on under it. The lease the
+    /// first save waits out still counts from the first claim: the epoch
+    /// before is this writer's own. `None` when this checkpointer never claims.
+    pub async fn succeed(
+        &self,
+        store: &dyn ObjectStore,
+        keep: impl Fn(&crate::model::CheckpointId) -> bool,
+    ) -> Result<Option<u64>> {
+        if !self.claims {
+            return Ok(None);
+        }
+        self.check()?;
+        let mut slot = self.claimed.lock().await;
+        let held = match slot.as_ref() {
+            Some(c) => c.clone(),
+            None => epoch::claim_next(store, &self.nonce, self.strength).await?,
+        };
+        let r = epoch::claim_successor(store, &self.nonce, self.strength, held.epoch, keep).await;
+        self.note(&r);
+        *slot = Some(Claimed {
+            epoch: r.as_ref().map_or(held.epoch, |e| *e),
+            ..held
+        });
+        r.map(Some)
+    }
+
     /// The fence a commit or GC checks, claiming first if need be.
     pub async fn fence(&self, store: &dyn ObjectStore) -> Result<Option<Fence>> {
         let claimed = self.claimed(store).await?;

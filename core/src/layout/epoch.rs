@@ -290,56 +290,100 @@ pub async fn claim_next(
         // The checkpoints valid now are those the new claim keeps valid.
         let (valid, _) = partition_committed(store, &view, &ManifestEpochs::default()).await?;
         let epoch = view.current + 1;
-        let claim = Claim {
-            version: CLAIM_VERSION,
-            epoch,
-            nonce: nonce.to_owned(),
-            claimed_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64,
-            holder: holder(),
-            strength,
-            valid: valid.iter().map(paths::checkpoint_name).collect(),
-        };
-        let key = claim_key(epoch);
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
         let at = Instant::now();
-        match store
-            .put_opts(&key, PutPayload::from(claim.encode()?), opts)
-            .await
-        {
-            Ok(_) => {}
-            Err(object_store::Error::AlreadyExists { .. }) => continue,
-            Err(object_store::Error::NotImplemented { .. }) => {
-                // No create-only put at all: plain put, then the read-back decides.
-                if exists(store, epoch).await? {
-                    continue;
-                }
-                store.put(&key, PutPayload::from(claim.encode()?)).await?;
-            }
-            Err(e) => return Err(e.into()),
-        }
-        // Read back: on a store that ignored the create-only mode, a later
-        // claimant may have overwritten this claim.
-        match read_claim(store, epoch).await? {
-            Some(c) if c.nonce == nonce => {
-                tracing::info!("claimed writer epoch {epoch} ({strength:?})");
-                return Ok(Claimed {
-                    epoch,
-                    at,
-                    had_predecessor: view.current > 0,
-                });
-            }
-            _ => continue,
+        if try_claim(store, nonce, strength, epoch, &valid).await? {
+            tracing::info!("claimed writer epoch {epoch} ({strength:?})");
+            return Ok(Claimed {
+                epoch,
+                at,
+                had_predecessor: view.current > 0,
+            });
         }
     }
     Err(Error::Conflict(format!(
         "could not claim a writer epoch in {CLAIM_TRIES} tries: other writers claim this root at the same time"
     )))
+}
+
+/// Claim the epoch after `held` for the writer that holds `held`, keeping
+/// valid only the checkpoints valid now that `keep` accepts: the others
+/// become a fenced writer's, which loads pass over and GC retires. One
+/// create-only put decides, so the change is whole or absent after a crash.
+/// The writer carries on under the new epoch.
+///
+/// Errors: [`Error::Fenced`] when another writer has claimed since `held`
+/// (that claim wins: nothing changes); storage errors.
+pub async fn claim_successor(
+    store: &dyn ObjectStore,
+    nonce: &str,
+    strength: ClaimStrength,
+    held: u64,
+    keep: impl Fn(&CheckpointId) -> bool,
+) -> Result<u64> {
+    let view = EpochView::read(store).await?;
+    let fenced = |current: u64| Error::Fenced {
+        epoch: held,
+        current: current.max(held + 1),
+    };
+    if view.current != held {
+        return Err(fenced(view.current));
+    }
+    let (valid, _) = partition_committed(store, &view, &ManifestEpochs::default()).await?;
+    let kept: Vec<CheckpointId> = valid.into_iter().filter(|id| keep(id)).collect();
+    if try_claim(store, nonce, strength, held + 1, &kept).await? {
+        tracing::info!(
+            "claimed writer epoch {} after {held} ({strength:?})",
+            held + 1
+        );
+        return Ok(held + 1);
+    }
+    Err(fenced(current(store).await?))
+}
+
+/// Put the claim of `epoch` listing `valid`, create-only where the store
+/// supports it, and read it back: true when this claimant (`nonce`) holds it.
+async fn try_claim(
+    store: &dyn ObjectStore,
+    nonce: &str,
+    strength: ClaimStrength,
+    epoch: u64,
+    valid: &[CheckpointId],
+) -> Result<bool> {
+    let claim = Claim {
+        version: CLAIM_VERSION,
+        epoch,
+        nonce: nonce.to_owned(),
+        claimed_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64,
+        holder: holder(),
+        strength,
+        valid: valid.iter().map(paths::checkpoint_name).collect(),
+    };
+    let key = claim_key(epoch);
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    match store
+        .put_opts(&key, PutPayload::from(claim.encode()?), opts)
+        .await
+    {
+        Ok(_) => {}
+        Err(object_store::Error::AlreadyExists { .. }) => return Ok(false),
+        Err(object_store::Error::NotImplemented { .. }) => {
+            // No create-only put at all: plain put, then the read-back decides.
+            if exists(store, epoch).await? {
+                return Ok(false);
+            }
+            store.put(&key, PutPayload::from(claim.encode()?)).await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    // Read back: on a store that ignored the create-only mode, a later
+    // claimant may have overwritten this claim.
+    Ok(matches!(read_claim(store, epoch).await?, Some(c) if c.nonce == nonce))
 }
 
 fn holder() -> String {

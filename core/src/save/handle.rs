@@ -177,10 +177,12 @@ impl Checkpointer {
             .await?
         {
             return Err(Error::Conflict(format!(
-                "step {step} is already committed ({existing})"
+                "step {step} is already committed ({existing}); a job that went back to an \
+                 earlier step discards the checkpoints after it first (discard_after(the step \
+                 it went back to))"
             )));
         }
-        if let Some(why) = self.retired_at_once(step).await? {
+        if let Some(why) = self.before_later(step).await? {
             return Err(Error::Conflict(why));
         }
         failpoint::hit("save.start").await?;
@@ -318,18 +320,15 @@ impl Checkpointer {
         Ok((handle, shared))
     }
 
-    /// Why a save of `step` would be retired as soon as it commits, if it
-    /// would (see [`retire_reason`]). The known checkpoints of later steps
-    /// decide, so a save of a new step reads nothing; only where they would
-    /// retire it are their manifests read, so that those a load found
-    /// damaged, a zombie committed or another process retired do not count.
-    async fn retired_at_once(&self, step: u64) -> Result<Option<String>> {
-        let retention = &self.options().retention;
-        if retention.keep_last.is_none() {
-            return Ok(None); // (keeps everything: no scan of the known checkpoints)
-        }
+    /// Why a save of `step` is refused for coming before committed
+    /// checkpoints of later steps, if it is (see [`before_later_reason`]).
+    /// The known checkpoints decide, so a save of a new step reads nothing;
+    /// only where they would refuse it are their manifests read, so that
+    /// those a load found damaged, a zombie committed, or another process
+    /// retired or discarded do not count.
+    async fn before_later(&self, step: u64) -> Result<Option<String>> {
         let newer = self.known().newer(step);
-        if retire_reason(retention, step, &newer).is_none() {
+        if newer.is_empty() {
             return Ok(None);
         }
         let mut counted = Vec::with_capacity(newer.len());
@@ -338,7 +337,11 @@ impl Checkpointer {
                 counted.push(id);
             }
         }
-        Ok(retire_reason(retention, step, &counted))
+        Ok(before_later_reason(
+            &self.options().retention,
+            step,
+            &counted,
+        ))
     }
 
     /// The first of `ids` (checkpoints of one step) that commits its step: a
@@ -363,6 +366,9 @@ impl Checkpointer {
                         .as_ref()
                         .is_some_and(|v| v.judge(&id, m.epoch) == Verdict::Zombie)
                     {
+                        // A zombie stays one (a newer claim lists only valid
+                        // checkpoints): no need to read it again.
+                        self.known().remove(&id);
                         continue;
                     }
                     return Ok(Some(id));
@@ -402,31 +408,38 @@ fn validate(capture: &Capture) -> Result<()> {
     Ok(())
 }
 
-/// Why a save of `step` would be retired as soon as it commits, if it would:
-/// retention keeps the newest `keep_last` steps, and `newer` (the committed
-/// checkpoints after `step`, oldest first) are at least that many. Such a
-/// save was accepted and then deleted by the commit's own GC, so a job that
-/// went back to an earlier step (a rollback after a loss spike, or a restart
-/// that did not load) kept none of its new checkpoints, and its restarts
-/// loaded the newest old one.
-fn retire_reason(retention: &Retention, step: u64, newer: &[CheckpointId]) -> Option<String> {
-    let n = retention.keep_last?.max(1);
-    let every = retention.keep_every.is_some_and(|k| k > 0 && step % k == 0);
-    if every || newer.len() < n {
-        return None;
-    }
+/// Why a save of `step` is refused, if it is: `newer` (the committed
+/// checkpoints of later steps, oldest first) is not empty. `load_latest`
+/// resumes from the newest step, so such a save would never be resumed
+/// from: a restart would go back to the run the job left (after a rollback,
+/// or a restart that did not load), and with `keep_last` the commit's own GC
+/// could retire the save at once. [`Checkpointer::discard_after`] makes the
+/// step the job went back to the newest again.
+fn before_later_reason(retention: &Retention, step: u64, newer: &[CheckpointId]) -> Option<String> {
+    let newest = newer.last()?;
     let shown: Vec<String> = newer
         .iter()
         .rev()
         .take(3)
         .map(|id| id.step.to_string())
         .collect();
+    let more = if newer.len() > 3 { ", ..." } else { "" };
+    let every = retention.keep_every.is_some_and(|k| k > 0 && step % k == 0);
+    let retired = match retention.keep_last {
+        Some(n) if newer.len() >= n.max(1) && !every => format!(
+            " (and retention, keeping the newest {}, would retire it as soon as it commits)",
+            n.max(1)
+        ),
+        _ => String::new(),
+    };
     Some(format!(
-        "step {step} would be retired as soon as it commits: retention keeps the newest {n}, and {} \
-         checkpoints of later steps are committed (newest: {}); load_latest restores the newest. \
-         A job that went back to an earlier step should save to another root, or remove the \
-         checkpoints of later steps first",
+        "step {step} comes before {} committed checkpoint(s) of later steps ({}{more}): \
+         load_latest resumes from the newest, step {}, so a restart would not come back to \
+         this save{retired}. A job that went back to an earlier step discards the later \
+         checkpoints first (discard_after(the step it went back to)); a new run saves to \
+         another root",
         newer.len(),
-        shown.join(", ")
+        shown.join(", "),
+        newest.step,
     ))
 }

@@ -9,7 +9,8 @@
 //!   device-to-host copies) and saved without a copy.
 //! - [`persist`]: the background half: the plan, this rank's writes through the
 //!   format, and the coordinated commit (manifest last).
-//! - [`gc`]: retention and GC, after a commit and on request (`Checkpointer::gc`).
+//! - [`gc`]: retention and GC, after a commit and on request (`Checkpointer::gc`);
+//!   [`discard`]: the checkpoints after a step, discarded on request (a rollback).
 //! - [`plan`]: which rank writes which tensor (pure).
 //! - [`report`]: the [`SaveReport`] a committed save returns.
 //!
@@ -18,6 +19,7 @@
 //! `slab` fill buffers of [`crate::staging`].
 
 pub(crate) mod copy;
+pub(crate) mod discard;
 pub(crate) mod gc;
 pub(crate) mod handle;
 pub(crate) mod persist;
