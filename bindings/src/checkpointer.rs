@@ -575,6 +575,16 @@ impl Checkpointer {
         Ok(GcReport::from(&r))
     }
 
+    /// Discard the committed checkpoints of steps after `step` (a rollback),
+    /// once saves of this process in flight are written. In a job of several
+    /// ranks, rank 0 discards; other ranks return an empty report.
+    fn discard_after(&self, py: Python<'_>, step: u64) -> PyResult<GcReport> {
+        let cp = self.core()?.clone();
+        let r = runtime::wait(py, move || async move { cp.discard_after(step).await })
+            .and_then(IntoPyResult::py)?;
+        Ok(GcReport::from(&r))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Checkpointer({:?}, lazy={}, rank={}, world_size={})",

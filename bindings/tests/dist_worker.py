@@ -2,6 +2,7 @@
 
     dist_worker.py train URL OUT --steps 5 --save-at 2,4 [--die-rank R --die-at S] [--mpi]
     dist_worker.py load URL OUT [--mpi]
+    dist_worker.py rollback URL OUT --back 2 --steps 5 --save-at 3,4 --shift 50
 
 Under torch.distributed the rendezvous comes from the environment (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT: what torchrun sets; the tests set them
@@ -10,7 +11,9 @@ through mpi4py. Each rank writes ``OUT/rank<r>.json`` with what it saw.
 
 ``train`` trains a small MLP with dropout, data parallel (DDP with gloo; under
 MPI every rank computes the same steps, so the replicas stay identical), and
-saves at the given steps. Each rank's random generators are seeded per rank,
+saves at the given steps. ``rollback`` goes back to the checkpoint of
+``--back`` (``load``), discards the later ones, and trains on from it on other
+batches (``--shift``), saving as ``train`` does. Each rank's random generators are seeded per rank,
 so their states differ. ``--die-rank`` makes that rank ``os._exit`` right after
 ``save`` of ``--die-at`` returned, while the save is still in flight.
 """
@@ -164,6 +167,40 @@ def train(args: argparse.Namespace) -> None:
     os._exit(0)
 
 
+def rollback(args: argparse.Namespace) -> None:
+    rank, world = setup(args)
+    torch.manual_seed(12345)  # weights unlike the saved ones
+    model, opt = model_and_opt()
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    seed_all(1000 + rank)
+    cp = ckpt.Checkpointer(args.url, collective_timeout=args.timeout)
+    save_at = [int(s) for s in args.save_at.split(",")]
+    row: dict = {"rank": rank, "world": world, "saves": {}}
+    assert cp.load(args.back, model=model, optimizer=opt) == args.back
+    row["loaded"] = state_digest(model, opt)
+    try:
+        cp.save(save_at[0], model=model, optimizer=opt, extra={"step": save_at[0], "world": world})
+        row["refused"] = None
+    except ckpt.ConflictError as e:
+        row["refused"] = str(e)
+    report_ = cp.discard_after(args.back)
+    row["discarded"] = sorted(s for s, _ in report_.retired)
+    for step in range(args.back, args.steps):
+        if step in save_at:
+            row["saves"][step] = {"digest": state_digest(model, opt)}
+            cp.save(step, model=model, optimizer=opt, extra={"step": step, "world": world}).wait()
+        x, y = batch(step + args.shift, rank)
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    row["steps"] = cp.steps()
+    report(args.out, rank, row)
+    cp.close()
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
 def load(args: argparse.Namespace) -> None:
     rank, world = setup(args)
     torch.manual_seed(12345)  # weights unlike the saved ones
@@ -191,7 +228,7 @@ def load(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["train", "load"])
+    p.add_argument("what", choices=["train", "load", "rollback"])
     p.add_argument("url")
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=5)
@@ -199,9 +236,11 @@ def main() -> None:
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--back", type=int, default=2)
+    p.add_argument("--shift", type=int, default=0)
     p.add_argument("--mpi", action="store_true")
     args = p.parse_args()
-    train(args) if args.what == "train" else load(args)
+    {"train": train, "load": load, "rollback": rollback}[args.what](args)
 
 
 if __name__ == "__main__":

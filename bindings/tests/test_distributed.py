@@ -154,6 +154,32 @@ def test_loads_bitwise_into_three_processes(trained: Dict, tmp_path: Path) -> No
     assert len(got[2]["warnings"]) == 1 and "no RNG state for rank 2" in got[2]["warnings"][0]
 
 
+def test_two_ranks_roll_back_and_a_restart_resumes_the_new_run(tmp_path: Path) -> None:
+    """Two DDP ranks go back to step 2 after saving 2, 3 and 4 (a loss spike),
+    discard 3 and 4, and train on other batches, saving 3 and 4 again. A save
+    before the discard is refused on both ranks; a restart resumes from the
+    new step 4, bitwise, not from the run left behind."""
+    root, out = tmp_path / "ckpts", tmp_path / "out"
+    for d in (out / "train", out / "back", out / "load"):
+        d.mkdir(parents=True)
+    url = root.as_uri()
+    ok(launch(2, ["train", url, str(out / "train"), "--steps", "5", "--save-at", "2,3,4"]))
+    old = rows(out / "train", 2)
+    ok(launch(2, ["rollback", url, str(out / "back"), "--back", "2", "--steps", "5", "--save-at", "3,4", "--shift", "50"]))
+    back = rows(out / "back", 2)
+    for r in back:
+        assert r["loaded"] == old[0]["saves"]["2"]["digest"]
+        assert r["refused"] is not None and "discard_after" in r["refused"], r["refused"]
+        assert r["steps"] == [2, 3, 4]
+    assert back[0]["discarded"] == [3, 4] and back[1]["discarded"] == []
+    assert back[0]["saves"]["4"] == back[1]["saves"]["4"]
+    assert back[0]["saves"]["4"]["digest"] != old[0]["saves"]["4"]["digest"]  # other batches
+    ok(launch(2, ["load", url, str(out / "load")]))
+    for r in rows(out / "load", 2):
+        assert (r["step"], r["digest"]) == (4, back[0]["saves"]["4"]["digest"])
+        assert r["warnings"] == []
+
+
 def test_a_rank_that_dies_mid_save_leaves_the_previous_checkpoint_and_nobody_hangs(tmp_path: Path) -> None:
     root, out = tmp_path / "ckpts", tmp_path / "out"
     out.mkdir()

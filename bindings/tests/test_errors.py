@@ -58,11 +58,12 @@ def test_a_step_committed_by_another_writer_meanwhile_is_a_conflict_at_commit(ur
         mine.save(5, w=torch.zeros(4))
 
 
-def test_a_save_retention_would_retire_at_once_is_refused(url: str) -> None:
+def test_a_save_before_a_committed_later_step_is_refused(url: str) -> None:
     """A job back at an early step (rolled back to an archived checkpoint
-    with ``load``, or restarted without ``load_latest``) saved, was told it
-    had, and retention retired each save as it committed; a restart then
-    loaded the old newest."""
+    with ``load``, or restarted without ``load_latest``) saved and was told
+    it had; a restart then loaded the old newest (and with ``keep_last``,
+    retention had retired each save as it committed). Such a save is refused
+    whatever the retention, naming the way out."""
     model = torch.nn.Linear(4, 4)
     with ckpt.Checkpointer(url, keep_last=2, keep_every=100) as cp:
         for step in (100, 150, 200, 250):
@@ -70,15 +71,16 @@ def test_a_save_retention_would_retire_at_once_is_refused(url: str) -> None:
     assert cp.steps() == [100, 200, 250]
     rollback = ckpt.Checkpointer(url, keep_last=2, keep_every=100)
     assert rollback.load(100, model=model) == 100
-    with pytest.raises(ckpt.ConflictError, match=r"step 110 would be retired as soon as it commits.*newest: 250, 200"):
+    with pytest.raises(ckpt.ConflictError, match=r"step 110 comes before 2 committed.*\(250, 200\).*would retire it.*discard_after"):
         rollback.save(110, model=model)
     forgot = ckpt.Checkpointer(url, keep_last=2)
-    with pytest.raises(ckpt.ConflictError, match="step 1 would be retired"):
+    with pytest.raises(ckpt.ConflictError, match="step 1 comes before"):
         forgot.save(1, model=model)
+    with ckpt.Checkpointer(url) as keeps_all:  # no retention: refused all the same
+        with pytest.raises(ckpt.ConflictError, match=r"step 210 comes before 1 committed.*\(250\)") as info:
+            keeps_all.save(210, model=model)
+        assert "would retire" not in str(info.value)
     assert forgot.steps() == [100, 200, 250]
-    with ckpt.Checkpointer(url, keep_last=3) as kept:  # a retention that keeps it: saved
-        kept.save(210, model=model)
-    assert kept.steps() == [200, 210, 250]
 
 
 def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: Path) -> None:

@@ -499,7 +499,11 @@ class Checkpointer:
 
     def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
-        a damaged checkpoint raises its error (on every rank)."""
+        a damaged checkpoint raises its error (on every rank).
+
+        To train on from it while checkpoints of later steps are committed
+        (a rollback), call :meth:`discard_after` with ``step`` before saving
+        again: a save of a step before a committed checkpoint's is refused."""
         t0 = time.perf_counter()
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
@@ -555,6 +559,46 @@ class Checkpointer:
         if self.rank != 0:
             return GcReport()
         return self._native.gc()
+
+    def discard_after(self, step: int) -> GcReport:
+        """Discard every committed checkpoint of a step after ``step``, so
+        that ``step``'s is the newest: how a job rolls back.
+
+        A job that goes back to an earlier checkpoint (after a loss spike,
+        say) restores it with :meth:`load`, then calls this before it saves
+        again. Without it, its saves are refused with
+        :class:`~ckpt.ConflictError`: :meth:`load_latest` resumes from the
+        newest step, so a restart would go back to the run the job left, not
+        to those saves.
+
+        With fencing on (the default), one claim of the root's next writer
+        epoch makes the change, whole or not at all if the job dies meanwhile,
+        on both tiers of a ``tiered+`` root; the later checkpoints' files are
+        then deleted. An older incarnation of the job still running gets
+        :class:`~ckpt.FencedError` and discards nothing.
+
+        Call it on every rank, after this process's saves (it waits for those
+        in flight). Rank 0 discards; every rank returns once it has, with the
+        same outcome. Returns what rank 0 removed (the discarded checkpoints
+        are in ``retired``, with whatever retention retired in the same
+        round); other ranks get an empty report.
+        """
+        if type(step) is not int or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
+        self._native.flush(None)  # no save of ours is using the coordinator now
+        report = GcReport()
+        error: Optional[BaseException] = None
+        if self.rank == 0:
+            try:
+                report = self._native.discard_after(step)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:  # noqa: BLE001 - every rank must learn of it
+                error = e
+        verdict = _agree(self._coordinator, error)
+        if verdict is not None:
+            raise verdict
+        return report
 
     def __repr__(self) -> str:
         return f"ckpt.Checkpointer({self.url!r}, lazy={self.lazy})"

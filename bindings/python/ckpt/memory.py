@@ -80,11 +80,12 @@ from . import _exit
 from . import _memwire as wire
 from . import errors as errs
 from . import _memreshape as reshape
+from ._ckpt import GcReport
 from ._gc import collector_paused
 from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
 from ._handles import RestorePhases, SaveHandle
 from .checkpointer import Checkpointer
-from .distributed import MPICoordinator, TorchCoordinator
+from .distributed import MPICoordinator, TorchCoordinator, _agree
 from .errors import CheckpointError, InvalidInputError, StorageError
 
 __all__ = ["MemoryCheckpointer", "Topology"]
@@ -395,6 +396,38 @@ class MemoryCheckpointer:
         self.last_source = None if resumed is None else "durable"
         self.last_restore = None if resumed is None else self.durable.last_restore
         return resumed
+
+    def discard_after(self, step: int) -> GcReport:
+        """Discard every checkpoint of a step after ``step``, in memory (this
+        rank's and the replicas it holds) and on the durable tier (see
+        :meth:`ckpt.Checkpointer.discard_after`): a rollback. ``step`` must be
+        a checkpoint the tier holds, in memory or durable. Call it on every
+        rank; returns rank 0's report of the durable tier."""
+        if type(step) is not int or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
+        self._jobs.join()  # no replication in flight
+        self.durable._native.flush(None)  # no durable save is using the coordinator now
+        durable = self.durable.steps()
+        # The durable tier goes back to its newest checkpoint up to the step
+        # (saved every ``durable_every`` saves, it may not hold the step).
+        base = max((s for s in durable if s <= step), default=None)
+        error: Optional[BaseException] = None
+        if step not in durable and step not in self.own.committed():
+            error = InvalidInputError(
+                f"no checkpoint of step {step} to go back to (durable: {durable}, in memory: "
+                f"{sorted(self.own.committed())}); discard_after takes the step the job went back to"
+            )
+        elif base is None and any(s > step for s in durable):
+            error = InvalidInputError(
+                f"the durable tier holds no checkpoint up to step {step} (it holds {durable}): it "
+                f"cannot go back to it"
+            )
+        verdict = _agree(self.durable._coordinator, error)  # the same answer on every rank
+        if verdict is not None:
+            raise verdict
+        report = GcReport() if base is None else self.durable.discard_after(base)
+        self._forget_newer(step)
+        return report
 
     def _forget_newer(self, step: int) -> None:
         """Memory checkpoints past the resumed step belong to a timeline that is
