@@ -167,6 +167,33 @@ async fn a_discard_is_whole_once_claimed_even_when_its_deletes_fail() {
     assert_eq!(keys(inner.as_ref(), "manifests").await.len(), 2);
 }
 
+// The claim's put lands but reading it back fails: the writer must carry on
+// under the claim it made, not be fenced by it.
+#[tokio::test]
+async fn a_claim_whose_read_back_fails_is_still_the_writers_own() {
+    let inner = memory_store(&memory_root("rollback-read-back"));
+    let mut plan = FaultPlan::none(11);
+    plan.get_error = 1.0;
+    plan.max_faults = Some(1);
+    plan.only_prefix = Some("epochs/00000000000000000002.claim".into());
+    let faulty = Arc::new(FaultStore::new(inner.clone(), plan));
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let cp = open(&store, Retention::keep_all(), true).await;
+    for step in 1..=3 {
+        saved(&cp, step).await; // claims epoch 1
+    }
+    faulty.set_enabled(true);
+    let report = cp.discard_after(1).await.unwrap();
+    assert_eq!(faulty.injected().errors, 1, "the read-back was not faulted");
+    assert_eq!(
+        report.retired.iter().map(|id| id.step).collect::<Vec<_>>(),
+        [2, 3]
+    );
+    saved(&cp, 2).await;
+    assert_eq!(committed_steps(&cp).await.unwrap(), [1, 2]);
+}
+
 #[tokio::test]
 async fn with_fencing_off_the_deletes_discard() {
     let store = memory_store(&memory_root("rollback-unfenced"));

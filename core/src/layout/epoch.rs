@@ -330,7 +330,16 @@ pub async fn claim_successor(
     }
     let (valid, _) = partition_committed(store, &view, &ManifestEpochs::default()).await?;
     let kept: Vec<CheckpointId> = valid.into_iter().filter(|id| keep(id)).collect();
-    if try_claim(store, nonce, strength, held + 1, &kept).await? {
+    let won = match try_claim(store, nonce, strength, held + 1, &kept).await {
+        Ok(won) => won,
+        // The put may have landed with only its read-back failing: a claim
+        // of this writer's that it did not carry on under would fence it.
+        Err(e) => match read_claim(store, held + 1).await {
+            Ok(Some(c)) if c.nonce == nonce => true,
+            _ => return Err(e),
+        },
+    };
+    if won {
         tracing::info!(
             "claimed writer epoch {} after {held} ({strength:?})",
             held + 1

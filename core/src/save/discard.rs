@@ -86,10 +86,8 @@ impl Checkpointer {
                     steps.join(", ")
                 )));
             }
-            let later: Vec<CheckpointId> = committed
-                .into_iter()
-                .filter(|id| id.step > step)
-                .collect();
+            let later: Vec<CheckpointId> =
+                committed.into_iter().filter(|id| id.step > step).collect();
             if !later.is_empty() {
                 self.remove(step, &later).await?;
             }
