@@ -83,6 +83,27 @@ def test_a_save_before_a_committed_later_step_is_refused(url: str) -> None:
     assert forgot.steps() == [100, 200, 250]
 
 
+def test_a_damaged_version_digit_in_a_manifest_is_damage_passed_over(url: str, root: Path) -> None:
+    """A manifest whose header alone says another schema version (its body,
+    which the hash covers, says this one) is damaged, not a newer writer's:
+    ``load_latest`` skips it with a warning, like any damage, instead of
+    stopping the restart with ``UnsupportedError``. (A genuine newer
+    manifest, header and body agreeing, stops it: the engine's tests.)"""
+    model = torch.nn.Linear(4, 4)
+    with ckpt.Checkpointer(url, rng=False) as cp:
+        cp.save(1, model=model)
+        cp.save(2, model=model)
+    (path,) = [p for p in (root / "manifests").iterdir() if p.name.startswith("00000000000000000002")]
+    header, body = path.read_bytes().split(b"\n", 1)
+    magic, version, digest, length = header.split(b" ")
+    path.write_bytes(b" ".join([magic, str(int(version) + 1).encode(), digest, length]) + b"\n" + body)
+    with pytest.warns(UserWarning, match=r"skipped damaged checkpoint of step 2.*damaged header"):
+        assert ckpt.Checkpointer(url, rng=False).load_latest(model=model) == 1
+    latest = ckpt.Checkpointer(url, read_only=True).read_latest()
+    assert latest is not None and latest.step == 1
+    assert [(s, type(e)) for s, _, e in latest.skipped] == [(2, ckpt.CorruptError)]
+
+
 def test_corrupt_names_object_and_tensor_and_latest_falls_back(url: str, root: Path) -> None:
     cp = ckpt.Checkpointer(url, rng=False)
     cp.save(1, big=torch.zeros(1 << 16)).wait()

@@ -205,6 +205,57 @@ async fn corrupt_manifest() {
     assert!(path.exists());
 }
 
+/// A manifest of another schema version (a newer ckpt wrote it) is not
+/// damage: `load_latest` stops at it instead of resuming the older
+/// checkpoint, whose saves and retention would then bury the newer one. The
+/// same version digit damaged in the header alone (the body, which the hash
+/// covers, still says this version) is damage, and passed over.
+#[tokio::test]
+async fn a_newer_writers_manifest_stops_load_latest_but_a_damaged_version_digit_does_not() {
+    let (dir, cp, old) = two_checkpoints().await;
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let key = ckpt_core::layout::manifest_key(&id).to_string();
+    let path = dir.path().join(&key);
+    let ours = std::fs::read(&path).unwrap();
+    let nl = ours.iter().position(|&b| b == b'\n').unwrap();
+    let header = std::str::from_utf8(&ours[..nl]).unwrap().to_owned();
+    let (ours_v, v) = (
+        ckpt_core::layout::MANIFEST_VERSION,
+        ckpt_core::layout::MANIFEST_VERSION + 1,
+    );
+    let damaged = header.replacen(&format!(" {ours_v} "), &format!(" {v} "), 1);
+    assert_ne!(damaged, header);
+    std::fs::write(&path, [damaged.as_bytes(), &ours[nl..]].concat()).unwrap();
+    let skipped = expect_fallback(dir.path(), &old).await;
+    assert_corrupt(&skipped[0].1, &key, None);
+
+    let mut body: serde_json::Value = serde_json::from_slice(&ours[nl + 1..]).unwrap();
+    body["version"] = v.into();
+    let body = serde_json::to_vec(&body).unwrap();
+    let magic = header.split(' ').next().unwrap();
+    let newer = format!(
+        "{magic} {v} {} {}\n",
+        blake3::hash(&body).to_hex(),
+        body.len()
+    );
+    std::fs::write(&path, [newer.as_bytes(), &body].concat()).unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let reader = ckpt_formats::builder(&url)
+        .read_only()
+        .build()
+        .await
+        .unwrap();
+    match reader.load_latest().await {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("schema version"), "{msg}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    // Nor does it commit nothing: its step is taken, and later ones wait on it.
+    assert!(matches!(
+        cp.save(20, &f32_state(3, 2000, 7)).await,
+        Err(Error::Unsupported(_))
+    ));
+}
+
 /// A manifest the store says is 1 TiB (a sparse file) is refused by its size,
 /// before its body is read: reading it would try to allocate all of it.
 #[tokio::test]

@@ -94,14 +94,25 @@ impl Error {
 
     /// True when the error says that stored data is damaged or missing, as opposed to
     /// a transient or caller error. `load_latest` falls back past such checkpoints.
+    ///
+    /// Stored data this build cannot read ([`Error::Unsupported`]: a newer
+    /// ckpt's manifest, a format built out) is not damage: a load that fell
+    /// back past it would resume an older checkpoint, and the job's saves
+    /// and retention would then bury the newer one.
     pub fn is_damage(&self) -> bool {
         matches!(
             self,
             Error::Corrupt { .. }
                 | Error::NotFound { .. }
-                | Error::Unsupported(_)
                 | Error::Storage(object_store::Error::NotFound { .. })
         )
+    }
+
+    /// True when stored data cannot be used here: damage ([`Self::is_damage`])
+    /// or [`Error::Unsupported`]. For what reads records it can only take or
+    /// leave (an epoch claim, a manifest the tiered flusher copies).
+    pub fn is_unusable(&self) -> bool {
+        self.is_damage() || matches!(self, Error::Unsupported(_))
     }
 
     /// The same error again, for reporting one failure in two places (the

@@ -192,7 +192,7 @@ impl EpochView {
         }
         let claim = match read_claim(store, current).await {
             Ok(c) => c,
-            Err(e) if e.is_damage() => {
+            Err(e) if e.is_unusable() => {
                 tracing::warn!(
                     "epoch claim {current} is unreadable ({e}); every committed checkpoint counts"
                 );
@@ -451,7 +451,7 @@ impl Fence {
     pub async fn confirm(&mut self, store: &dyn ObjectStore, id: &CheckpointId) -> Result<()> {
         let next = match read_claim(store, self.epoch + 1).await {
             // A newer claim exists but cannot be read: fenced all the same.
-            Err(e) if e.is_damage() => {
+            Err(e) if e.is_unusable() => {
                 return Err(Error::Fenced {
                     epoch: self.epoch,
                     current: self.epoch + 1,

@@ -200,11 +200,6 @@ impl Manifest {
             .next()
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| bad("bad version field".into()))?;
-        if version != MANIFEST_VERSION {
-            return Err(Error::Unsupported(format!(
-                "manifest `{object}` has schema version {version}; this library reads {MANIFEST_VERSION}"
-            )));
-        }
         let hash = fields.next().ok_or_else(|| bad("no hash field".into()))?;
         let len: usize = fields
             .next()
@@ -219,6 +214,24 @@ impl Manifest {
         }
         if blake3::hash(body).to_hex().as_str() != hash {
             return Err(bad("manifest hash mismatch".into()));
+        }
+        if version != MANIFEST_VERSION {
+            // Another schema only if the body (which the hash covers, unlike
+            // the header) says so too: a damaged version digit in the header
+            // is damage, which a load falls back past, not a newer writer's
+            // checkpoint, which it must not pass over.
+            #[derive(Deserialize)]
+            struct Versioned {
+                version: u32,
+            }
+            return Err(match serde_json::from_slice::<Versioned>(body) {
+                Ok(v) if v.version == version => Error::Unsupported(format!(
+                    "manifest `{object}` has schema version {version}; this library reads {MANIFEST_VERSION}"
+                )),
+                _ => bad(format!(
+                    "the header says schema version {version}, and the body does not (damaged header)"
+                )),
+            });
         }
         let m: Manifest = serde_json::from_slice(body)
             .map_err(|e| bad(format!("manifest does not parse: {e}")))?;
@@ -381,16 +394,55 @@ mod tests {
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x01;
-            assert!(
-                Manifest::decode(&b, "m").is_err(),
-                "flip at {i} not detected"
-            );
+            // Damage, never "another version": a load falls back past it.
+            match Manifest::decode(&b, "m") {
+                Err(e) => assert!(e.is_damage(), "flip at {i}: {e}"),
+                Ok(_) => panic!("flip at {i} not detected"),
+            }
         }
         for cut in 0..bytes.len() {
             assert!(
                 Manifest::decode(&bytes[..cut], "m").is_err(),
                 "truncation at {cut} not detected"
             );
+        }
+    }
+
+    #[test]
+    fn another_schema_version_is_unsupported_only_when_the_body_says_so() {
+        let mut m = sample();
+        m.version = MANIFEST_VERSION + 1;
+        let body = serde_json::to_vec(&m).unwrap();
+        let header = format!(
+            "{MAGIC} {} {} {}\n",
+            MANIFEST_VERSION + 1,
+            blake3::hash(&body).to_hex(),
+            body.len()
+        );
+        let newer = [header.as_bytes(), &body].concat();
+        match Manifest::decode(&newer, "m") {
+            Err(Error::Unsupported(msg)) => assert!(
+                msg.contains(&format!("schema version {}", MANIFEST_VERSION + 1)),
+                "{msg}"
+            ),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        // The same header over this version's body: a damaged header.
+        let ours = sample().encode().unwrap();
+        let nl = ours.iter().position(|&b| b == b'\n').unwrap();
+        let body = &ours[nl + 1..];
+        let header = format!(
+            "{MAGIC} {} {} {}\n",
+            MANIFEST_VERSION + 1,
+            blake3::hash(body).to_hex(),
+            body.len()
+        );
+        let flipped = [header.as_bytes(), body].concat();
+        match Manifest::decode(&flipped, "m") {
+            Err(e @ Error::Corrupt { .. }) => {
+                assert!(e.to_string().contains("damaged header"), "{e}")
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
         }
     }
 

@@ -65,7 +65,7 @@ pub(super) async fn resync(tiers: &Arc<Tiers>) -> Result<()> {
         let bytes = match catalog::manifest_bytes(tiers.fast.as_ref(), &key).await {
             Ok(b) => b,
             Err(Error::Storage(object_store::Error::NotFound { .. })) => continue, // retired meanwhile
-            Err(e) if e.is_damage() => {
+            Err(e) if e.is_unusable() => {
                 tracing::warn!("fast tier manifest `{key}` is damaged ({e}); it is not flushed");
                 continue;
             }
@@ -135,7 +135,7 @@ async fn flush_with_retries(tiers: &Tiers, pending: &Pending) -> Result<()> {
     let mut attempt = 0;
     loop {
         match flush_one(tiers, pending).await {
-            Err(e) if !e.is_damage() && attempt + 1 < tiers.opts.attempts.max(1) => {
+            Err(e) if !e.is_unusable() && attempt + 1 < tiers.opts.attempts.max(1) => {
                 tokio::time::sleep(tiers.opts.backoff.saturating_mul(1 << attempt.min(16))).await;
                 attempt += 1;
             }
