@@ -5,6 +5,7 @@
 //! ckpt list URL [--verify] [--json]   every checkpoint: step, size, tensors, format, status
 //! ckpt verify URL [--step N]          read and check every tensor of one checkpoint
 //! ckpt gc URL --keep-last N [--grace-secs S]  apply retention and delete garbage
+//! ckpt discard-after URL STEP         roll a stopped job back: discard the later checkpoints
 //! ckpt convert SRC DST --format F     copy a checkpoint (or a .pt/.safetensors file) into format F
 //! ckpt export URL OUT --entry model [--format safetensors|pt] [--dtype bf16] [--hf]
 //! ```
@@ -65,6 +66,20 @@ enum Cmd {
         /// Keep unreferenced chunks and incomplete saves younger than this many
         /// seconds: a job still running may be writing them. The command never
         /// claims a writer epoch, so it does not fence a running job.
+        #[arg(long, default_value_t = 600)]
+        grace_secs: u64,
+    },
+    /// Roll a stopped job back to the checkpoint of STEP: discard every
+    /// committed checkpoint of a later step, so that the restarted job
+    /// resumes from STEP's. Stop the job first: this claims the root's next
+    /// writer epoch, which fences an incarnation still running.
+    DiscardAfter {
+        /// Root URL.
+        url: String,
+        /// The step to go back to (a committed checkpoint).
+        step: u64,
+        /// Keep chunks and incomplete saves younger than this many seconds
+        /// when collecting what the discarded checkpoints referenced.
         #[arg(long, default_value_t = 600)]
         grace_secs: u64,
     },
@@ -191,6 +206,35 @@ async fn run(cli: Cli) -> ckpt_core::Result<bool> {
                 } else {
                     ""
                 }
+            );
+            Ok(true)
+        }
+        Cmd::DiscardAfter {
+            url,
+            step,
+            grace_secs,
+        } => {
+            let opts = ckpt_core::CheckpointerOptions {
+                gc_grace: std::time::Duration::from_secs(grace_secs),
+                ..Default::default()
+            };
+            let cp = ckpt_formats::builder(&url).options(opts).build().await?;
+            let r = cp.discard_after(step).await?;
+            let steps: Vec<String> = r
+                .retired
+                .iter()
+                .filter(|id| id.step > step)
+                .map(|id| id.step.to_string())
+                .collect();
+            println!(
+                "discarded {} checkpoints after step {step}{}; deleted {} chunks",
+                steps.len(),
+                if steps.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", steps.join(", "))
+                },
+                r.chunks_deleted
             );
             Ok(true)
         }

@@ -201,3 +201,41 @@ fn s3_is_built_in_and_libtorch_is_not_needed() {
         );
     }
 }
+
+/// An operator rolls a stopped job back: the later checkpoints are gone, the
+/// job's restart resumes from the step, and a mistyped step discards nothing.
+#[test]
+fn discard_after_rolls_a_stopped_job_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("run");
+    let root = root.to_str().unwrap();
+    save(root, &[10, 20, 30]);
+
+    let out = ckpt(&["discard-after", root, "15"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("no committed checkpoint of step 15"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = ckpt(&["discard-after", root, "10", "--grace-secs", "0"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("discarded 2 checkpoints after step 10 (20, 30)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cp = ckpt_formats::builder(root).build().await.unwrap();
+        assert_eq!(cp.load_latest().await.unwrap().unwrap().id.step, 10);
+        let ids = cp.committed().await.unwrap();
+        assert_eq!(ids.iter().map(|id| id.step).collect::<Vec<_>>(), [10]);
+    });
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("run/manifests"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
