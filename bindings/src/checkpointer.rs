@@ -552,6 +552,7 @@ impl Checkpointer {
                 Status::Incomplete => ("incomplete", None),
                 Status::Corrupt(why) => ("corrupt", Some(why.clone())),
                 Status::Fenced => ("fenced", None),
+                Status::Unsupported(why) => ("unsupported", Some(why.clone())),
                 _ => ("unknown", None),
             };
             d.set_item("status", status)?;

@@ -10,6 +10,7 @@ fn status(r: &CheckpointInfo, verified: bool) -> String {
         Status::Incomplete => "incomplete".to_owned(),
         Status::Corrupt(why) => format!("CORRUPT: {why}"),
         Status::Fenced => "fenced (a zombie writer's; never loaded)".to_owned(),
+        Status::Unsupported(why) => format!("UNSUPPORTED here: {why}"),
         other => format!("{other:?}"),
     }
 }
@@ -94,6 +95,7 @@ pub fn json(rows: &[CheckpointInfo], verified: bool) -> String {
                 Status::Incomplete => ("incomplete", None),
                 Status::Corrupt(why) => ("corrupt", Some(why.clone())),
                 Status::Fenced => ("fenced", None),
+                Status::Unsupported(why) => ("unsupported", Some(why.clone())),
                 _ => ("unknown", None),
             };
             serde_json::json!({

@@ -249,6 +249,13 @@ async fn a_newer_writers_manifest_stops_load_latest_but_a_damaged_version_digit_
         Err(Error::Unsupported(msg)) => assert!(msg.contains("schema version"), "{msg}"),
         other => panic!("expected Unsupported, got {other:?}"),
     }
+    let listed = reader.list(true).await.unwrap();
+    assert!(
+        matches!(&listed.last().unwrap().status, ckpt_core::Status::Unsupported(m) if m.contains("schema version")),
+        "{:?}",
+        listed.last().unwrap().status
+    );
+    assert_eq!(listed[0].status, ckpt_core::Status::Committed);
     // Nor does it commit nothing: its step is taken, and later ones wait on it.
     assert!(matches!(
         cp.save(20, &f32_state(3, 2000, 7)).await,

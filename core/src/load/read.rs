@@ -44,6 +44,19 @@ pub enum Status {
     /// Committed by a writer whose epoch was over (a zombie incarnation of
     /// the job): stored, but never loaded, and retired by the next GC.
     Fenced,
+    /// Stored in a way this build cannot read (a newer ckpt's manifest, a
+    /// format built out): not damage, and never passed over by a load.
+    Unsupported(String),
+}
+
+impl Status {
+    /// The status of a checkpoint that could not be read or verified.
+    fn of(e: &Error) -> Status {
+        match e {
+            Error::Unsupported(_) => Status::Unsupported(e.to_string()),
+            _ => Status::Corrupt(e.to_string()),
+        }
+    }
 }
 
 /// One row of a listing.
@@ -280,12 +293,12 @@ impl Checkpointer {
             let (status, m) = match self.manifest(&id).await {
                 Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => (Status::Fenced, Some(m)),
                 Ok(m) => (Status::Committed, Some(m)),
-                Err(e) => (Status::Corrupt(e.to_string()), None),
+                Err(e) => (Status::of(&e), None),
             };
             let status = match (&status, verify) {
                 (Status::Committed, true) => match self.verify(&id).await {
                     Ok(_) => Status::Committed,
-                    Err(e) => Status::Corrupt(e.to_string()),
+                    Err(e) => Status::of(&e),
                 },
                 _ => status,
             };
