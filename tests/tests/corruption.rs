@@ -35,6 +35,17 @@ async fn newest_chunk(
     (key.clone(), dir.join(&key), m.tensors[i].name.clone())
 }
 
+/// The newest checkpoint's id, and its manifest's key and file.
+async fn newest_manifest(
+    cp: &Checkpointer,
+    dir: &Path,
+) -> (ckpt_core::CheckpointId, String, std::path::PathBuf) {
+    let id = cp.committed().await.unwrap().pop().unwrap();
+    let key = ckpt_core::layout::manifest_key(&id).to_string();
+    let path = dir.join(&key);
+    (id, key, path)
+}
+
 async fn expect_fallback(
     dir: &Path,
     old: &ckpt_core::State,
@@ -180,9 +191,7 @@ async fn deleted_chunk() {
 #[tokio::test]
 async fn corrupt_manifest() {
     let (dir, cp, old) = two_checkpoints().await;
-    let id = cp.committed().await.unwrap().pop().unwrap();
-    let key = ckpt_core::layout::manifest_key(&id).to_string();
-    let path = dir.path().join(&key);
+    let (id, key, path) = newest_manifest(&cp, dir.path()).await;
     let mut bytes = std::fs::read(&path).unwrap();
     let n = bytes.len();
     bytes[n - 10] ^= 0x01;
@@ -213,9 +222,7 @@ async fn corrupt_manifest() {
 #[tokio::test]
 async fn a_newer_writers_manifest_stops_load_latest_but_a_damaged_version_digit_does_not() {
     let (dir, cp, old) = two_checkpoints().await;
-    let id = cp.committed().await.unwrap().pop().unwrap();
-    let key = ckpt_core::layout::manifest_key(&id).to_string();
-    let path = dir.path().join(&key);
+    let (_, key, path) = newest_manifest(&cp, dir.path()).await;
     let ours = std::fs::read(&path).unwrap();
     let nl = ours.iter().position(|&b| b == b'\n').unwrap();
     let header = std::str::from_utf8(&ours[..nl]).unwrap().to_owned();
@@ -268,9 +275,7 @@ async fn a_newer_writers_manifest_stops_load_latest_but_a_damaged_version_digit_
 #[tokio::test]
 async fn a_huge_manifest_is_refused_before_it_is_read() {
     let (dir, cp, old) = two_checkpoints().await;
-    let id = cp.committed().await.unwrap().pop().unwrap();
-    let key = ckpt_core::layout::manifest_key(&id).to_string();
-    let path = dir.path().join(&key);
+    let (id, key, path) = newest_manifest(&cp, dir.path()).await;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)

@@ -41,6 +41,23 @@ async fn saved(cp: &Checkpointer, step: u64) {
         .unwrap();
 }
 
+/// A checkpointer (keeping all, fencing on: it claims epoch 1) over `inner`
+/// through a fault store that injects `plan` once steps 1 to 3 are saved.
+async fn three_saves_then_faults(
+    inner: &Arc<dyn ObjectStore>,
+    plan: FaultPlan,
+) -> (Arc<FaultStore>, Checkpointer) {
+    let faulty = Arc::new(FaultStore::new(inner.clone(), plan));
+    faulty.set_enabled(false);
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let cp = open(&store, Retention::keep_all(), true).await;
+    for step in 1..=3 {
+        saved(&cp, step).await;
+    }
+    faulty.set_enabled(true);
+    (faulty, cp)
+}
+
 async fn keys(store: &dyn ObjectStore, prefix: &str) -> Vec<Path> {
     let metas: Vec<_> = store
         .list(Some(&Path::from(prefix)))
@@ -143,14 +160,7 @@ async fn a_discard_is_whole_once_claimed_even_when_its_deletes_fail() {
     let inner = memory_store(&memory_root("rollback-faults"));
     let mut plan = FaultPlan::none(7);
     plan.delete_error = 1.0;
-    let faulty = Arc::new(FaultStore::new(inner.clone(), plan));
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = faulty.clone();
-    let cp = open(&store, Retention::keep_all(), true).await;
-    for step in 1..=3 {
-        saved(&cp, step).await;
-    }
-    faulty.set_enabled(true);
+    let (_, cp) = three_saves_then_faults(&inner, plan).await;
     assert!(matches!(cp.discard_after(1).await, Err(Error::Storage(_))));
     assert_eq!(keys(inner.as_ref(), "manifests").await.len(), 3);
     let restart = open(&inner, Retention::keep_all(), true).await;
@@ -176,14 +186,7 @@ async fn a_claim_whose_read_back_fails_is_still_the_writers_own() {
     plan.get_error = 1.0;
     plan.max_faults = Some(1);
     plan.only_prefix = Some("epochs/00000000000000000002.claim".into());
-    let faulty = Arc::new(FaultStore::new(inner.clone(), plan));
-    faulty.set_enabled(false);
-    let store: Arc<dyn ObjectStore> = faulty.clone();
-    let cp = open(&store, Retention::keep_all(), true).await;
-    for step in 1..=3 {
-        saved(&cp, step).await; // claims epoch 1
-    }
-    faulty.set_enabled(true);
+    let (faulty, cp) = three_saves_then_faults(&inner, plan).await;
     let report = cp.discard_after(1).await.unwrap();
     assert_eq!(faulty.injected().errors, 1, "the read-back was not faulted");
     assert_eq!(

@@ -408,14 +408,15 @@ class MemoryCheckpointer:
         self._jobs.join()  # no replication in flight
         self.durable._native.flush(None)  # no durable save is using the coordinator now
         durable = self.durable.steps()
+        in_memory = sorted(self.own.committed())
         # The durable tier goes back to its newest checkpoint up to the step
         # (saved every ``durable_every`` saves, it may not hold the step).
         base = max((s for s in durable if s <= step), default=None)
         error: Optional[BaseException] = None
-        if step not in durable and step not in self.own.committed():
+        if step not in durable and step not in in_memory:
             error = InvalidInputError(
                 f"no checkpoint of step {step} to go back to (durable: {durable}, in memory: "
-                f"{sorted(self.own.committed())}); discard_after takes the step the job went back to"
+                f"{in_memory}); discard_after takes the step the job went back to"
             )
         elif base is None and any(s > step for s in durable):
             error = InvalidInputError(

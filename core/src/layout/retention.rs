@@ -46,6 +46,11 @@ impl Retention {
         }
     }
 
+    /// Whether `keep_every` keeps `step` whatever its age.
+    pub fn archives(&self, step: u64) -> bool {
+        self.keep_every.is_some_and(|k| k > 0 && step % k == 0)
+    }
+
     /// Split ids (oldest first) into kept and retired.
     pub fn partition(&self, ids: &[CheckpointId]) -> (Vec<CheckpointId>, Vec<CheckpointId>) {
         let Some(n) = self.keep_last else {
@@ -55,8 +60,7 @@ impl Retention {
         ids.iter()
             .enumerate()
             .fold((Vec::new(), Vec::new()), |(mut keep, mut drop), (i, id)| {
-                let every = self.keep_every.is_some_and(|k| k > 0 && id.step % k == 0);
-                if i >= cut || every {
+                if i >= cut || self.archives(id.step) {
                     keep.push(id.clone());
                 } else {
                     drop.push(id.clone());

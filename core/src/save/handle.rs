@@ -331,12 +331,7 @@ impl Checkpointer {
         if newer.is_empty() {
             return Ok(None);
         }
-        let mut counted = Vec::with_capacity(newer.len());
-        for id in newer {
-            if let Some(id) = self.conflicting(vec![id]).await? {
-                counted.push(id);
-            }
-        }
+        let counted = self.committing(newer, usize::MAX).await?;
         Ok(before_later_reason(
             &self.options().retention,
             step,
@@ -344,15 +339,25 @@ impl Checkpointer {
         ))
     }
 
-    /// The first of `ids` (checkpoints of one step) that commits its step: a
-    /// readable manifest that no load of this checkpointer found damaged (a
-    /// torn manifest, on a store that does not write objects whole, commits
-    /// nothing, and a job that fell back past a damaged checkpoint redoes its
-    /// step beside it).
+    /// The first of `ids` (checkpoints of one step) that commits its step
+    /// (see [`Self::committing`]).
     pub(crate) async fn conflicting(&self, ids: Vec<CheckpointId>) -> Result<Option<CheckpointId>> {
+        Ok(self.committing(ids, 1).await?.pop())
+    }
+
+    /// Those of `ids` that commit their step, in order, up to `limit` of
+    /// them: a readable manifest that no load of this checkpointer found
+    /// damaged (a torn manifest, on a store that does not write objects
+    /// whole, commits nothing, and a job that fell back past a damaged
+    /// checkpoint redoes its step beside it), and not a zombie's.
+    async fn committing(&self, ids: Vec<CheckpointId>, limit: usize) -> Result<Vec<CheckpointId>> {
         let store = self.store().as_ref();
         let mut view = None;
+        let mut out = Vec::new();
         for id in ids {
+            if out.len() >= limit {
+                break;
+            }
             if self.known().is_damaged(&id) {
                 continue;
             }
@@ -371,14 +376,14 @@ impl Checkpointer {
                         self.known().remove(&id);
                         continue;
                     }
-                    return Ok(Some(id));
+                    out.push(id);
                 }
                 // Gone (retired by another process) or damaged: it commits nothing.
                 Err(e) if e.is_damage() => self.known().remove(&id),
                 Err(e) => return Err(e),
             }
         }
-        Ok(None)
+        Ok(out)
     }
 }
 
@@ -424,9 +429,8 @@ fn before_later_reason(retention: &Retention, step: u64, newer: &[CheckpointId])
         .map(|id| id.step.to_string())
         .collect();
     let more = if newer.len() > 3 { ", ..." } else { "" };
-    let every = retention.keep_every.is_some_and(|k| k > 0 && step % k == 0);
     let retired = match retention.keep_last {
-        Some(n) if newer.len() >= n.max(1) && !every => format!(
+        Some(n) if newer.len() >= n.max(1) && !retention.archives(step) => format!(
             " (and retention, keeping the newest {}, would retire it as soon as it commits)",
             n.max(1)
         ),
