@@ -2,6 +2,7 @@
 
     memtier_worker.py DURABLE_URL MEMORY_DIR OUT --steps 6 [--stop-at S] [--kill]
                       [--ranks-per-node 2] [--durable-every 3] [--mpi] [--stuck-rank R] [--timeout T]
+                      [--load-step S]
 
 Resumes from ``MemoryCheckpointer.load_latest`` (a fresh start when there is
 nothing), then trains a small DDP MLP with dropout (each rank its own dropout
@@ -13,7 +14,9 @@ node die by SIGKILL (a node failure; the test then wipes that node's memory
 directory), the others exit. Each rank writes ``OUT/rank<r>.json``: the step
 it resumed from, where its state came from, what it restored (digest and
 draws) and what it saved. ``--stuck-rank R``: that rank's replication never
-answers (its peers must give up after ``--timeout`` seconds).
+answers (its peers must give up after ``--timeout`` seconds). ``--load-step S``:
+resume from step S with ``MemoryCheckpointer.load``, not the newest, and
+discard the later checkpoints (``discard_after``) before training on.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--mpi", action="store_true")
     p.add_argument("--stuck-rank", type=int, default=-1)
+    p.add_argument("--load-step", type=int, default=-1)
     args = p.parse_args()
 
     rank, world = setup(args)
@@ -78,7 +82,11 @@ def main() -> None:
         warnings.simplefilter("always")
         # A tensor that never changes: its chunk is the same at every save.
         frozen = torch.zeros(FROZEN)
-        start = cp.load_latest(model=model, optimizer=opt, frozen=frozen)
+        if args.load_step >= 0:
+            start = cp.load(args.load_step, model=model, optimizer=opt, frozen=frozen)
+            cp.discard_after(start)
+        else:
+            start = cp.load_latest(model=model, optimizer=opt, frozen=frozen)
     row: dict = {
         "rank": rank,
         "node": cp.topology.node(),

@@ -150,3 +150,112 @@ def test_the_memory_tier_discards_in_memory_and_on_the_durable_tier(tmp_path: Pa
     assert cp.last_source == "memory"
     assert same(snapshot(model, opt), new)
     cp.close()
+
+
+def test_the_memory_tier_rolls_back_to_a_step_held_only_in_memory(tmp_path: Path, shm: Path) -> None:
+    """``load(step)`` reads a step the durable tier never got from memory;
+    ``discard_after`` then takes the durable tier back to its newest step
+    before it, and a restart resumes the new run from memory."""
+    durable = (tmp_path / "durable").as_uri()
+    model, opt = job()
+
+    def tier() -> MemoryCheckpointer:
+        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
+                                  keep_in_memory=4, durable_every=2)
+
+    cp = tier()
+    kept: Dict[int, Dict[str, torch.Tensor]] = {}
+    for step in (1, 2, 3, 4):
+        train(model, opt, step)
+        cp.save(step, model=model, optimizer=opt)
+        kept[step] = snapshot(model, opt)
+    cp.wait()
+    cp.close()
+    assert ckpt.Checkpointer(durable, coordinate="none").steps() == [1, 3]
+
+    model, opt = job()
+    cp = tier()
+    assert cp.load(2, model=model, optimizer=opt) == 2
+    assert cp.last_source == "memory" and cp.last_restore is not None
+    assert same(snapshot(model, opt), kept[2])
+    assert cp.load(3, model=model, optimizer=opt) == 3
+    assert cp.last_source == "memory" and same(snapshot(model, opt), kept[3])
+    with pytest.raises(ckpt.NotFoundError, match=r"step 9"):
+        cp.load(9, model=model, optimizer=opt)
+    assert cp.load(2, model=model, optimizer=opt) == 2
+    with pytest.raises(ckpt.ConflictError, match="discard_after"):
+        cp.save(3, model=model, optimizer=opt)
+        cp.wait()
+    cp.discard_after(2)
+    assert cp.durable.steps() == [1]
+    assert sorted(cp.own.committed()) == [1, 2]
+    train(model, opt, 3, shift=100)
+    new = snapshot(model, opt)
+    cp.save(3, model=model, optimizer=opt)
+    cp.wait()
+    cp.close()
+    assert not same(new, kept[3])
+
+    model, opt = job()
+    cp = tier()
+    assert cp.load_latest(model=model, optimizer=opt) == 3
+    assert cp.last_source == "memory"
+    assert same(snapshot(model, opt), new)
+    cp.close()
+
+
+def test_a_damaged_memory_copy_loads_the_step_from_the_durable_tier(tmp_path: Path, shm: Path) -> None:
+    durable = (tmp_path / "durable").as_uri()
+    model, opt = job()
+
+    def tier() -> MemoryCheckpointer:
+        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
+                                  keep_in_memory=4, durable_every=2)
+
+    cp = tier()
+    kept: Dict[int, Dict[str, torch.Tensor]] = {}
+    for step in (1, 2, 3):
+        train(model, opt, step)
+        cp.save(step, model=model, optimizer=opt)
+        kept[step] = snapshot(model, opt)
+    cp.wait()
+    chunks = sorted((cp.own.path / "chunks").rglob("*"), key=lambda p: p.stat().st_size if p.is_file() else 0)
+    cp.close()
+    for c in chunks:  # every chunk of the memory root: no step of it is intact
+        if c.is_file():
+            c.write_bytes(b"\0" * c.stat().st_size)
+
+    model, opt = job()
+    cp = tier()
+    with pytest.warns(UserWarning, match="damaged"):
+        assert cp.load(1, model=model, optimizer=opt) == 1
+    assert cp.last_source == "durable" and same(snapshot(model, opt), kept[1])
+    with pytest.warns(UserWarning, match="damaged"), pytest.raises(ckpt.CorruptError, match="durable tier holds none"):
+        cp.load(2, model=model, optimizer=opt)
+    cp.close()
+
+
+def test_a_step_the_memory_tier_refuses_is_saved_by_neither_tier(tmp_path: Path, shm: Path) -> None:
+    """Back at step 3 with step 4 still in memory but not durable: a save of
+    4 would leave two runs' checkpoints of step 4 (memory's old one, the
+    durable tier's new one), and a restart would take memory's. It is
+    refused at once, by both tiers, and said once."""
+    durable = (tmp_path / "durable").as_uri()
+    model, opt = job()
+    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
+                            keep_in_memory=4, durable_every=2)
+    for step in (1, 2, 3, 4):
+        train(model, opt, step)
+        cp.save(step, model=model, optimizer=opt)
+    cp.wait()
+    assert cp.load(3, model=model, optimizer=opt) == 3
+    train(model, opt, 4, shift=100)
+    with pytest.raises(ckpt.ConflictError, match="discard_after"):
+        cp.save(4, model=model, optimizer=opt)
+    cp.wait()  # (the refusal is not raised again)
+    assert cp.durable.steps() == [1, 3]
+    cp.discard_after(3)
+    cp.save(4, model=model, optimizer=opt)  # the durable tier's turn (every second save): both tiers
+    cp.wait()
+    assert cp.durable.steps() == [1, 3, 4] and sorted(cp.own.committed()) == [1, 2, 3, 4]
+    cp.close()

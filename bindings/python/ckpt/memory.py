@@ -241,7 +241,10 @@ class MemoryCheckpointer:
     def save(self, step: int, state: Any = None, /, **named: Any) -> Optional[SaveHandle]:
         """Save ``step`` to the memory tier (and replicate it in the
         background), and every ``durable_every``-th time to the durable tier.
-        Returns after the snapshot. A memory-tier failure does not stop the
+        Returns after the snapshot. A step the memory tier refuses
+        (:class:`~ckpt.ConflictError`: it holds a checkpoint of this step or
+        a later one; :class:`~ckpt.InvalidInputError`) raises here, and
+        neither tier saves it. A memory-tier failure does not stop the
         durable save; :meth:`wait` raises it on every rank.
 
         Returns the memory tier's save, whose :attr:`~ckpt.SaveHandle.stall`
@@ -271,6 +274,16 @@ class MemoryCheckpointer:
                 handle = self.memory.save(step, state, **named)
         except CheckpointError as e:
             error = e
+        if isinstance(error, (errs.ConflictError, InvalidInputError)):
+            # Refused before anything was written (a step the memory tier
+            # committed, or a state it cannot take): raised here, as a
+            # checkpointer's save raises it, and the durable tier does not
+            # save the step either (memory and durable would hold two runs'
+            # checkpoints of one step). Every rank still takes its turn on
+            # the link, offering nothing.
+            self._saves -= 1
+            self._jobs.put((step, None, None))
+            raise error
         self._jobs.put((step, handle, error))
         if failure is not None:
             raise failure  # the durable tier refused the step (as its own save would)
@@ -332,7 +345,6 @@ class MemoryCheckpointer:
         ``None`` for a fresh start. :attr:`last_source` says where this rank's
         state came from."""
         self._jobs.join()  # no replication in flight: the link is ours
-        topo = self.topology
         try:
             # Fence an older incarnation on the durable root before choosing.
             self.durable._native.claim()
@@ -342,6 +354,18 @@ class MemoryCheckpointer:
             # cannot, the durable load below says why).
             warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
             durable = []
+        mine = self._holdings(durable)
+        try:
+            return self._load_latest(state, named, mine)
+        finally:
+            if self.topology.rank % self.topology.ranks_per_node == 0:
+                self._remove_strangers()
+
+    def _holdings(self, durable: List[int]) -> Dict[str, Any]:
+        """What this rank can restore: the memory steps of its own root and of
+        the replica it keeps (saved by the rank of this job they stand for),
+        the newest durable step, and the node's memory inventory."""
+        topo = self.topology
         inventory = reshape.inventory(self.node_dir, self.own.incoming)
 
         def steps(root: Optional[MemoryRoot], rank: int) -> List[int]:
@@ -351,32 +375,32 @@ class MemoryCheckpointer:
             return sorted(s for r, n, s, where in inventory if where == name and r in (None, rank)
                           and n in (None, topo.world_size))
 
-        mine = {
+        return {
             "own": steps(self.own, topo.rank),
             "held": steps(self.replica, topo.source()),
             "durable": durable[-1] if durable else None,
             "inventory": inventory,
         }
-        try:
-            return self._load_latest(state, named, mine)
-        finally:
-            if topo.rank % topo.ranks_per_node == 0:
-                self._remove_strangers()
+
+    def _in_memory(self, everyone: List[Dict[str, Any]]) -> Set[int]:
+        """The steps every rank can restore from memory: its own copy, or the
+        replica its peer keeps."""
+        topo = self.topology
+        have: List[Set[int]] = []
+        for r in range(topo.world_size):
+            got = set(everyone[r]["own"])
+            if self.replica is not None:
+                got |= set(everyone[topo.holder(r)]["held"])
+            have.append(got)
+        return set.intersection(*have)
 
     def _load_latest(self, state: Any, named: Dict[str, Any], mine: Dict[str, Any]) -> Optional[int]:
-        topo = self.topology
         try:
             if self._broken:
                 raise RuntimeError("the link failed earlier")
             everyone = self._gather(mine)
-            have: List[Set[int]] = []
-            for r in range(topo.world_size):
-                got = set(everyone[r]["own"])
-                if self.replica is not None:
-                    got |= set(everyone[topo.holder(r)]["held"])
-                have.append(got)
             newest_durable = max((e["durable"] for e in everyone if e["durable"] is not None), default=None)
-            for step in sorted(set.intersection(*have), reverse=True):
+            for step in sorted(self._in_memory(everyone), reverse=True):
                 if newest_durable is not None and step < newest_durable:
                     break
                 source = self._load_from_memory(step, state, named, everyone)
@@ -396,6 +420,49 @@ class MemoryCheckpointer:
         self.last_source = None if resumed is None else "durable"
         self.last_restore = None if resumed is None else self.durable.last_restore
         return resumed
+
+    def load(self, step: int, state: Any = None, /, **named: Any) -> int:
+        """Restore the checkpoint of ``step`` in place and return ``step``:
+        from memory where every rank can get it there (its own copy, else the
+        replica its peer keeps, fetched first), else from the durable tier.
+        :attr:`last_source` says where this rank's state came from.
+
+        Memory checkpoints of later steps are kept: to train on from ``step``
+        (a rollback), call :meth:`discard_after` with it before saving again.
+        A step neither tier holds raises :class:`~ckpt.NotFoundError`; one
+        whose memory copies are damaged on some rank is read from the durable
+        tier, and raises the damage if that holds none (on every rank)."""
+        if type(step) is not int or step < 0:
+            raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
+        self._jobs.join()  # no replication in flight: the link is ours
+        try:
+            durable = self.durable.steps()
+        except CheckpointError as e:
+            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
+            durable = []
+        mine = self._holdings(durable)
+        mine["has_step"] = step in durable
+        damaged = False
+        try:
+            if self._broken:
+                raise RuntimeError("the link failed earlier")
+            everyone = self._gather(mine)
+            if step in self._in_memory(everyone):
+                source = self._load_from_memory(step, state, named, everyone)
+                if source is not None:
+                    self.last_source, self.last_restore = source, self.memory.last_restore
+                    return step
+                damaged = True
+            if damaged and not any(e["has_step"] for e in everyone):
+                raise errs.CorruptError(
+                    f"the memory checkpoints of step {step} are damaged on some rank (and their replicas "
+                    f"missing or damaged too), and the durable tier holds none of step {step}"
+                )
+        except RuntimeError as e:  # the link failed (gloo, MPI): a peer is gone or stuck
+            warnings.warn(f"ckpt: the memory tier's peers did not answer ({e}); loading from durable storage", stacklevel=2)
+        self.durable.load(step, state, **named)
+        self.last_source, self.last_restore = "durable", self.durable.last_restore
+        return step
 
     def discard_after(self, step: int) -> GcReport:
         """Discard every checkpoint of a step after ``step``, in memory (this
