@@ -68,6 +68,8 @@ class Restore:
     plan: RestorePlan
     #: Each target's value, its tensors placed in or beside the live ones.
     values: Dict[str, Any]
+    #: Each target's live state as the plan walked it (:func:`~ckpt.restore.live_state`).
+    lives: Dict[str, Any]
     #: This rank's own tensors (its tree and RNG), read in the same load into
     #: fresh buffers, as ``{name: (dtype, shape, buffer)}``; None when the
     #: checkpoint holds none for this rank or RNGs are not restored.
@@ -97,9 +99,11 @@ def plan(
     layout = Layout.of(meta)
     rp = RestorePlan(table, layout.numpy_names, stage)
     values: Dict[str, Any] = {}
+    lives: Dict[str, Any] = {}
     _match.entries(step, layout.state, [key for key, _ in targets])
     for key, target in targets:
         live, hint = live_state(target)
+        lives[key] = live
         stored = _wrappers.fit(layout.state[key], target, live)
         _match.fits(key, stored, target, live)
         values[key] = rp.value(stored, live, key, hint)
@@ -118,7 +122,7 @@ def plan(
     elif rng and "rng" in layout.state:  # written before RNG states were kept per rank
         values.setdefault("rng", rp.value(layout.state["rng"], None, "rng"))
     rp.place()
-    return Restore(step, layout, rp, values, own)
+    return Restore(step, layout, rp, values, lives, own)
 
 
 def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]], rank: int, rng: bool) -> None:
@@ -127,7 +131,7 @@ def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: 
     and restore this rank's random generators."""
     values = restore.plan.finish(restore.values)
     for key, target in targets:
-        if not restore_into(target, values[key], key):
+        if not restore_into(target, values[key], key, restore.lives.get(key)):
             if state is not None and key in state:
                 state[key] = values[key]
             else:

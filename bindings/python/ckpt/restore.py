@@ -316,17 +316,25 @@ class Spans:
         return len(self._starts)
 
 
-def restore_into(target: Any, value: Any, where: str) -> bool:
+def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
     """Restore ``value`` into ``target`` in place; False when that is impossible.
 
-    Objects with ``load_state_dict`` get their state dict, tensors and arrays
-    are copied into, dicts and lists are updated in place (their items
-    replaced where they cannot be restored in place)."""
+    Objects with ``load_state_dict`` get their state dict (``live``: the
+    target's live state the restore walked, see :func:`live_state`; a
+    module whose every tensor was filled in place needs no more, see
+    :func:`ckpt._modstate.loaded_already`), tensors and arrays are copied
+    into, dicts and lists are updated in place (their items replaced where
+    they cannot be restored in place)."""
     torch = sys.modules.get("torch")
     np = sys.modules.get("numpy")
     if value is target and not is_stateful(target):
         return True  # filled in place by the load
     if is_stateful(target):
+        if live is not None and torch is not None and isinstance(target, torch.nn.Module):
+            from ._modstate import loaded_already
+
+            if loaded_already(target, value, live):
+                return True
         target.load_state_dict(value)
         return True
     if torch is not None and isinstance(target, torch.Tensor):
@@ -394,6 +402,10 @@ def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
     if not is_stateful(target):
         return target, lambda p: None
     torch = _torch()
+    if torch is not None and isinstance(target, torch.nn.Module):
+        from ._modstate import state_dict
+
+        return state_dict(target), lambda p: None
     live = target.state_dict()
     if torch is not None and isinstance(target, torch.optim.Optimizer):
         params = [p for g in target.param_groups for p in g["params"]]

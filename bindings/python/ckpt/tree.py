@@ -175,7 +175,7 @@ class _Flattener:
             self.out.stateful.append(obj)
             ptrs, guarded = _stateful_lazy_ptrs(obj)
             self.out.stateful.extend(guarded)
-            state = obj.state_dict()
+            state = _state_of(obj)
             self._classes()
             return self.walk(state, path, ptrs, depth + 1)
         if isinstance(obj, (list, tuple)):
@@ -310,6 +310,23 @@ def _stateful_lazy_ptrs(obj: Any) -> Tuple[Any, List[Any]]:
 
 
 _LAZY_SAFE: Optional[Callable[[Any], Tuple[Any, List[Any]]]] = None
+
+
+def _state_of(obj: Any) -> Any:
+    """``obj.state_dict()``; a module's made in bulk where its tree is as at
+    the last save (:mod:`ckpt._modstate`)."""
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        global _MODULE_STATE
+        if _MODULE_STATE is None:
+            from ._modstate import state_dict
+
+            _MODULE_STATE = state_dict
+        return _MODULE_STATE(obj)
+    return obj.state_dict()
+
+
+_MODULE_STATE: Optional[Callable[[Any], Any]] = None
 
 
 class _NumpyExporter:
