@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckpt
-from ckpt._ckpt import HostRun, TensorRef, TensorSpec
+from ckpt._ckpt import HostRun, HostSpan, TensorRef, TensorSpec
 
 
 def walked(name: str, t: torch.Tensor) -> TensorSpec:
@@ -87,3 +87,32 @@ def test_a_span_holds_its_storage_until_the_background_copy_took_it(url: str) ->
     assert alive() is None
     assert cp.read(0).state["t"].numpy().tobytes() == expected
     cp.close()
+
+
+def test_a_writable_span_is_a_loads_destination_inside_its_storage() -> None:
+    """A restore's destination in a live CPU tensor (``HostSpan.writable``):
+    written through the buffer protocol, checked against its storage, and
+    keeping the storage alive."""
+    base = torch.zeros(16, dtype=torch.float32)
+    t = base[4:12]
+    span = HostSpan.writable(t.untyped_storage(), t.data_ptr(), t.numel() * 4)
+    view = memoryview(span)
+    assert not view.readonly and len(span) == span.nbytes == 32
+    view[:] = torch.arange(8, dtype=torch.float32).numpy().tobytes()
+    view.release()
+    assert torch.equal(base[4:12], torch.arange(8, dtype=torch.float32)) and base[:4].eq(0).all() and base[12:].eq(0).all()
+    # Bytes outside the storage, on either side, are refused.
+    for ptr, n in [(t.data_ptr(), 64), (base.data_ptr() - 4, 8)]:
+        with pytest.raises(ckpt.InvalidInputError, match="not inside its storage"):
+            HostSpan.writable(t.untyped_storage(), ptr, n)
+    # The span holds the storage: the tensor may go.
+    ref = weakref.ref(base)
+    held = HostSpan.writable(base.untyped_storage(), base.data_ptr(), 64)
+    del base, t
+    gc.collect()
+    assert ref() is None
+    memoryview(held)[:4] = b"\1\0\0\0"  # (still the storage's memory, alive)
+    # A save's span is read-only.
+    ones = torch.ones(2)
+    (spec,) = HostRun([walked("r", ones)]).specs([ones.untyped_storage()], [ones.data_ptr()], [False])
+    assert memoryview(spec.data).readonly

@@ -209,9 +209,15 @@ class HostRun:
 
 @final
 class HostSpan:
-    """A CPU tensor's bytes inside its storage, which it holds (a read-only
-    buffer); made by :meth:`HostRun.specs` only."""
+    """A CPU tensor's bytes inside its storage, which it holds: a read-only
+    buffer made by :meth:`HostRun.specs`, or a writable one made by
+    :meth:`writable` (a load's destination)."""
 
+    @staticmethod
+    def writable(storage: Any, ptr: int, len: int) -> HostSpan:
+        """The ``len`` bytes at ``ptr`` of ``storage`` (an ``UntypedStorage``)
+        as a writable buffer; ``InvalidInputError`` unless they lie inside it."""
+        ...
     def __len__(self) -> int: ...
     @property
     def nbytes(self) -> int: ...

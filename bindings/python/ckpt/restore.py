@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ._ckpt import LoadTarget, Shard, TensorInfo, TensorRef
+from ._ckpt import HostSpan, LoadTarget, Shard, TensorInfo, TensorRef
 from .dtensor import is_dtensor, local_of, local_pieces
 from .errors import CorruptError, InvalidInputError, UnsupportedError
 from .tree import TAG, is_stateful
@@ -56,6 +56,25 @@ def _get(live: Any, key: Any) -> Any:
     return None
 
 
+def _no_hint(path: List[Any]) -> Any:
+    """No parameter gives a missing tensor its layout."""
+    return None
+
+
+class _At:
+    """A place in the stored tree (``model.layers.0.weight``), formatted only
+    when an error names it."""
+
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent: Any, key: Any) -> None:
+        self.parent = parent
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"{self.parent}.{self.key}"
+
+
 class RestorePlan:
     """Destinations for the tensors of one checkpoint (see the module docs).
 
@@ -78,32 +97,32 @@ class RestorePlan:
         #: The memory taken as destinations in place, none overlapping another.
         self._spans = Spans()
         self._cuda = False
+        #: Whether a value is known only once the tensors are loaded (:class:`_Deferred`).
+        self._deferred = False
 
     # ------------------------------------------------------------ the walk
 
-    def value(self, saved: Any, live: Any, where: str, hint: Callable[[List[Any]], Any] = lambda p: None) -> Any:
+    def value(self, saved: Any, live: Any, where: str, hint: Callable[[List[Any]], Any] = _no_hint) -> Any:
         """The value of stored tree ``saved`` with tensors placed in or beside ``live``."""
         return self._walk(saved, live, where, [], hint)
 
-    def _walk(self, saved: Any, live: Any, where: str, path: List[Any], hint: Callable[[List[Any]], Any]) -> Any:
+    def _walk(self, saved: Any, live: Any, where: Any, path: List[Any], hint: Callable[[List[Any]], Any]) -> Any:
         if isinstance(saved, TensorRef):
             return self._tensor(saved.name, live, where, hint(path))
         if type(saved) is dict:
             tag = saved.get(TAG)
             if tag == "odict":
-                out: Any = OrderedDict(
-                    (k, self._walk(v, _get(live, k), f"{where}.{k}", path + [k], hint))
-                    for k, v in saved["items"].items()
-                )
+                out: Any = OrderedDict(self._items(saved["items"], live, where, path, hint))
                 if saved.get("metadata") is not None:
                     out._metadata = self._walk(saved["metadata"], None, where, path + ["_metadata"], hint)
                 return out
             if tag == "np_scalar":
                 arr = self._walk(saved["value"], None, where, path, hint)
+                self._deferred = True
                 return _Deferred(lambda: arr[()])
             if tag is not None:
                 raise UnsupportedError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
-            return {k: self._walk(v, _get(live, k), f"{where}.{k}", path + [k], hint) for k, v in saved.items()}
+            return self._items(saved, live, where, path, hint)
         if type(saved) in (list, tuple):
             same = isinstance(live, Sequence) and not isinstance(live, (str, bytes)) and len(live) == len(saved)
             items = [
@@ -113,20 +132,36 @@ class RestorePlan:
             return items if type(saved) is list else tuple(items)
         return saved
 
+    def _items(self, saved: Dict[Any, Any], live: Any, where: Any, path: List[Any], hint: Callable[[List[Any]], Any]) -> Dict[Any, Any]:
+        """The items of a stored mapping, each walked beside ``live``'s value
+        of its key. (A state dict's thousands of tensors are taken here, each
+        without a walk of its own; the place named in an error is formatted
+        only by the error.)"""
+        get = live.get if isinstance(live, Mapping) else None
+        out = {}
+        for k, v in saved.items():
+            at = _At(where, k)
+            lv = get(k) if get is not None else None
+            if type(v) is TensorRef:
+                out[k] = self._tensor(v.name, lv, at, hint(path + [k]) if hint is not _no_hint else None)
+            else:
+                out[k] = self._walk(v, lv, at, path + [k], hint)
+        return out
+
     # ---------------------------------------------------------- one tensor
 
-    def _info(self, name: str, where: str) -> Tuple[str, Tuple[int, ...]]:
+    def _info(self, name: str, where: Any) -> Tuple[str, Tuple[int, ...]]:
         info = self.table.get(name)
         if info is None:
             raise CorruptError(f"{where}: the checkpoint's metadata names tensor {name!r}, which it does not hold")
         return info.dtype, tuple(info.global_shape)
 
-    def _tensor(self, name: str, live: Any, where: str, hint: Any) -> Any:
+    def _tensor(self, name: str, live: Any, where: Any, hint: Any) -> Any:
         dtype, shape = self._info(name, where)
         torch = _torch()
         np = sys.modules.get("numpy")
         if torch is not None and isinstance(live, torch.Tensor):
-            self._check(where, name, dtype, shape, _torch_dtype_name(live), tuple(int(d) for d in live.shape))
+            self._check(where, name, dtype, shape, _torch_dtype_name(live), tuple(live.shape))
             self._fill_torch(name, dtype, shape, live)
             return live
         if np is not None and isinstance(live, np.ndarray):
@@ -154,7 +189,7 @@ class RestorePlan:
         return t
 
     @staticmethod
-    def _check(where: str, name: str, dtype: str, shape: Tuple[int, ...], have_dtype: str, have: Tuple[int, ...]) -> None:
+    def _check(where: Any, name: str, dtype: str, shape: Tuple[int, ...], have_dtype: str, have: Tuple[int, ...]) -> None:
         if shape != have:
             raise InvalidInputError(f"{where}: tensor {name!r} has shape {shape} in the checkpoint, {have} here")
         if dtype != have_dtype:
@@ -171,9 +206,7 @@ class RestorePlan:
             self._into_torch(name, dtype, shape, None, t)
 
     def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], t: Any) -> None:
-        torch = _torch()
-        t = t.detach()
-        if t.device.type == "meta":
+        if t.is_meta:
             # (Its copy from the checkpoint would be a no-op: the restore would
             # return its step with nothing restored.)
             raise InvalidInputError(
@@ -184,12 +217,15 @@ class RestorePlan:
         if nbytes == 0:
             return
         pin = _on_device(t)
-        direct = not pin and t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg()
-        if direct and self._claim(t.data_ptr(), nbytes, name) == "same":
-            return  # tied to a tensor already being filled (the same memory)
-        if direct and self._free_span(t.data_ptr(), nbytes):
-            self._read(name, dtype, shape, shard, t.reshape(-1).view(torch.uint8).numpy())
-            return
+        if not pin and t.is_cpu and t.is_contiguous() and not t.is_conj() and not t.is_neg():
+            ptr = t.data_ptr()
+            if self._claim(ptr, nbytes, name) == "same":
+                return  # tied to a tensor already being filled (the same memory)
+            if self._free_span(ptr, nbytes):
+                self._read(name, dtype, shape, shard, _bytes_of(t, ptr, nbytes))
+                return
+        torch = _torch()
+        t = t.detach()
         self._cuda = self._cuda or pin
         if pin and self._stage is not None:
             if self._claim(t.data_ptr(), nbytes, name) == "same":
@@ -285,7 +321,7 @@ class RestorePlan:
         if self._cuda:
             _torch().cuda.synchronize()
         self._after.clear()
-        return _resolve(value)
+        return _resolve(value) if self._deferred else value
 
 
 class Spans:
@@ -369,7 +405,17 @@ def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
 
 def _on_device(t: Any) -> bool:
     """Whether a live tensor is filled through the host (a CUDA tensor)."""
-    return bool(t.device.type == "cuda")
+    return bool(t.is_cuda)
+
+
+def _bytes_of(t: Any, ptr: int, nbytes: int) -> Any:
+    """A writable buffer of the ``nbytes`` bytes at ``ptr`` of a contiguous
+    CPU tensor (no copy): a span of its storage, else (a tensor whose storage
+    cannot be had) a numpy byte view."""
+    try:
+        return HostSpan.writable(t.untyped_storage(), ptr, nbytes)
+    except (RuntimeError, TypeError, NotImplementedError, InvalidInputError):
+        return t.detach().reshape(-1).view(_torch().uint8).numpy()
 
 
 def _resolve(v: Any) -> Any:
@@ -391,21 +437,27 @@ def _resolve(v: Any) -> Any:
 
 
 def _torch_dtype_name(t: Any) -> str:
-    from .torch import dtype_name
+    global _DTYPE_NAME
+    if _DTYPE_NAME is None:  # (imported once, not by an import statement per tensor)
+        from .torch import dtype_name
 
-    return dtype_name(t.dtype)
+        _DTYPE_NAME = dtype_name
+    return _DTYPE_NAME(t.dtype)
+
+
+_DTYPE_NAME: Optional[Callable[[Any], str]] = None
 
 
 def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
     """The live state of a restore target and, for an optimizer, where to find
     the parameter whose layout a missing state tensor takes."""
     if not is_stateful(target):
-        return target, lambda p: None
+        return target, _no_hint
     torch = _torch()
     if torch is not None and isinstance(target, torch.nn.Module):
         from ._modstate import state_dict
 
-        return state_dict(target), lambda p: None
+        return state_dict(target), _no_hint
     live = target.state_dict()
     if torch is not None and isinstance(target, torch.optim.Optimizer):
         params = [p for g in target.param_groups for p in g["params"]]
@@ -416,4 +468,4 @@ def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
             return None
 
         return live, hint
-    return live, lambda p: None
+    return live, _no_hint
