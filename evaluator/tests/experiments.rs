@@ -347,12 +347,18 @@ fn python_rows_for_every_method_and_the_training_loop() {
         repeats: 1,
         rounds: 1,
         every: 1,
+        experts: 0,
         timeout: Duration::from_secs(300),
     };
     let r = bench.run(&c, &py).unwrap();
     assert!(
         r.state_bytes > 3 * 4 * r.params / 2 && r.tensors > 10,
         "{r:?}"
+    );
+    assert!(
+        r.model.contains("GPT2") || r.model.contains("GPT-2"),
+        "{}",
+        r.model
     );
     assert!(r.floors.memcpy_s > 0.0 && r.floors.write_fsync_s > 0.0 && r.floors.read_cold_s > 0.0);
     let names: Vec<&str> = r.methods.iter().map(|x| x.name.as_str()).collect();
@@ -821,4 +827,34 @@ fn gpu_stall_script_on_cpu_writes_what_the_gpu_summary_prints() {
             "{text}"
         );
     }
+}
+
+#[test]
+fn python_runs_a_mixture_of_experts_of_many_small_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ctx(dir.path());
+    let why = ckpt_eval::experiments::pytrain::unavailable(c.python.as_deref());
+    let Some(py) = c.python.clone().filter(|_| why.is_none()) else {
+        assert!(why.is_some(), "a reason is given when it cannot run");
+        return;
+    };
+    let bench = PyTrainBench {
+        layers: 2,
+        width: 64,
+        seq: 16,
+        batch: 1,
+        repeats: 1,
+        rounds: 1,
+        every: 1,
+        experts: 8,
+        timeout: Duration::from_secs(300),
+    };
+    let r = bench.run(&c, &py).unwrap();
+    assert!(r.model.contains("8 experts"), "{}", r.model);
+    // Per layer a norm (2), a router and 8 experts of 3 projections (27);
+    // the embedding and final norm: 57 parameters, each with AdamW's two
+    // moments and step, and the state dict's 58 keys (the tied head's too).
+    assert_eq!(r.tensors, 58 + 57 * 3, "{r:?}");
+    let ckpt = r.methods.iter().find(|m| m.name == "ckpt lazy").unwrap();
+    assert!(ckpt.skipped.is_none() && ckpt.stall_s.is_some(), "{ckpt:?}");
 }

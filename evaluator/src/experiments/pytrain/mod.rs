@@ -48,8 +48,37 @@ pub struct PyTrainBench {
     pub rounds: usize,
     /// Training steps between checkpoints in the loop.
     pub every: usize,
+    /// Experts per layer: a mixture of experts of `layers` layers (0: GPT-2-shaped).
+    pub experts: usize,
     /// Limit for the whole script.
     pub timeout: Duration,
+}
+
+impl PyTrainBench {
+    /// The model, in words.
+    pub fn shape(&self) -> String {
+        if self.experts > 0 {
+            format!(
+                "mixture of experts, {} layers of {} experts of width {}",
+                self.layers, self.experts, self.width
+            )
+        } else {
+            format!(
+                "GPT-2-shaped, {} layers of width {}",
+                self.layers, self.width
+            )
+        }
+    }
+
+    /// Parameters of the model, about.
+    pub fn params(&self) -> usize {
+        let blocks = if self.experts > 0 {
+            self.experts * 6 * self.width * self.width
+        } else {
+            12 * self.width * self.width
+        };
+        (50257 + self.seq) * self.width + self.layers * blocks
+    }
 }
 
 /// Why this experiment cannot run here, if it cannot: no interpreter, or no
@@ -254,10 +283,7 @@ impl PyTrainBench {
         let dir = ctx.fresh_dir("python")?;
         let script = write_bench_script(&dir, "pytrain_bench.py", SCRIPT)?;
         let pb = ctx.bar(1, "python");
-        pb.set_message(format!(
-            "GPT-2-shaped, {} layers of width {}",
-            self.layers, self.width
-        ));
+        pb.set_message(self.shape());
         let mut cmd = Command::new(python);
         cmd.current_dir(&dir)
             .arg(&script)
@@ -271,6 +297,7 @@ impl PyTrainBench {
             ("--repeats", self.repeats.max(1)),
             ("--rounds", self.rounds.max(1)),
             ("--every", self.every.max(1)),
+            ("--experts", self.experts),
         ] {
             cmd.arg(flag).arg(v.to_string());
         }
@@ -319,6 +346,11 @@ pub struct Python {
     /// Python: training steps between checkpoints in the training loop [default: 4].
     #[arg(long)]
     pub python_every: Option<usize>,
+    /// Python: a mixture of experts of this many experts per layer instead of
+    /// GPT-2 (thousands of small tensors: `--python-experts 64
+    /// --python-layers 16 --python-width 64` is 12,493 tensors) [default: 0].
+    #[arg(long)]
+    pub python_experts: Option<usize>,
 }
 
 impl Python {
@@ -341,6 +373,7 @@ impl Python {
                 .unwrap_or(if full { 5 } else { 4 })
                 .max(1),
             every: self.python_every.unwrap_or(4).max(1),
+            experts: self.python_experts.unwrap_or(0),
             timeout: Duration::from_secs(600),
         }
     }
@@ -353,11 +386,7 @@ impl Experiment for Python {
     }
 
     fn about(&self, ctx: &Ctx) -> String {
-        let b = self.bench(ctx);
-        format!(
-            "GPT-2-shaped model, {} layers of width {}, plus AdamW",
-            b.layers, b.width
-        )
+        format!("{}, plus AdamW", self.bench(ctx).shape())
     }
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
@@ -366,8 +395,7 @@ impl Experiment for Python {
         // and load on a busy 2-core machine, 8 methods; then the training
         // loops (129 s for 2 layers of width 384).
         let b = self.bench(ctx);
-        let params = (50257 + b.seq) * b.width + b.layers * 12 * b.width * b.width;
-        let mib = 12.0 * params as f64 / (1u64 << 20) as f64;
+        let mib = 12.0 * b.params() as f64 / (1u64 << 20) as f64;
         15.0 + 8.0 * (2 + b.repeats) as f64 * 1.1 * mib / 100.0
             + 4.0 * b.rounds as f64 * b.every as f64 * 0.6
     }
