@@ -371,6 +371,8 @@ def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
 
             if loaded_already(target, value, live):
                 return True
+        if torch is not None and type(target).load_state_dict is torch.optim.Optimizer.load_state_dict:
+            value = _indexed_groups(value)
         target.load_state_dict(value)
         return True
     if torch is not None and isinstance(target, torch.Tensor):
@@ -401,6 +403,44 @@ def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
         target[:] = value
         return True
     return False
+
+
+class _Ids(list):  # type: ignore[type-arg]
+    """A parameter group's parameter ids whose ``in`` is a set lookup.
+
+    torch's ``Optimizer.load_state_dict`` asks, for every state tensor, which
+    group holds its parameter by scanning each group's list of ids: the load
+    is quadratic in the parameters (measured: 46 ms for 2,000 parameters of
+    AdamW, 579 ms for 8,000, 2.2 s for 16,000; a mixture of experts with a
+    module per expert has that many). Everything else it does with the list
+    (its length, iterating, a deep copy, then replacing it by the live
+    group's) is a list's; the optimizer keeps none of it."""
+
+    def __init__(self, ids: Any) -> None:
+        super().__init__(ids)
+        self._set = frozenset(ids)
+
+    def __contains__(self, x: object) -> bool:
+        try:
+            return x in self._set
+        except TypeError:  # (unhashable: the list's own scan)
+            return list.__contains__(self, x)
+
+
+def _indexed_groups(value: Any) -> Any:
+    """An optimizer's stored state dict with each group's ``params`` an
+    :class:`_Ids` (a shallow copy; ``value`` as it is unless it has the
+    layout torch's optimizers write)."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("param_groups"), list):
+        return value
+    groups = value["param_groups"]
+    if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return value
+    try:
+        indexed = [dict(g, params=_Ids(g["params"])) for g in groups]
+    except TypeError:  # (unhashable ids: torch's own scan)
+        return value
+    return dict(value, param_groups=indexed)
 
 
 def _on_device(t: Any) -> bool:
