@@ -175,3 +175,23 @@ def test_a_restore_filled_in_place_skips_load_state_dict_only_where_nothing_runs
     hooked[1].register_load_state_dict_post_hook(lambda module, keys: seen.append(module))
     assert _restore(tmp_path / "hooked", hooked, monkeypatch) == ["Sequential"]
     assert seen == [hooked[1]]
+
+
+def test_a_recorded_tree_keeps_no_module_alive() -> None:
+    import gc
+    import weakref
+
+    m = net()
+    _modstate.state_dict(m)
+    assert made_in_bulk(m)
+    old = m[3]
+    m[3] = nn.Linear(3, 2)
+    gone = weakref.ref(old)
+    del old
+    gc.collect()
+    assert gone() is None  # a replaced layer (and its parameters) is freed at once
+    assert_same(m)
+    root = weakref.ref(m)
+    del m
+    gc.collect()
+    assert root() is None

@@ -17,17 +17,18 @@ getters, list comparisons), that the tree is the one recorded, then makes
 the state dict from the live parameters and buffers:
 
 - the same module objects under the same names, of the same classes;
-- the same parameter and buffer objects under the same names (a tensor's
-  ``.data`` may change: each is detached anew), the same non-persistent
-  buffer names, the same ``_version``;
+- the same parameter and buffer names, each a tensor or None as before
+  (the tensors themselves are read anew and detached, whatever their data
+  is now), the same non-persistent buffer names, the same ``_version``;
 - no state dict hooks on any module, no override of ``state_dict``,
   ``_save_to_state_dict`` or ``get_extra_state`` on its class or the
   instance (those run their own code: the module's own ``state_dict()``
   is called).
 
 Anything else calls ``module.state_dict()`` and records the tree again. A
-record holds the modules it lists (so their ids stay theirs while compared)
-and is dropped with the root module.
+record holds its modules weakly (a module it lists that has gone, a child
+replaced, makes the tree another), and is dropped with the root module: it
+keeps no module, and so no parameter, alive.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ _TRANSIENT = operator.attrgetter("_non_persistent_buffers_set")
 _VERSION = operator.attrgetter("_version")
 _HOOKS = operator.attrgetter("_state_dict_pre_hooks", "_state_dict_hooks")
 _DETACH = operator.methodcaller("detach")
+_DEREF = weakref.ref.__call__
 _VALUES = dict.values
 _KEYS = dict.keys
 #: What a module's own ``__dict__`` may not hold: its state dict would run them.
@@ -122,7 +124,7 @@ class _Tree:
     """One module tree as its state dict walks it (see the module docs)."""
 
     __slots__ = (
-        "mods", "types", "classes", "child_ids", "child_keys", "tensor_ids", "tensor_keys", "transient",
+        "refs", "types", "classes", "child_ids", "child_keys", "tensor_ids", "tensor_keys", "transient",
         "versions", "taken", "keys", "meta_keys", "plain",
     )
 
@@ -130,7 +132,8 @@ class _Tree:
         mods: List[_Module] = []
         prefixes: List[str] = []
         _preorder(root, "", mods, prefixes)
-        self.mods = mods
+        #: The modules in the recursion's order, weakly.
+        self.refs = [weakref.ref(m) for m in mods]
         #: The ``_metadata`` keys: each module's prefix, less its dot.
         self.meta_keys = [p[:-1] for p in prefixes]
         self.types = list(map(type, mods))
@@ -156,23 +159,25 @@ class _Tree:
                     self.keys.append(prefix + name)
                 i += 1
         assert i == len(tensors)
-        self.plain = self._plain()
+        self.plain = self._plain(mods)
 
-    def _plain(self) -> bool:
+    def _plain(self, mods: List[_Module]) -> bool:
         """No module of the tree runs code of its own in its state dict."""
         if not all(map(_plain, self.classes)):
             return False
-        if any(map(len, chain.from_iterable(map(_HOOKS, self.mods)))):
+        if any(map(len, chain.from_iterable(map(_HOOKS, mods)))):
             return False
-        own = [vars(m) for m in self.mods]
+        own = [vars(m) for m in mods]
         return not any(any(map(operator.contains, own, repeat(name))) for name in _OWN)
 
     def make(self) -> Optional[Any]:
         """The root's state dict if the tree is as recorded and plain; else None."""
         if not self.plain:
             return None
-        mods = self.mods
-        if list(map(type, mods)) != self.types or not self._plain():
+        mods: List[Any] = list(map(_DEREF, self.refs))
+        if None in mods:  # (a module of the tree has gone: a child was replaced)
+            return None
+        if list(map(type, mods)) != self.types or not self._plain(mods):
             return None
         ids, keys = _children(mods)
         if ids != self.child_ids or keys != self.child_keys:
