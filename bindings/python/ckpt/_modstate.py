@@ -37,7 +37,7 @@ import operator
 import weakref
 from collections import OrderedDict
 from itertools import chain, repeat
-from typing import Any, List, Optional, Set
+from typing import Any, FrozenSet, List, Optional, Set
 
 import torch
 
@@ -52,6 +52,7 @@ _VERSION = operator.attrgetter("_version")
 _HOOKS = operator.attrgetter("_state_dict_pre_hooks", "_state_dict_hooks")
 _DETACH = operator.methodcaller("detach")
 _DEREF = weakref.ref.__call__
+_NONE: FrozenSet[str] = frozenset()
 _VALUES = dict.values
 _KEYS = dict.keys
 #: What a module's own ``__dict__`` may not hold: its state dict would run them.
@@ -140,7 +141,9 @@ class _Tree:
         self.classes: Set[type] = set(self.types)
         self.child_ids, self.child_keys = _children(mods)
         tensors, self.tensor_ids, self.tensor_keys = _tensors(mods)
-        self.transient = [set(s) for s in map(_TRANSIENT, mods)]
+        # (A shared empty set for the modules without non-persistent buffers,
+        # nearly all: no object per module for the collector to track.)
+        self.transient = [frozenset(s) if s else _NONE for s in map(_TRANSIENT, mods)]
         self.versions = list(map(_VERSION, mods))
         # Which of the modules' tensors the state dict holds, under which key.
         self.taken: List[int] = []
