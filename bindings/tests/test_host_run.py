@@ -116,3 +116,23 @@ def test_a_writable_span_is_a_loads_destination_inside_its_storage() -> None:
     ones = torch.ones(2)
     (spec,) = HostRun([walked("r", ones)]).specs([ones.untyped_storage()], [ones.data_ptr()], [False])
     assert memoryview(spec.data).readonly
+
+
+class _NoStorage(torch.Tensor):
+    """A CPU tensor whose storage cannot be had (as a subclass that does not implement it)."""
+
+    def untyped_storage(self) -> Any:  # type: ignore[override]
+        raise NotImplementedError("no storage here")
+
+
+def test_a_restore_into_a_tensor_without_a_storage_goes_through_its_byte_view(tmp_path: Any) -> None:
+    from ckpt.restore import _bytes_of
+
+    cp = ckpt.Checkpointer(tmp_path.as_uri(), coordinate="none", rng=False)
+    cp.save(1, {"w": torch.arange(6, dtype=torch.float32)}).wait()
+    live = torch.Tensor._make_subclass(_NoStorage, torch.zeros(6))
+    assert isinstance(_bytes_of(live, live.data_ptr(), 24), np.ndarray)  # (not a span: no storage)
+    state = {"w": live}
+    assert cp.load_latest(state) == 1
+    assert state["w"] is live and torch.equal(live.as_subclass(torch.Tensor), torch.arange(6, dtype=torch.float32))
+    cp.close()

@@ -40,6 +40,12 @@ def same(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def memory_tier(durable: str, shm: Path, keep_in_memory: int = 4, durable_every: int = 2) -> MemoryCheckpointer:
+    """A memory tier of one process over ``durable``, its node's memory under ``shm``."""
+    return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
+                              keep_in_memory=keep_in_memory, durable_every=durable_every)
+
+
 def test_a_rollback_discards_the_later_steps_and_a_restart_resumes_the_new_run(url: str, root: Path) -> None:
     model, opt = job()
     saved = {}
@@ -116,11 +122,7 @@ def test_the_memory_tier_discards_in_memory_and_on_the_durable_tier(tmp_path: Pa
     durable = (tmp_path / "durable").as_uri()
     model, opt = job()
 
-    def tier() -> MemoryCheckpointer:
-        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
-                                  keep_in_memory=3)
-
-    cp = tier()
+    cp = memory_tier(durable, shm, keep_in_memory=3, durable_every=1)
     for step in (1, 2, 3):
         train(model, opt, step)
         cp.save(step, model=model, optimizer=opt)
@@ -129,7 +131,7 @@ def test_the_memory_tier_discards_in_memory_and_on_the_durable_tier(tmp_path: Pa
     cp.close()
 
     model, opt = job()
-    cp = tier()
+    cp = memory_tier(durable, shm, keep_in_memory=3, durable_every=1)
     assert cp.durable.load(1, model=model, optimizer=opt) == 1
     with pytest.raises(ckpt.InvalidInputError, match=r"no checkpoint of step 7"):
         cp.discard_after(7)
@@ -145,7 +147,7 @@ def test_the_memory_tier_discards_in_memory_and_on_the_durable_tier(tmp_path: Pa
     assert not same(new, back)
 
     model, opt = job()
-    cp = tier()
+    cp = memory_tier(durable, shm, keep_in_memory=3, durable_every=1)
     assert cp.load_latest(model=model, optimizer=opt) == 2
     assert cp.last_source == "memory"
     assert same(snapshot(model, opt), new)
@@ -159,11 +161,7 @@ def test_the_memory_tier_rolls_back_to_a_step_held_only_in_memory(tmp_path: Path
     durable = (tmp_path / "durable").as_uri()
     model, opt = job()
 
-    def tier() -> MemoryCheckpointer:
-        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
-                                  keep_in_memory=4, durable_every=2)
-
-    cp = tier()
+    cp = memory_tier(durable, shm)
     kept: Dict[int, Dict[str, torch.Tensor]] = {}
     for step in (1, 2, 3, 4):
         train(model, opt, step)
@@ -174,7 +172,7 @@ def test_the_memory_tier_rolls_back_to_a_step_held_only_in_memory(tmp_path: Path
     assert ckpt.Checkpointer(durable, coordinate="none").steps() == [1, 3]
 
     model, opt = job()
-    cp = tier()
+    cp = memory_tier(durable, shm)
     assert cp.load(2, model=model, optimizer=opt) == 2
     assert cp.last_source == "memory" and cp.last_restore is not None
     assert same(snapshot(model, opt), kept[2])
@@ -197,7 +195,7 @@ def test_the_memory_tier_rolls_back_to_a_step_held_only_in_memory(tmp_path: Path
     assert not same(new, kept[3])
 
     model, opt = job()
-    cp = tier()
+    cp = memory_tier(durable, shm)
     assert cp.load_latest(model=model, optimizer=opt) == 3
     assert cp.last_source == "memory"
     assert same(snapshot(model, opt), new)
@@ -208,11 +206,7 @@ def test_a_damaged_memory_copy_loads_the_step_from_the_durable_tier(tmp_path: Pa
     durable = (tmp_path / "durable").as_uri()
     model, opt = job()
 
-    def tier() -> MemoryCheckpointer:
-        return MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
-                                  keep_in_memory=4, durable_every=2)
-
-    cp = tier()
+    cp = memory_tier(durable, shm)
     kept: Dict[int, Dict[str, torch.Tensor]] = {}
     for step in (1, 2, 3):
         train(model, opt, step)
@@ -226,7 +220,7 @@ def test_a_damaged_memory_copy_loads_the_step_from_the_durable_tier(tmp_path: Pa
             c.write_bytes(b"\0" * c.stat().st_size)
 
     model, opt = job()
-    cp = tier()
+    cp = memory_tier(durable, shm)
     with pytest.warns(UserWarning, match="damaged"):
         assert cp.load(1, model=model, optimizer=opt) == 1
     assert cp.last_source == "durable" and same(snapshot(model, opt), kept[1])
@@ -242,8 +236,7 @@ def test_a_step_the_memory_tier_refuses_is_saved_by_neither_tier(tmp_path: Path,
     refused at once, by both tiers, and said once."""
     durable = (tmp_path / "durable").as_uri()
     model, opt = job()
-    cp = MemoryCheckpointer(durable, memory_dir=str(shm / "node{node}"), coordinate="none", rng=False,
-                            keep_in_memory=4, durable_every=2)
+    cp = memory_tier(durable, shm)
     for step in (1, 2, 3, 4):
         train(model, opt, step)
         cp.save(step, model=model, optimizer=opt)

@@ -330,27 +330,38 @@ fn sharded_rows_for_every_method_on_two_ranks() {
     }
 }
 
-#[test]
-fn python_rows_for_every_method_and_the_training_loop() {
+/// The Python experiment at its smallest (`layers` blocks of width 64, or of
+/// `experts` experts each), or None (with its reason checked) where it cannot run.
+fn tiny_python(
+    layers: usize,
+    experts: usize,
+) -> Option<ckpt_eval::experiments::pytrain::PyTrainResults> {
     let dir = tempfile::tempdir().unwrap();
     let c = ctx(dir.path());
     let why = ckpt_eval::experiments::pytrain::unavailable(c.python.as_deref());
     let Some(py) = c.python.clone().filter(|_| why.is_none()) else {
         assert!(why.is_some(), "a reason is given when it cannot run");
-        return;
+        return None;
     };
     let bench = PyTrainBench {
-        layers: 1,
+        layers,
         width: 64,
         seq: 16,
         batch: 1,
         repeats: 1,
         rounds: 1,
         every: 1,
-        experts: 0,
+        experts,
         timeout: Duration::from_secs(300),
     };
-    let r = bench.run(&c, &py).unwrap();
+    Some(bench.run(&c, &py).unwrap())
+}
+
+#[test]
+fn python_rows_for_every_method_and_the_training_loop() {
+    let Some(r) = tiny_python(1, 0) else {
+        return;
+    };
     assert!(
         r.state_bytes > 3 * 4 * r.params / 2 && r.tensors > 10,
         "{r:?}"
@@ -831,25 +842,9 @@ fn gpu_stall_script_on_cpu_writes_what_the_gpu_summary_prints() {
 
 #[test]
 fn python_runs_a_mixture_of_experts_of_many_small_tensors() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = ctx(dir.path());
-    let why = ckpt_eval::experiments::pytrain::unavailable(c.python.as_deref());
-    let Some(py) = c.python.clone().filter(|_| why.is_none()) else {
-        assert!(why.is_some(), "a reason is given when it cannot run");
+    let Some(r) = tiny_python(2, 8) else {
         return;
     };
-    let bench = PyTrainBench {
-        layers: 2,
-        width: 64,
-        seq: 16,
-        batch: 1,
-        repeats: 1,
-        rounds: 1,
-        every: 1,
-        experts: 8,
-        timeout: Duration::from_secs(300),
-    };
-    let r = bench.run(&c, &py).unwrap();
     assert!(r.model.contains("8 experts"), "{}", r.model);
     // Per layer a norm (2), a router and 8 experts of 3 projections (27);
     // the embedding and final norm: 57 parameters, each with AdamW's two

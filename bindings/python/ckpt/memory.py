@@ -345,21 +345,26 @@ class MemoryCheckpointer:
         ``None`` for a fresh start. :attr:`last_source` says where this rank's
         state came from."""
         self._jobs.join()  # no replication in flight: the link is ours
-        try:
-            # Fence an older incarnation on the durable root before choosing.
-            self.durable._native.claim()
-            durable = self.durable.steps()
-        except CheckpointError as e:
-            # Storage unreachable: memory may still do without it (and if it
-            # cannot, the durable load below says why).
-            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
-            durable = []
-        mine = self._holdings(durable)
+        # (Fencing an older incarnation on the durable root before choosing.)
+        mine = self._holdings(self._durable_steps(claim=True))
         try:
             return self._load_latest(state, named, mine)
         finally:
             if self.topology.rank % self.topology.ranks_per_node == 0:
                 self._remove_strangers()
+
+    def _durable_steps(self, claim: bool) -> List[int]:
+        """The durable tier's committed steps (having claimed the root's next
+        writer epoch first, with ``claim``); none, with a warning, when it
+        cannot be listed: memory may still do without it (and if it cannot,
+        the durable load says why)."""
+        try:
+            if claim:
+                self.durable._native.claim()
+            return self.durable.steps()
+        except CheckpointError as e:
+            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=3)
+            return []
 
     def _holdings(self, durable: List[int]) -> Dict[str, Any]:
         """What this rank can restore: the memory steps of its own root and of
@@ -435,11 +440,7 @@ class MemoryCheckpointer:
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
         self._jobs.join()  # no replication in flight: the link is ours
-        try:
-            durable = self.durable.steps()
-        except CheckpointError as e:
-            warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=2)
-            durable = []
+        durable = self._durable_steps(claim=False)
         mine = self._holdings(durable)
         mine["has_step"] = step in durable
         damaged = False

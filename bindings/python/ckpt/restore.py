@@ -50,12 +50,6 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _get(live: Any, key: Any) -> Any:
-    if isinstance(live, Mapping):
-        return live.get(key)
-    return None
-
-
 def _no_hint(path: List[Any]) -> Any:
     """No parameter gives a missing tensor its layout."""
     return None
