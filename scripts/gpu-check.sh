@@ -33,7 +33,8 @@
 # the state and for half of it) and plain eager beside the control, over 5
 # rounds, then step 4. --restore is for where a restore's time goes: the
 # CUDA tests, then step 2 with plain lazy alone (one short round) restoring 3
-# times each way (its slab locked later, after the read, during it), each
+# times each way (its slab locked during the read, the default; in the
+# background once copied; after the read), each
 # restore's phases in the JSON; nothing else.
 # The JSONs are what `ckpt-eval gpu` renders as the report's tables where it
 # runs the benchmark itself; the run ends with a few lines per method of what
@@ -113,7 +114,7 @@ case "$quick" in
   --lazy) methods=(--methods "none,ckpt lazy,ckpt lazy (device staging),ckpt lazy (half staged),ckpt eager" --rounds 5) ;;
   --restore) methods=(--methods "ckpt lazy" --rounds 1 --every 10 --restore-repeats 3) ;;
 esac
-step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-ways later,after,during \
+step gpu-4g 900 "$py" evaluator/python/gpu_bench.py --dir "$scratch/4g" --json "$out/gpu-4g.json" --restore-ways later,after \
   "${methods[@]}"
 if [ "$quick" != "--ckpt" ] && [ "$quick" != "--lazy" ] && [ "$quick" != "--restore" ]; then
   step memtier 300 "$py" evaluator/python/memtier_bench.py --dir "$scratch/memtier" --gib 1 --repeats 3 \

@@ -31,7 +31,7 @@ def method_line(m: Dict[str, Any]) -> str:
     if m.get("durable_s") is not None:
         parts.append(f"durable s {m['durable_s']:.2f}")
     for kind in ("warm", "cold"):
-        for key in ("", "_lock_during", "_lock_after", "_writer"):
+        for key in ("", "_lock_during", "_lock_later", "_lock_after", "_writer"):
             t = m.get(f"restore_{kind}{key}_s")
             if t is not None:
                 lock = m.get(f"restore_{kind}{key}_lock")

@@ -1,7 +1,7 @@
 """A restore's CUDA destinations filled through a host slab
 (``ckpt.cuda.HostStage``): the groups its read comes in, the copies of each
-group started while the next is read, how its new slab is page-locked (in the
-background once copied, by default; after the read; during it), and a
+group started while the next is read, how its new slab is page-locked (during
+the read, by default; in the background once copied; after the read), and a
 restore through ``load_latest`` that falls back from a checkpoint damaged in
 a later group.
 
@@ -198,13 +198,13 @@ def test_a_failed_read_waits_for_the_copies_it_started_and_raises(
 # ----------------------------------------------------------------- page locking
 
 
-def test_by_default_a_restore_copies_then_locks_its_new_slab_in_the_background(
+def test_locked_later_a_restore_copies_then_locks_its_new_slab_in_the_background(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nothing is locked while the restore runs (locking after the read cost
-    a cold restore of 4 GiB 1.16x the read and copies on an H200 host): the
-    copies come from pageable memory, and once they have landed the slab is
-    locked once, whole, on the pool's thread; the first save takes it."""
+    """The "later" way: nothing is locked while the restore runs; the copies
+    come from pageable memory, and once they have landed the slab is locked
+    once, whole, on the pool's thread; the first save takes it."""
+    monkeypatch.setattr(cudam.HostStage, "lock", "later")
     calls: List[Tuple[int, int, bool, str, bool]] = []
     pool = cudam.SlabPool(None, "wait")
     stage, live, stored = _restore_stage(pool)
@@ -263,15 +263,18 @@ def test_locked_after_its_read_a_restore_locks_its_new_slab_on_its_own_thread(
     pool.close()
 
 
-def test_a_restore_may_lock_its_new_slab_while_its_read_fills_it(
+def test_by_default_a_restore_locks_its_new_slab_while_its_read_fills_it(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The "during" way: the lock runs on the pool's thread while the read
-    fills the slab, and what the read wrote before and after it is what is
-    restored."""
-    monkeypatch.setattr(cudam.HostStage, "lock", "during")
+    """The default way ("during"; on an H200 host the fastest restore of
+    4 GiB, cold or from the page cache): the lock runs on the pool's thread
+    while the read fills the slab, the copies to the device only after it,
+    and what the read wrote before and after it is what is restored; the
+    first save takes the slab and locks nothing more."""
+    assert cudam.HostStage.lock == "during"
     entered, release = threading.Event(), threading.Event()
     calls: List[Tuple[int, int, bool, str]] = []
+    copied_at_lock: List[bool] = []
     mapped: List[bool] = []  # the pages mapped first, changing no byte the read wrote
     real_populate = cudam.SlabPool._populate_beside_read
 
@@ -282,6 +285,7 @@ def test_a_restore_may_lock_its_new_slab_while_its_read_fills_it(
     def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
         assert mapped, "mapped before locked"
         calls.append((address, n, quiet, threading.current_thread().name))
+        copied_at_lock.append(any(t.any() for t in live))
         entered.set()
         assert release.wait(10)
         return True
@@ -300,8 +304,11 @@ def test_a_restore_may_lock_its_new_slab_while_its_read_fills_it(
     assert slab is not None and slab.locked and slab.prepared
     assert calls == [(slab.native.address, slab.nbytes, True, calls[0][3])], "once, whole, quietly"
     assert calls[0][3].startswith("ckpt-d2h")
-    assert pool.restore_locks == ["during"]
+    assert pool.restore_locks == ["during"] and stage.how == "during"
+    assert copied_at_lock == [False], "the copies queue behind the lock"
     assert all(torch.equal(t, v) for t, v in zip(live, stored))
+    got = pool.take([8, 4000, 1_200_000], 1)  # the first save takes it, laid out anew
+    assert got is slab and len(calls) == 1
     pool.close()
 
 
@@ -333,12 +340,14 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
     pool.close()
 
 
-def test_a_read_only_readers_restore_locks_nothing(
+def test_a_read_only_readers_restore_locks_its_slab_only_while_it_is_open(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:
-    """No save will use a read-only reader's slab: by default it is never
-    locked (the copies come from pageable memory, as a writer's do)."""
+    """No save will use a read-only reader's slab: locked "later", it is
+    never locked; locked "during" the read (the default, which copies
+    faster than pageable memory), it is unlocked when the reader closes."""
     calls = _counting_locks(monkeypatch)
+    monkeypatch.setattr(cudam.HostStage, "lock", "later")
     pool = cudam.SlabPool(None, "wait")
     stage = cudam.HostStage(pool, keep=False)
     live, stored = [torch.zeros(1000)], [torch.arange(1000, dtype=torch.float32)]
@@ -356,13 +365,17 @@ def test_a_read_only_readers_restore_locks_nothing(
     with ckpt.Checkpointer(url, rng=False) as cp:
         cp.save(1, {"w": stored[0]}).wait()
     calls["lock"].clear()  # (the save's own slab)
-    live = [torch.zeros(1000)]
-    with ckpt.Checkpointer(url, rng=False, read_only=True) as cp:
-        assert cp.load_latest({"w": live[0]}) == 1
-        assert cp.last_restore is not None and cp.last_restore.slab == "unlocked"
-    assert torch.equal(live[0], stored[0]) and calls["lock"] == []
-
-
+    calls["unlock"].clear()
+    for way in ("later", "during"):
+        monkeypatch.setattr(cudam.HostStage, "lock", way)
+        live = [torch.zeros(1000)]
+        with ckpt.Checkpointer(url, rng=False, read_only=True) as cp:
+            assert cp.load_latest({"w": live[0]}) == 1
+            assert cp.last_restore is not None and cp.last_restore.slab == ("unlocked" if way == "later" else "during")
+            locked = list(calls["lock"])
+        assert torch.equal(live[0], stored[0])
+        assert len(locked) == (way == "during"), calls
+        assert calls["unlock"] == [a for a, _ in locked], "unlocked at the close"
 @pytest.mark.parametrize("way", ["later", "after"])
 def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, way: str
@@ -449,7 +462,7 @@ def test_load_latest_reads_device_tensors_in_groups_and_falls_back_from_a_damage
     assert all(torch.equal(live[k], two[k]) for k in two)
     assert len(reads) > 2, "read in groups"
     p = cp.last_restore
-    assert p is not None and p.slab == "later"
+    assert p is not None and p.slab == "during"
     cp.close()
 
     new = [p for p in root.rglob("*") if p.is_file() and p not in before and "chunks" in str(p)]
@@ -464,12 +477,12 @@ def test_load_latest_reads_device_tensors_in_groups_and_falls_back_from_a_damage
         assert cp.load_latest(live) == 1
     assert all(torch.equal(live[k], one[k]) for k in one)
     assert len(reads) > 4, "the damaged one failed in a later group, then the previous one was read whole"
-    # Both attempts used one slab (the failed one's copies waited for), which
-    # the first save takes, locked in the background meanwhile.
+    # Both attempts used one slab (the failed one's copies waited for),
+    # locked during the first one's read, which the first save takes.
     pool = cp._slabs
     assert pool is not None and len(pool._slabs) == 1
     restored = pool._slabs[0]
-    assert pool.restore_locks == ["later"]
+    assert pool.restore_locks == ["held"]
     cp.save(3, live).wait()
     assert restored.locked and pool._slabs == [restored], "no new slab"
     assert all(torch.equal(cp.read(3).state[k], one[k]) for k in one)

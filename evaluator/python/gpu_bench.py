@@ -51,19 +51,19 @@ restarted process does; its cold restore has the disk's page cache dropped.
   job keeps its checkpointer open; the close is recorded as
   ``restore_*_close_s``, and the figures of earlier runs included it). Plain
   ckpt lazy also restores cold as a restarted job's writer does
-  (``restore_cold_writer_s``: it readies its first save, and locks its slab
-  in the background), then trains one step (``restore_cold_writer_step_s``,
+  (``restore_cold_writer_s``: it readies its first save, and keeps its slab
+  locked for it), then trains one step (``restore_cold_writer_step_s``,
   against ``step_s``: what that lock costs the job). Restores run warm
   (every file read once before, untimed, so that it is in the page cache: a
   writer that bypasses the cache leaves none of it there) and with the page
   cache dropped (``/proc/sys/vm/drop_caches`` where allowed, else
   ``posix_fadvise``), each checked ``torch.equal`` against a copy taken at
-  the save. ckpt's restores page-lock their new host slab in
-  the background once the copies to the device are done (``HostStage.lock``
-  ``"later"``); with ``--restore-ways later,after,during``, plain ckpt lazy
-  also restores with the slab locked after the read
-  (``restore_warm_lock_after_s``...) and during it
-  (``restore_cold_lock_during_s``...): every way, timed in the same run. ``--restore-repeats N`` restores each
+  the save. ckpt's restores page-lock their new host slab as
+  ``HostStage.lock`` says by default (``"during"`` the read); with
+  ``--restore-ways during,later,after``, plain ckpt lazy also restores with
+  the slab locked in the background once the copies are done
+  (``restore_warm_lock_later_s``...) and after the read
+  (``restore_cold_lock_after_s``...): every way, timed in the same run. ``--restore-repeats N`` restores each
   way N times, the ways interleaved: the figure is the median run, every run
   is in ``restore_*_runs_s``. ckpt's restores also record where
   their time went (``restore_warm_phases``...: ``Checkpointer.last_restore``,
@@ -584,7 +584,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     restores = [("warm", ""), ("cold", "")]
     if m.name == "ckpt lazy" and a.device == "cuda":
         for way in [w.strip() for w in a.restore_ways.split(",")]:
-            if way and way != "later":
+            if way and way != default_lock():
                 restores += [("warm", f"_lock_{way}"), ("cold", f"_lock_{way}")]
         restores.append(("cold", "_writer"))
     # ``--restore-repeats`` rounds, each restoring every way once (the ways
@@ -598,7 +598,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             else:
                 warm_cache(m.dir)
             tr.sync()
-            with _restore_lock(key[len("_lock_"):] if key.startswith("_lock_") else "later"):
+            with _restore_lock(key[len("_lock_"):] if key.startswith("_lock_") else default_lock()):
                 m.close_s = 0.0
                 t0 = time.perf_counter()
                 if key == "_writer":
@@ -628,6 +628,13 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
             out[f"{name}_{k}"] = v
     del ref
     return out
+
+
+def default_lock() -> str:
+    """How ckpt's restores page-lock a new host slab by default."""
+    from ckpt.cuda import HostStage
+
+    return str(HostStage.lock)
 
 
 @contextlib.contextmanager
@@ -698,10 +705,11 @@ def targets(res: dict) -> List[dict]:
             add("lazy durable / write + fsync", lazy["durable_s"] / fl["write_fsync_s"], 1.1)
         if lazy["restore_cold_s"] is not None:
             add("cold restore / (cold read + host-to-device)", lazy["restore_cold_s"] / (fl["cold_read_s"] + fl["h2d_s"]), 1.1)
-        for way in ("after", "during"):  # the other ways of locking a restore's slab (--restore-ways)
+        ways = {"during": "during the read", "later": "in the background once copied", "after": "after the read"}
+        for way, how in ways.items():  # the other ways of locking a restore's slab (--restore-ways)
             other = lazy.get(f"restore_cold_lock_{way}_s")
             if other is not None:
-                add(f"cold restore, slab locked {way} the read / (cold read + host-to-device)",
+                add(f"cold restore, slab locked {how} / (cold read + host-to-device)",
                     other / (fl["cold_read_s"] + fl["h2d_s"]), 1.1)
         if lazy["pinned_peak_bytes"] is not None:
             add("page-locked bytes / state (budget 2x by default)", lazy["pinned_peak_bytes"] / res["state_bytes"], 2.1)
@@ -745,9 +753,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--methods", default=",".join(ALL))
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test this script")
-    ap.add_argument("--restore-ways", default="later",
-                    help="how plain ckpt lazy's restores page-lock their new host slab, each timed: "
-                         "later (the default), after, during (comma-separated)")
+    ap.add_argument("--restore-ways", default="",
+                    help="other ways plain ckpt lazy's restores may page-lock their new host slab, each "
+                         "timed beside the default (HostStage.lock): later, after, during (comma-separated)")
     ap.add_argument("--no-restore", action="store_true", help="measure no restores (nor the save before them)")
     ap.add_argument("--restore-repeats", type=int, default=1,
                     help="restore each way this many times, interleaved; the median is the figure")

@@ -64,10 +64,12 @@ class RestorePhases:
     read: float
     #: Every rank's outcome agreed on (0 with one process).
     agree: float
-    #: A new host slab for CUDA tensors page-locked after the read, where
-    #: ``HostStage.lock`` is ``"after"`` (0 by default, where it is locked in
-    #: the background once the restore's copies landed; 0 where a save left
-    #: one locked, or there is no CUDA state).
+    #: A new host slab for CUDA tensors page-locked after the read: where
+    #: ``HostStage.lock`` is ``"after"``, or, with the default ``"during"``,
+    #: the wait for the lock begun during the read (next to nothing where
+    #: the read outlasts it; the whole lock where the runtime refused it
+    #: then); 0 where a save left one locked, where it is locked in the
+    #: background (``"later"``), or there is no CUDA state.
     lock: float
     #: The host-to-device copies out of the slab after the read (the last
     #: group's, or all of them locked after the read), and the wait for all.
@@ -80,11 +82,13 @@ class RestorePhases:
     #: Newer checkpoints tried first and skipped as damaged (their plans and
     #: reads), in the same call.
     damaged: float = 0.0
-    #: How the host slab for CUDA tensors was locked: ``"held"`` (a save left
-    #: it locked), ``"later"`` (in the background, once its copies landed),
-    #: ``"after"`` the read, ``"during"`` it, ``"unlocked"`` (a read-only
-    #: reader's, which no save uses), ``"pageable"`` (the
-    #: runtime would not lock it); None without CUDA tensors.
+    #: How the host slab for CUDA tensors was locked: ``"held"`` (locked
+    #: already: a save left it so, or an earlier attempt of this call),
+    #: ``"during"`` the read (the default), ``"later"`` (in the background,
+    #: once its copies landed), ``"after"`` the read, ``"unlocked"`` (a
+    #: read-only reader's locked ``"later"``: never, as no save uses it),
+    #: ``"pageable"`` (the runtime would not lock it); None without CUDA
+    #: tensors.
     slab: Optional[str] = None
 
     @property

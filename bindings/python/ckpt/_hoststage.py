@@ -16,28 +16,34 @@ read, while the engine reads the next.
 - **Page locking** of a new slab (a restarted process's first restore), by
   :attr:`HostStage.lock`:
 
-  * ``"later"`` (the default): nothing is locked while the restore runs; the
-    copies come from pageable memory (the driver stages them: about 10 GB/s
-    on an H100 host, well above a cold read), and once they are done the
-    slab is page-locked in the background, in one piece, on the pool's
-    launcher thread, so that the job's first save finds it locked (as a
-    fresh start's first save finds memory reserved ahead,
-    :meth:`~ckpt._slabs.SlabPool.reserve`). The job's first CUDA calls may
-    wait for that lock once (the driver takes no other call while it locks:
-    0.135 s for 4 GiB on an H100 host). A read-only reader, which never
-    saves, locks nothing.
+  * ``"during"`` (the default): mapped on several threads and locked on the
+    launcher thread while the read fills the slab
+    (:meth:`~ckpt._slabs.SlabPool.lock_while_filled`); the copies of each
+    group queue behind the lock, from locked memory, at the link's speed.
+    Where the runtime refuses to lock pages the read is writing, the slab
+    is locked after the read, as ``"after"`` does. The slab stays locked
+    for the job's first save (a read-only reader's is unlocked at its
+    close).
+  * ``"later"``: nothing is locked while the restore runs; the copies come
+    from pageable memory (the driver stages them, at about 6 GB/s on an
+    H200 host), and once they are done the slab is page-locked in the
+    background, in one piece, on the pool's launcher thread, so that the
+    job's first save finds it locked. The job's first CUDA calls may wait
+    for that lock once (the driver takes no other call while it locks).
+    A read-only reader, which never saves, locks nothing.
   * ``"after"``: locked on the caller's thread once the read is done (pages
-    the read mapped lock fast: 0.135 s for 4 GiB on an H100 host), then
-    every copy, at the link's speed.
-  * ``"during"``: mapped on several threads and locked on the launcher
-    thread while the read fills the slab
-    (:meth:`~ckpt._slabs.SlabPool.lock_while_filled`); the copies queue
-    behind the lock.
+    the read mapped lock fast: 0.12-0.135 s for 4 GiB), then every copy,
+    at the link's speed.
 
-  Locking after the read cost a cold restore of 4 GiB on an H200 host
-  1.16x the cold read and the copies to the device; locking during it (as
-  then built, pages faulted one by one by the runtime) 1.52x. The GPU
-  benchmark times all three ways (``--restore-ways``).
+  Measured on two H200 hosts (16 cores) restoring 4 GiB of a GPT-style
+  model and its fused AdamW into live CUDA tensors, each way three times in
+  one run (medians): with the page cache dropped, ``"during"`` 2.67 / 2.22 s
+  (0.89x / 0.85x the cold read and the copies to the device), ``"later"``
+  2.89 / 2.18 s (0.97x / 0.84x), ``"after"`` 3.31 / 2.44 s (1.11x / 0.94x);
+  from the page cache, 0.51 / 0.51 s, 1.16 / 0.82 s (a read-only reader's
+  unlocked slab: every copy from pageable memory) and 0.72 / 0.60 s:
+  locking during the read is as fast as any way cold, and the fastest
+  warm. The GPU benchmark times the ways (``--restore-ways``).
 
 A slab a save left locked is used as it is, and its copies run at the
 link's speed from the first group on.
@@ -58,7 +64,7 @@ from .errors import InvalidInputError
 __all__ = ["HostStage", "groups", "LOCK_WAYS"]
 
 #: The ways a restore may page-lock a new slab (see the module docs).
-LOCK_WAYS = ("later", "after", "during")
+LOCK_WAYS = ("during", "later", "after")
 
 #: The last group's bytes, at least: what is copied after the read.
 TAIL_BYTES = 64 << 20
@@ -93,7 +99,7 @@ class HostStage:
     :meth:`fill` to read and copy group by group, :meth:`copy_back` to finish."""
 
     #: How a new slab is page-locked: one of :data:`LOCK_WAYS`.
-    lock = "later"
+    lock = "during"
 
     def __init__(self, pool: SlabPool, keep: bool = True) -> None:
         """``keep``: whether saves may use the slab after the restore (False

@@ -234,9 +234,10 @@ class SlabPool:
         #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
         self.plans: Dict[str, Any] = {}
         #: How each restore's slab came to be page-locked (:class:`HostStage`):
-        #: "held" (a save left it locked), "later" (in the background once
-        #: its copies landed), "during" the read, "after" it, "pageable"
-        #: (the runtime refused), or "unlocked" (a read-only reader's).
+        #: "held" (locked already: by a save, or by an earlier attempt of the
+        #: same restore), "during" the read, "later" (in the background once
+        #: its copies landed), "after" it, "pageable" (the runtime refused),
+        #: or "unlocked" (a read-only reader's, locked "later": never).
         self.restore_locks: List[str] = []
         # Unlocks what is left when the pool is collected (a checkpointer never
         # closed); it must not hold the pool itself, or the pool lives forever.
@@ -484,7 +485,7 @@ class SlabPool:
         this way slower than locking after the read on an H200 host. Quiet
         when the runtime refuses (pages it cannot pin while the read holds
         them): :meth:`prepare` after the read tries again."""
-        if slab.locked or slab.prepared or slab.nbytes == 0:
+        if slab.locked or slab.prepared or slab.nbytes == 0 or slab.preparing is not None:
             return
         slab.preparing = self.launcher().submit(self._lock_quietly, slab, device)
 
