@@ -245,6 +245,61 @@ async fn retention_per_tier_with_deletes_deferred_until_flushed() -> Result<()> 
     Ok(())
 }
 
+/// A restarted writer claims the next epoch (written through to the durable
+/// tier) before anything it flushes carries that epoch. Its durable
+/// retention runs under that claim of its own: fenced by it, every restart's
+/// first flushes (the fast tier's checkpoints the durable tier lacks, picked
+/// up again) skipped retention with a warning until the writer's first save
+/// was flushed, and what they put back on the durable tier stayed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_writers_durable_retention_runs_under_its_own_claim() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fast = store::open_dir(&dir.path().join("fast"))?;
+    let durable = store::open_dir(&dir.path().join("durable"))?;
+    let steps =
+        |ids: Vec<ckpt_core::CheckpointId>| ids.into_iter().map(|id| id.step).collect::<Vec<_>>();
+    // The durable tier keeps two, the fast tier everything.
+    let opts = TieredOptions {
+        durable_retention: Retention::keep_last(2),
+        durable_grace: Duration::ZERO,
+        ..Default::default()
+    };
+    {
+        let tiered = TieredCheckpointStore::new(fast.clone(), durable.clone(), opts.clone());
+        let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+        for step in 1..=3 {
+            cp.save(step, &state(step)).await?.wait().await?;
+        }
+        assert!(tiered.flush().await?.failed.is_empty());
+    }
+    assert_eq!(steps(layout::committed(durable.as_ref()).await?), [2, 3]);
+    assert_eq!(layout::epoch::current(durable.as_ref()).await?, 1);
+    // The restart: it claims epoch 2, and its first flush puts 1 back on the
+    // durable tier (the fast tier holds it, the durable tier does not), then
+    // retires it again, before the restart saved anything.
+    let tiered = TieredCheckpointStore::new(fast.clone(), durable.clone(), opts);
+    let cp = checkpointer(Arc::new(tiered.clone()), Retention::keep_all()).await?;
+    assert_eq!(cp.load_latest().await?.expect("a checkpoint").id.step, 3);
+    assert_eq!(
+        layout::epoch::current(durable.as_ref()).await?,
+        2,
+        "claimed through"
+    );
+    let report = tiered.flush().await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(steps(report.flushed), [1]);
+    assert_eq!(steps(layout::committed(durable.as_ref()).await?), [2, 3]);
+    // A rollback to 2 claims epoch 3, which leaves 3 to a fenced writer: the
+    // durable retention after the next save retires it.
+    cp.load_step(2).await?;
+    cp.discard_after(2).await?;
+    assert_eq!(layout::epoch::current(durable.as_ref()).await?, 3);
+    cp.save(4, &state(40)).await?.wait().await?;
+    assert!(tiered.flush().await?.failed.is_empty());
+    assert_eq!(steps(layout::committed(durable.as_ref()).await?), [2, 4]);
+    Ok(())
+}
+
 #[tokio::test]
 async fn tiered_urls_are_checked() {
     let bad = [

@@ -86,7 +86,8 @@ pub fn claim_key(epoch: u64) -> Path {
     Path::from(format!("{EPOCHS}/{epoch:020}{CLAIM_EXT}"))
 }
 
-fn parse_claim_key(key: &Path) -> Option<u64> {
+/// The epoch a claim's key names, if it is one.
+pub(crate) fn parse_claim_key(key: &Path) -> Option<u64> {
     let name = key.filename()?.strip_suffix(CLAIM_EXT)?;
     (name.len() == 20).then(|| name.parse().ok()).flatten()
 }

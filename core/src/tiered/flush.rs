@@ -19,6 +19,7 @@ use crate::layout::manifest::Manifest;
 use crate::layout::paths;
 use crate::layout::retention::{self, Sweep};
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// Queue a checkpoint and make sure the flusher runs.
 pub(super) fn enqueue(tiers: &Arc<Tiers>, pending: Pending) {
@@ -320,9 +321,7 @@ async fn durable_retention(tiers: &Tiers) {
             return;
         }
     };
-    let epoch = tiers
-        .writer_epoch
-        .load(std::sync::atomic::Ordering::Acquire);
+    let epoch = writer_epoch(tiers).await;
     let mut sweep = Sweep {
         grace: tiers.opts.durable_grace,
         fence: (epoch > 0).then(|| Fence::new(epoch, DURABLE_LEASE)),
@@ -338,5 +337,32 @@ async fn durable_retention(tiers: &Tiers) {
     .await
     {
         tracing::warn!("durable tier retention failed (retried after the next flush): {e}");
+    }
+}
+
+/// The epoch durable retention runs fenced by: the newest among the
+/// manifests flushed, or the newest claim this store's writer put on the
+/// durable tier where that tier still holds it as put (then it is this
+/// writer's own, which a best-effort claim lost to a rival's put would not
+/// be). A restarted writer claims before anything it flushes carries its
+/// epoch, and fenced by an older one its retention would fail, fenced by its
+/// own claim, until its first save is flushed.
+async fn writer_epoch(tiers: &Tiers) -> u64 {
+    use std::sync::atomic::Ordering;
+    let flushed = tiers.writer_epoch.load(Ordering::Acquire);
+    let claimed = tiers.claimed.lock_unpoisoned().clone();
+    let Some((epoch, bytes)) = claimed.filter(|(e, _)| *e > flushed) else {
+        return flushed;
+    };
+    let key = crate::layout::epoch::claim_key(epoch);
+    match tiers.durable.get(&key).await {
+        Ok(got) => match got.bytes().await {
+            Ok(held) if held == bytes => {
+                tiers.writer_epoch.fetch_max(epoch, Ordering::AcqRel);
+                epoch
+            }
+            _ => flushed,
+        },
+        Err(_) => flushed,
     }
 }

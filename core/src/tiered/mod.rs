@@ -33,7 +33,9 @@
 //! - **Writer epochs** ([`crate::layout::epoch`]): claims are written through
 //!   to the durable tier, which decides between claimants, and every flushed
 //!   manifest keeps its epoch. Durable retention runs fenced by the newest
-//!   epoch flushed, so a fenced writer's flusher deletes nothing there. A
+//!   epoch flushed, or by the writer's own claim once the durable tier holds
+//!   it as put (a restarted writer's first flushes carry the epoch before
+//!   it), so a fenced writer's flusher deletes nothing there. A
 //!   checkpoint that an old writer committed on its own fast tier but had
 //!   not flushed when a new writer claimed does not count on the durable tier.
 //!   While the durable tier is down, a claim is made on the fast tier alone
@@ -182,9 +184,15 @@ pub(crate) struct Tiers {
     /// Puts hold it shared; running deferred deletes holds it exclusively.
     gate: Arc<RwLock<()>>,
     durable_chunks: tokio::sync::OnceCell<ChunkIndex>,
-    /// The newest writer epoch among the manifests flushed: durable retention
-    /// runs fenced by it (a fenced writer's flusher deletes nothing there).
+    /// The newest writer epoch among the manifests flushed, or claimed by
+    /// this store's writer and confirmed on the durable tier: durable
+    /// retention runs fenced by it (a fenced writer's flusher deletes
+    /// nothing there).
     writer_epoch: std::sync::atomic::AtomicU64,
+    /// The newest claim this store wrote through to the durable tier, and its
+    /// bytes: once the durable tier still holds those bytes under that key,
+    /// the claim is this writer's own (see `flush::durable_retention`).
+    claimed: Mutex<Option<(u64, Bytes)>>,
     /// The epochs of the durable tier's manifests its retention has judged.
     durable_epochs: Arc<crate::layout::epoch::ManifestEpochs>,
 }
@@ -192,6 +200,17 @@ pub(crate) struct Tiers {
 impl Tiers {
     fn lock(&self) -> std::sync::MutexGuard<'_, FlushState> {
         self.state.lock_unpoisoned()
+    }
+
+    /// Remember a claim put on the durable tier, if newer than the last.
+    fn note_claim(&self, location: &Path, payload: &PutPayload) {
+        if let Some(epoch) = crate::layout::epoch::parse_claim_key(location) {
+            let mut claimed = self.claimed.lock_unpoisoned();
+            if claimed.as_ref().is_none_or(|(e, _)| *e < epoch) {
+                let bytes: Bytes = payload.iter().flatten().copied().collect();
+                *claimed = Some((epoch, bytes));
+            }
+        }
     }
 }
 
@@ -217,6 +236,7 @@ impl TieredCheckpointStore {
             gate: Arc::new(RwLock::new(())),
             durable_chunks: tokio::sync::OnceCell::new(),
             writer_epoch: std::sync::atomic::AtomicU64::new(0),
+            claimed: Mutex::new(None),
             durable_epochs: Arc::default(),
         };
         TieredCheckpointStore {
@@ -377,6 +397,7 @@ impl ObjectStore for TieredCheckpointStore {
                 .await
             {
                 Ok(r) => {
+                    self.tiers.note_claim(location, &payload);
                     let _ = self.tiers.fast.put(location, payload).await;
                     Ok(r)
                 }
