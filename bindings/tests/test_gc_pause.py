@@ -1,4 +1,5 @@
-"""A save holds off Python's cyclic garbage collector (``ckpt._gc``).
+"""A save, a restore and a read hold off Python's cyclic garbage collector
+(``ckpt._gc``).
 
 The walk of a state makes thousands of short-lived tracked objects; each few
 hundred would start a collection inside the save's stall. These tests lower
@@ -123,3 +124,61 @@ def test_a_memory_tier_save_to_both_tiers_starts_no_collection_inside(
     cp.wait()
     cp.close()
     assert during <= 1  # the one the collector may start as it comes back on
+
+
+def collections_per_restore(path: Path) -> List[int]:
+    """How many collections start inside a ``load_latest``, a ``load`` and a
+    ``read_latest`` of :func:`state`, saved once (not counting the readying of
+    the first save that follows a restore, which holds the collector off
+    itself)."""
+    cp = ckpt.Checkpointer(str(path))
+    cp.save(1, state()).wait()
+    seen: List[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    restores = [lambda into: cp.load_latest(into), lambda into: cp.load(1, into), lambda into: cp.read_latest()]
+    counts: List[int] = []
+    gc.callbacks.append(watch)
+    try:
+        for restore in restores:
+            into = state()  # (made outside the count)
+            seen.clear()
+            assert restore(into) is not None
+            counts.append(len(seen))
+            assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(watch)
+    cp.close()
+    return counts
+
+
+def test_no_collection_starts_inside_a_restore(
+    tmp_path: Path, collections: List[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ckpt.checkpointer._ahead, "after_restore", lambda cp, state, named: None)
+    # At most one, as for a save: the collector, on again as the call
+    # returns, may start one for what the call made that is still alive.
+    assert max(collections_per_restore(tmp_path / "paused")) <= 1
+    monkeypatch.setattr(ckpt.checkpointer, "collector_paused", contextlib.nullcontext)
+    assert min(collections_per_restore(tmp_path / "on")) >= 3
+
+
+def test_a_failed_restore_turns_the_collector_back_on(tmp_path: Path, collections: List[int]) -> None:
+    cp = ckpt.Checkpointer(str(tmp_path / "c"))
+    cp.save(1, state()).wait()
+    with pytest.raises(ckpt.InvalidInputError):
+        cp.load_latest({"model": torch.nn.Linear(2, 2)})  # not what was saved
+    assert gc.isenabled()
+    with pytest.raises(ckpt.NotFoundError):
+        cp.read(7)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert cp.load(1, state()) == 1
+        assert not gc.isenabled(), "left off, as the program had it"
+    finally:
+        gc.enable()
+    cp.close()

@@ -1,4 +1,5 @@
-"""Python's cyclic garbage collector held off while a save walks the state.
+"""Python's cyclic garbage collector held off while a save walks the state,
+and while a restore plans, reads and applies one (or a read builds one).
 
 A save makes thousands of short-lived objects that the collector tracks: the
 ``state_dict()`` mappings and their detached tensors, the walk's lists and
@@ -22,6 +23,14 @@ by the next collection. The collector, on again as the save returns, may
 start one collection of the young objects still alive (a lazy save's tensors
 until they are copied), and a full one, when due, can still come then, six
 times more rarely.
+
+A restore makes as many: its plan's entries, a destination per tensor, the
+state dicts handed to ``load_state_dict``. A fresh process's restore of a
+mixture of experts of 12,493 tensors (326 MiB, AdamW, 2 cores) ran its
+collections for 37 % of its time, and took 0.42 s where the same restore
+with the collector held off took 0.26 s; ``read_latest`` of it, whose
+arrays all outlive the call, 0.37 s against 0.29 s, with one full collection
+of 1.0 s among twelve reads.
 
 The collector is process-wide. A save leaves it as it found it: off if the
 program turned it off (some training loops collect by hand, at steps of their

@@ -468,20 +468,21 @@ class Checkpointer:
         :attr:`last_restore` then says where the call's time went.
         """
         t0 = time.perf_counter()
-        targets = self._targets(state, named)
-        self._native.flush(None)  # no save of ours is using the coordinator now
         skipped: List[Tuple[int, str, CheckpointError]] = []
         wrote = False
         restored: Optional[int] = None
         damaged = 0.0
-        for step, attempt in reversed(self._candidates()):
-            error, started, times = self._attempt(step, attempt, state, targets)
-            if error is None:
-                restored = step
-                break
-            wrote = wrote or started
-            skipped.append((step, attempt, error))
-            damaged += times.total
+        with collector_paused():  # see ckpt._gc: a restore's plan and walk make as many objects as a save's
+            targets = self._targets(state, named)
+            self._native.flush(None)  # no save of ours is using the coordinator now
+            for step, attempt in reversed(self._candidates()):
+                error, started, times = self._attempt(step, attempt, state, targets)
+                if error is None:
+                    restored = step
+                    break
+                wrote = wrote or started
+                skipped.append((step, attempt, error))
+                damaged += times.total
         if restored is None and skipped and wrote:
             s, a, err = skipped[0]
             raise CorruptError(
@@ -507,12 +508,13 @@ class Checkpointer:
         t0 = time.perf_counter()
         if type(step) is not int or step < 0:
             raise InvalidInputError(f"step must be a non-negative int, not {step!r}")
-        targets = self._targets(state, named)
-        self._native.flush(None)
-        found = [a for s, a in self._native.committed() if s == step]
-        if not found:
-            raise NotFoundError(f"no committed checkpoint of step {step}")
-        error, _, times = self._attempt(step, found[-1], state, targets)
+        with collector_paused():  # (as in load_latest)
+            targets = self._targets(state, named)
+            self._native.flush(None)
+            found = [a for s, a in self._native.committed() if s == step]
+            if not found:
+                raise NotFoundError(f"no committed checkpoint of step {step}")
+            error, _, times = self._attempt(step, found[-1], state, targets)
         if error is not None:
             raise error
         _ahead.after_restore(self, state, named)
@@ -525,12 +527,14 @@ class Checkpointer:
         Tensors come back as they were saved (torch tensors as torch, numpy
         arrays as numpy) unless ``framework`` is ``"np"`` or ``"pt"``.
         """
-        loaded = self._native.load_latest()
-        return None if loaded is None else self._checkpoint(loaded, framework)
+        with collector_paused():  # see ckpt._gc: thousands of objects made at once, few of them cyclic
+            loaded = self._native.load_latest()
+            return None if loaded is None else self._checkpoint(loaded, framework)
 
     def read(self, step: int, framework: Optional[str] = None) -> Checkpoint:
         """The checkpoint of ``step`` as data (see :meth:`read_latest`)."""
-        return self._checkpoint(self._native.load(step), framework)
+        with collector_paused():  # (as in read_latest)
+            return self._checkpoint(self._native.load(step), framework)
 
     def steps(self) -> List[int]:
         """Steps of the committed checkpoints, oldest first."""
