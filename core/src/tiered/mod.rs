@@ -191,7 +191,7 @@ pub(crate) struct Tiers {
     writer_epoch: std::sync::atomic::AtomicU64,
     /// The newest claim this store wrote through to the durable tier, and its
     /// bytes: once the durable tier still holds those bytes under that key,
-    /// the claim is this writer's own (see `flush::durable_retention`).
+    /// the claim is this writer's own (see `flush::writer_epoch`).
     claimed: Mutex<Option<(u64, Bytes)>>,
     /// The epochs of the durable tier's manifests its retention has judged.
     durable_epochs: Arc<crate::layout::epoch::ManifestEpochs>,
