@@ -25,24 +25,33 @@ from ckpt.memory import MemoryCheckpointer
 def collections() -> Iterator[List[int]]:
     """Generations of the collections that start while the test runs, with a
     threshold low enough that a save of 300 tensors would start some."""
-    seen: List[int] = []
-
-    def record(phase: str, info: dict) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
-
     old = gc.get_threshold()
     was = gc.isenabled()
     gc.enable()
     gc.set_threshold(50, 5, 5)
-    gc.callbacks.append(record)
     try:
-        yield seen
+        with watching() as seen:
+            yield seen
     finally:
-        gc.callbacks.remove(record)
         gc.set_threshold(*old)
         if not was:
             gc.disable()
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[List[int]]:
+    """The generations of the collections that start inside the block."""
+    seen: List[int] = []
+
+    def watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(watch)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(watch)
 
 
 def state() -> dict:
@@ -55,21 +64,12 @@ def collections_per_save(path: Path, lazy: bool) -> List[int]:
     s = state()
     cp = ckpt.Checkpointer(str(path), lazy=lazy)
     counts: List[int] = []
-    seen: List[int] = []
-
-    def watch(phase: str, info: dict) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
-
-    gc.callbacks.append(watch)
-    try:
+    with watching() as seen:
         for step in range(3):
             seen.clear()
             cp.save(step, s)
             counts.append(len(seen))
             assert gc.isenabled()
-    finally:
-        gc.callbacks.remove(watch)
     cp.wait()
     cp.close()
     return counts
@@ -133,24 +133,15 @@ def collections_per_restore(path: Path) -> List[int]:
     itself)."""
     cp = ckpt.Checkpointer(str(path))
     cp.save(1, state()).wait()
-    seen: List[int] = []
-
-    def watch(phase: str, info: dict) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
-
     restores = [lambda into: cp.load_latest(into), lambda into: cp.load(1, into), lambda into: cp.read_latest()]
     counts: List[int] = []
-    gc.callbacks.append(watch)
-    try:
+    with watching() as seen:
         for restore in restores:
             into = state()  # (made outside the count)
             seen.clear()
             assert restore(into) is not None
             counts.append(len(seen))
             assert gc.isenabled()
-    finally:
-        gc.callbacks.remove(watch)
     cp.close()
     return counts
 
