@@ -17,15 +17,15 @@ What passes from step 1 to step 3 is a :class:`Restore`.
 from __future__ import annotations
 
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, cast
 
 from . import _ckpt, _match, _own, _wrappers
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
 from .restore import RestorePlan, live_state, restore_into
 from .rng import RNGState
-from .tree import tensor_maker, unflatten
+from .tree import Tree, tensor_maker, unflatten
 
 __all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read", "is_damage"]
 
@@ -38,14 +38,14 @@ class Layout:
     """The ckpt package's part of a checkpoint's metadata, checked (:meth:`of`)."""
 
     #: The saved tree, one entry per key given to ``save``.
-    state: Dict[str, Any]
+    state: Dict[str, Tree]
     #: Tensors saved as numpy arrays.
     numpy_names: Set[str]
     #: How many ranks saved their own state (None: written before per-rank state).
     ranks: Optional[int]
 
     @staticmethod
-    def of(meta: Any) -> "Layout":
+    def of(meta: object) -> "Layout":
         """The layout of metadata written by this package; raises
         :class:`~ckpt.UnsupportedError` for any other metadata or version."""
         if not isinstance(meta, dict) or not isinstance(meta.get("ckpt"), dict) or not isinstance(meta.get("state"), dict):
@@ -144,7 +144,7 @@ def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: 
     if restore.own is not None:
         own = _own.decode(restore.own, rank)
         if own is not None and "rng" in own:
-            RNGState().load_state_dict(own["rng"])
+            RNGState().load_state_dict(cast(Mapping[str, object], own["rng"]))
     elif "rng" in values:
         if rank == 0:
             RNGState().load_state_dict(values["rng"])
@@ -161,12 +161,13 @@ def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: 
 Loaded = Tuple[int, str, Dict[str, Tuple[str, List[int], _ckpt.TensorBuffer]], Any, List[Tuple[int, str, CheckpointError]]]
 
 
-def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str, Any], List[Tuple[int, str, CheckpointError]]]:
+def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str, object], List[Tuple[int, str, CheckpointError]]]:
     """A loaded checkpoint as data: its state (with this rank's RNG state
     under ``"rng"``, as saved) and the damaged checkpoints skipped for it."""
     _, _, tensors, meta, skipped = loaded
     layout = Layout.of(meta)
-    state: Dict[str, Any] = unflatten(layout.state, tensor_maker(tensors, layout.numpy_names, framework))
+    # (a dict: the layout's state is one)
+    state = cast(Dict[str, object], unflatten(layout.state, tensor_maker(tensors, layout.numpy_names, framework)))
     own = _own.decode(tensors, rank, framework)
     if own:
         state.update(own)

@@ -6,13 +6,20 @@ arrays), so ``import ckpt`` stays light.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Tuple, Type, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import InvalidInputError, UnsupportedError
 
-_BY_NAME: Dict[str, Any] = {
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+#: A numpy array of any dtype and shape.
+NDArray = npt.NDArray[Any]
+
+_BY_NAME: Dict[str, Type[np.generic]] = {
     "BOOL": np.bool_,
     "U8": np.uint8,
     "I8": np.int8,
@@ -30,7 +37,7 @@ _BY_NAME: Dict[str, Any] = {
 _BY_DTYPE = {np.dtype(v): k for k, v in _BY_NAME.items()}
 
 
-def dtype_name(dtype: "np.dtype[Any]") -> str:
+def dtype_name(dtype: np.dtype[np.generic]) -> str:
     """The checkpoint dtype name (safetensors style) of a numpy dtype."""
     try:
         return _BY_DTYPE[np.dtype(dtype).newbyteorder("=")]
@@ -38,7 +45,7 @@ def dtype_name(dtype: "np.dtype[Any]") -> str:
         raise InvalidInputError(f"numpy dtype {dtype} cannot be stored (supported: {sorted(_BY_NAME)})") from None
 
 
-def export(array: "np.ndarray[Any, Any]", path: object) -> Tuple[str, Tuple[int, ...], "np.ndarray[Any, Any]"]:
+def export(array: NDArray, path: object) -> Tuple[str, Tuple[int, ...], NDArray]:
     """``(dtype name, shape, C-contiguous little-endian array)`` for saving.
 
     The array itself is returned when it is already contiguous and
@@ -52,7 +59,7 @@ def export(array: "np.ndarray[Any, Any]", path: object) -> Tuple[str, Tuple[int,
     return name, tuple(int(d) for d in array.shape), np.ascontiguousarray(array)
 
 
-def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> "np.ndarray[Any, Any]":
+def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Buffer) -> NDArray:
     """A numpy array over loaded bytes (no copy)."""
     try:
         np_dtype = np.dtype(_BY_NAME[dtype])
@@ -60,10 +67,11 @@ def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> "np.ndarray[Any
         raise UnsupportedError(
             f"dtype {dtype} has no numpy equivalent; load with framework=\"pt\" (PyTorch)"
         ) from None
-    return np.frombuffer(buf, dtype=np_dtype).reshape(shape)
+    # (numpy's stubs take no Buffer, which TensorBuffer is)
+    return np.frombuffer(cast(bytes, buf), dtype=np_dtype).reshape(shape)
 
 
-def empty(dtype: str, shape: Tuple[int, ...]) -> "np.ndarray[Any, Any]":
+def empty(dtype: str, shape: Tuple[int, ...]) -> NDArray:
     """A new C-contiguous, little-endian array to load a tensor into."""
     try:
         np_dtype = np.dtype(_BY_NAME[dtype]).newbyteorder("<")

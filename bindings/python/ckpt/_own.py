@@ -11,16 +11,19 @@ every rank's part is stored. The Rust side knows the layout too
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from . import _ckpt
 from .errors import UnsupportedError
-from .tree import tensor_maker, unflatten
+from .tree import Tree, tensor_maker, unflatten
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["name", "holds", "encode", "check", "decode"]
 
 #: A tensor as a load hands it over: ``(dtype, shape, buffer)``.
-Loaded = Tuple[str, Sequence[int], Any]
+Loaded = Tuple[str, Sequence[int], "Buffer"]
 
 
 def name(rank: int) -> str:
@@ -34,7 +37,7 @@ def holds(tensor: str, rank: int) -> bool:
     return tensor == own or tensor.startswith(own + ".")
 
 
-def encode(tree: Any, numpy_names: List[str], rank: int) -> _ckpt.TensorSpec:
+def encode(tree: Tree, numpy_names: List[str], rank: int) -> _ckpt.TensorSpec:
     """The tensor that carries rank ``rank``'s own tree (its tensors are saved apart)."""
     blob = _ckpt.encode_tree({"tree": tree, "numpy": numpy_names})
     return _ckpt.TensorSpec(name=name(rank), dtype="U8", shape=(len(blob),), data=blob, copy_now=True)
@@ -46,7 +49,7 @@ def check(dtype: str, shape: Sequence[int], rank: int) -> None:
         raise UnsupportedError(f"tensor {name(rank)!r} is {dtype}, not the U8 of a rank's own state")
 
 
-def decode(tensors: Mapping[str, Loaded], rank: int, framework: Optional[str] = None) -> Optional[Dict[str, Any]]:
+def decode(tensors: Mapping[str, Loaded], rank: int, framework: Optional[str] = None) -> Optional[Dict[str, object]]:
     """Rank ``rank``'s own state (``{"rng": ...}``) from loaded tensors, or None
     when the checkpoint holds none for it."""
     entry = tensors.get(name(rank))

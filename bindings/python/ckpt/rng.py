@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import Any, Dict
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Tuple, cast
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["RNGState"]
 
@@ -21,9 +26,9 @@ class RNGState:
     opened with ``rng=False``.
     """
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> Dict[str, object]:
         """The current states."""
-        state: Dict[str, Any] = {"python": random.getstate()}
+        state: Dict[str, object] = {"python": random.getstate()}
         np = sys.modules.get("numpy")
         if np is not None:
             state["numpy"] = np.random.get_state()
@@ -35,26 +40,26 @@ class RNGState:
                 state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore the generators found in ``state``."""
         if "python" in state:
-            version, internal, gauss = state["python"]
+            version, internal, gauss = cast(Tuple[int, Sequence[int], Optional[float]], state["python"])
             random.setstate((version, tuple(internal), gauss))
         if "numpy" in state:
             import numpy as np
 
-            np.random.set_state(state["numpy"])
+            np.random.set_state(cast(Tuple[str, "np.ndarray[Tuple[int], np.dtype[np.uint32]]", int, int, float], state["numpy"]))
         if "torch" in state or "cuda" in state:
             import torch
 
             if "torch" in state:
                 torch.set_rng_state(_as_byte_tensor(torch, state["torch"]))
             if "cuda" in state and torch.cuda.is_available():
-                states = [_as_byte_tensor(torch, s) for s in state["cuda"]]
+                states = [_as_byte_tensor(torch, s) for s in cast(Sequence[object], state["cuda"])]
                 torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
 
 
-def _as_byte_tensor(torch: Any, value: Any) -> Any:
+def _as_byte_tensor(torch: ModuleType, value: object) -> Tensor:
     if isinstance(value, torch.Tensor):
-        return value.to(dtype=torch.uint8, device="cpu")
-    return torch.as_tensor(value, dtype=torch.uint8)
+        return cast("Tensor", value.to(dtype=torch.uint8, device="cpu"))
+    return cast("Tensor", torch.as_tensor(value, dtype=torch.uint8))

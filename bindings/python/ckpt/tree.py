@@ -20,11 +20,20 @@ import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, AbstractSet, Callable, TypeGuard, cast, Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 from ._ckpt import Shard, TensorRef, TensorSpec
 from .dtensor import _dtensor_type, local_of, local_pieces
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from typing_extensions import Buffer
+
+    from ._numpy import NDArray
+    from .cuda import DeviceCopy
 
 __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
 
@@ -33,7 +42,45 @@ TAG = "__ckpt__"
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
 
-def is_stateful(obj: Any) -> bool:
+#: A stored tree: plain data, with a :class:`TensorRef` in place of each tensor
+#: (and tagged dicts for ordered dicts and numpy scalars).
+Tree = Union[
+    None, bool, int, float, str, bytes, TensorRef, List["Tree"], Tuple["Tree", ...], Dict[str, "Tree"],
+    Dict[Union[str, int], "Tree"],
+]
+
+#: Lazy-safe pointers as the walk carries them: a set, None (all of them) or
+#: a module's, looked up when first needed.
+LazyPtrs = Union[AbstractSet[int], None, "_Later"]
+
+
+class Exporter(Protocol):
+    """What :func:`flatten` needs of an exporter (:class:`ckpt.torch.Exporter`)."""
+
+    @property
+    def device(self) -> Optional[DeviceCopy]: ...
+
+    def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], object, bool]: ...
+
+
+class Probe(Protocol):
+    """A mapping checked against the last save's plan (:class:`ckpt._repeat.Probe`)."""
+
+    @property
+    def tree(self) -> Tree: ...
+
+    def record(self, fl: _Flattener, obj: Mapping[Union[str, int], object], n0: int, d0: int, tree: Tree) -> None: ...
+
+
+class Stateful(Protocol):
+    """An object that checkpoints through its state dict (a module, an optimizer, ...)."""
+
+    def state_dict(self) -> object: ...
+
+    def load_state_dict(self, state: object, /) -> object: ...
+
+
+def is_stateful(obj: object) -> TypeGuard[Stateful]:
     """True for objects that checkpoint through ``state_dict``/``load_state_dict``."""
     return (
         not isinstance(obj, (Mapping, type))
@@ -42,11 +89,11 @@ def is_stateful(obj: Any) -> bool:
     )
 
 
-def _torch() -> Any:
+def _torch() -> Optional[ModuleType]:
     return sys.modules.get("torch")
 
 
-def _numpy() -> Any:
+def _numpy() -> Optional[ModuleType]:
     return sys.modules.get("numpy")
 
 
@@ -57,16 +104,16 @@ class Flattened:
     #: The tensors of the save; a piece of a sharded tensor (a DTensor's local
     #: shard) has a :class:`~ckpt._ckpt.Shard`.
     tensors: List[TensorSpec] = field(default_factory=list)
-    tree: Any = None
+    tree: Tree = None
     numpy_names: List[str] = field(default_factory=list)
     #: Objects with ``state_dict`` met on the way, and the optimizers they hold
     #: (the lazy-mode hook goes on optimizers).
-    stateful: List[Any] = field(default_factory=list)
+    stateful: List[object] = field(default_factory=list)
     #: The device-to-host copies of the CUDA tensors (:class:`ckpt.cuda.DeviceCopy`),
     #: not yet started: their entries' buffers are :class:`ckpt.cuda.Pending`.
-    device: Any = None
+    device: Optional[DeviceCopy] = None
     #: The tree of the rank-local part (see :func:`flatten`), or None.
-    local_tree: Any = None
+    local_tree: Tree = None
     #: Names of the rank-local part's numpy arrays.
     local_numpy_names: List[str] = field(default_factory=list)
     #: The name of every tensor in ``tensors`` (each is unique).
@@ -82,7 +129,7 @@ class _Where:
 
     __slots__ = ("path", "key")
 
-    def __init__(self, path: List[str], key: Any = None) -> None:
+    def __init__(self, path: List[str], key: Union[str, int, None] = None) -> None:
         self.path = path
         self.key = key
 
@@ -95,12 +142,14 @@ class _Where:
 
 
 class _Flattener:
-    def __init__(self, lazy: bool, exporter: Any) -> None:
+    def __init__(self, lazy: bool, exporter: Exporter) -> None:
         self.lazy = lazy
         self.exporter = exporter
         self.export = exporter.export
         #: Mappings of CUDA tensors walked in bulk (:mod:`ckpt._repeat`), if the exporter can.
-        self.probe = getattr(exporter, "probe", None)
+        self.probe: Optional[Callable[[_Flattener, Mapping[Union[str, int], object], str, LazyPtrs], Optional[Probe]]] = getattr(
+            exporter, "probe", None
+        )
         self.out = Flattened()
         self.names: Set[str] = set()
         self._classes()
@@ -124,7 +173,7 @@ class _Flattener:
         self.names.add(name)
         return name
 
-    def leaf(self, obj: Any, base: str, where: _Where, lazy_ptrs: Optional[Set[int]]) -> Any:
+    def leaf(self, obj: torch.Tensor, base: str, where: object, lazy_ptrs: Optional[AbstractSet[int]]) -> TensorRef:
         """A tensor that is not a DTensor, named ``base`` (made unique)."""
         # (CPU and CUDA pointers share one address space: CUDA's unified addressing.)
         copy_now = self.lazy and lazy_ptrs is not None and obj.data_ptr() not in lazy_ptrs
@@ -138,18 +187,18 @@ class _Flattener:
         self.out.tensors.append(TensorSpec(name=name, dtype=dtype, shape=shape, data=buf, copy_now=copy_now))
         return TensorRef(name)
 
-    def walk(self, obj: Any, path: List[str], lazy_ptrs: Any, depth: int = 0) -> Any:
+    def walk(self, obj: object, path: List[str], lazy_ptrs: LazyPtrs, depth: int = 0) -> Tree:
         # The common kinds first, by exact type: a save walks every node of
         # every state dict, and its time is the stall of a lazy save.
         kind = type(obj)
         if kind in _PLAIN:
-            return obj
+            return cast(Tree, obj)
         if depth > 200:
             raise InvalidInputError(f"{_Where(path)}: nested too deeply (a cycle?)")
         if kind is dict or kind is OrderedDict:
             # (a module's state dict: its pointers stay unlooked-up, see ``_Later``)
-            return self.walk_mapping(obj, path, lazy_ptrs, depth)
-        if type(lazy_ptrs) is _Later:
+            return self.walk_mapping(cast(Mapping[Union[str, int], object], obj), path, lazy_ptrs, depth)
+        if isinstance(lazy_ptrs, _Later):
             lazy_ptrs = lazy_ptrs.get()
         tensor = self._tensor
         if tensor is not None and isinstance(obj, tensor):
@@ -159,7 +208,7 @@ class _Flattener:
         if isinstance(obj, Mapping):
             return self.walk_mapping(obj, path, lazy_ptrs, depth)
         if kind is list or kind is tuple:
-            return self.walk_sequence(obj, path, lazy_ptrs, depth)
+            return self.walk_sequence(cast(Sequence[object], obj), path, lazy_ptrs, depth)
         np = _numpy()
         if np is not None and isinstance(obj, np.ndarray):
             from . import _numpy as npg
@@ -186,16 +235,16 @@ class _Flattener:
             "bytes, list, tuple, dict)"
         )
 
-    def walk_sequence(self, obj: Any, path: List[str], lazy_ptrs: Any, depth: int) -> Any:
+    def walk_sequence(self, obj: Sequence[object], path: List[str], lazy_ptrs: LazyPtrs, depth: int) -> Tree:
         """A list or tuple (subclasses included) as a list or a tuple."""
-        items = [
+        items = cast(List[Tree], [
             v if type(v) in _PLAIN else self.walk(v, path + [str(i)], lazy_ptrs, depth + 1)
             for i, v in enumerate(obj)
-        ]
+        ])
         return items if isinstance(obj, list) else tuple(items)
 
-    def walk_mapping(self, obj: Mapping[Any, Any], path: List[str], lazy_ptrs: Any, depth: int) -> Any:
-        items = {}
+    def walk_mapping(self, obj: Mapping[Union[str, int], object], path: List[str], lazy_ptrs: LazyPtrs, depth: int) -> Tree:
+        items: Dict[Union[str, int], Tree] = {}
         # Most values of a state dict are plain tensors (exactly torch.Tensor:
         # a module's detached parameters, an optimizer's state); they are taken
         # here, without a call of walk or a path of their own each.
@@ -207,7 +256,7 @@ class _Flattener:
         probe = self.probe(self, obj, prefix, lazy_ptrs) if self.probe is not None else None
         if probe is not None and probe.tree is not None:
             return probe.tree
-        if type(lazy_ptrs) is _Later:
+        if isinstance(lazy_ptrs, _Later):
             lazy_ptrs = lazy_ptrs.get()
         n0 = len(self.out.tensors)
         d0 = len(self.exporter.device) if self.exporter.device is not None else 0
@@ -218,7 +267,7 @@ class _Flattener:
             if kk is str:
                 if k == TAG:
                     raise InvalidInputError(f"{_Where(path)}: the key {TAG!r} is reserved by ckpt")
-                key = k
+                key = cast(str, k)
             elif kk is int:
                 key = str(k)
             else:
@@ -226,15 +275,15 @@ class _Flattener:
             kv = type(v)
             if kv is tensor:  # (never when torch is not imported: no type is None)
                 here.key = k
-                items[k] = leaf(v, prefix + key, here, lazy_ptrs)
+                items[k] = leaf(cast("torch.Tensor", v), prefix + key, here, lazy_ptrs)
             elif kv is dtensor:
                 here.key = k
-                items[k] = self.dleaf(v, prefix + key, here, lazy_ptrs)
+                items[k] = self.dleaf(cast("torch.Tensor", v), prefix + key, here, lazy_ptrs)
             elif kv in _PLAIN:
-                items[k] = v
+                items[k] = cast(Tree, v)
             elif kv is dict and depth < 200:
                 # (an optimizer's state: a dict of tensors per parameter)
-                items[k] = self.walk_mapping(v, path + [key], lazy_ptrs, depth + 1)
+                items[k] = self.walk_mapping(cast(Dict[Union[str, int], object], v), path + [key], lazy_ptrs, depth + 1)
             else:
                 items[k] = self.walk(v, path + [key], lazy_ptrs, depth + 1)
         tree = self._odict(obj, items, path, depth)
@@ -242,7 +291,7 @@ class _Flattener:
             probe.record(self, obj, n0, d0, tree)
         return tree
 
-    def _odict(self, obj: Mapping[Any, Any], items: Any, path: List[str], depth: int) -> Any:
+    def _odict(self, obj: Mapping[Union[str, int], object], items: Dict[Union[str, int], Tree], path: List[str], depth: int) -> Tree:
         """``items`` as the walked form of mapping ``obj``: an ordered dict with
         the ``_metadata`` of a module's state dict is tagged as such."""
         meta = getattr(obj, "_metadata", None)
@@ -251,10 +300,10 @@ class _Flattener:
             return {TAG: "odict", "items": items, "metadata": encoded_meta}
         return items
 
-    def dleaf(self, obj: Any, base: str, where: object, lazy_ptrs: Any) -> Any:
+    def dleaf(self, obj: torch.Tensor, base: str, where: object, lazy_ptrs: LazyPtrs) -> TensorRef:
         """A DTensor named ``base`` (made unique): its local shard, as pieces
         of the global tensor (no gather)."""
-        if type(lazy_ptrs) is _Later:
+        if isinstance(lazy_ptrs, _Later):
             lazy_ptrs = lazy_ptrs.get()
         global_shape, pieces = local_pieces(obj, where)
         local = local_of(obj)
@@ -282,7 +331,7 @@ class _Later:
 
     __slots__ = ("obj", "ptrs")
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: object) -> None:
         self.obj = obj
         self.ptrs: Optional[Set[int]] = None
 
@@ -294,7 +343,7 @@ class _Later:
         return self.ptrs
 
 
-def _stateful_lazy_ptrs(obj: Any) -> Tuple[Any, List[Any]]:
+def _stateful_lazy_ptrs(obj: object) -> Tuple[LazyPtrs, Sequence[object]]:
     """See :func:`ckpt.torch.lazy_safe_pointers`; a module's come later (:class:`_Later`)."""
     torch = _torch()
     if torch is None:
@@ -309,10 +358,10 @@ def _stateful_lazy_ptrs(obj: Any) -> Tuple[Any, List[Any]]:
     return _LAZY_SAFE(obj)
 
 
-_LAZY_SAFE: Optional[Callable[[Any], Tuple[Any, List[Any]]]] = None
+_LAZY_SAFE: Optional[Callable[[object], Tuple[Optional[Set[int]], List[torch.optim.Optimizer]]]] = None
 
 
-def _state_of(obj: Any) -> Any:
+def _state_of(obj: Stateful) -> object:
     """``obj.state_dict()``; a module's made in bulk where its tree is as at
     the last save (:mod:`ckpt._modstate`)."""
     torch = _torch()
@@ -326,20 +375,24 @@ def _state_of(obj: Any) -> Any:
     return obj.state_dict()
 
 
-_MODULE_STATE: Optional[Callable[[Any], Any]] = None
+_MODULE_STATE: Optional[Callable[[torch.nn.Module], object]] = None
 
 
 class _NumpyExporter:
     """Exporter used when torch is not imported (no torch tensor can occur)."""
 
-    device: Any = None
+    device: Optional[DeviceCopy] = None
 
-    def export(self, t: Any, path: object, copy_now: bool) -> Any:  # pragma: no cover - unreachable
+    def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], object, bool]:  # pragma: no cover - unreachable
         raise InvalidInputError(f"{path}: torch tensor without torch")
 
 
 def flatten(
-    state: Mapping[str, Any], lazy: bool, exporter: Any = None, local: Optional[Mapping[str, Any]] = None, local_prefix: str = ""
+    state: Mapping[str, object],
+    lazy: bool,
+    exporter: Optional[Exporter] = None,
+    local: Optional[Mapping[str, object]] = None,
+    local_prefix: str = "",
 ) -> Flattened:
     """Flatten a state mapping for one save.
 
@@ -370,19 +423,21 @@ def flatten(
     return f.out
 
 
-def unflatten(tree: Any, make_tensor: Callable[[str], Any]) -> Any:
+def unflatten(tree: Tree, make_tensor: Callable[[str], object]) -> object:
     """Rebuild Python objects from a stored tree; ``make_tensor(name)`` gives each tensor."""
     if isinstance(tree, TensorRef):
         return make_tensor(tree.name)
     if type(tree) is dict:
         tag = tree.get(TAG)
         if tag == "odict":
-            out: Any = OrderedDict((k, unflatten(v, make_tensor)) for k, v in tree["items"].items())
+            items = tree["items"]
+            assert type(items) is dict
+            out = OrderedDict((k, unflatten(v, make_tensor)) for k, v in items.items())
             if tree.get("metadata") is not None:
-                out._metadata = unflatten(tree["metadata"], make_tensor)
+                setattr(out, "_metadata", unflatten(tree["metadata"], make_tensor))
             return out
         if tag == "np_scalar":
-            return unflatten(tree["value"], make_tensor)[()]
+            return cast("NDArray", unflatten(tree["value"], make_tensor))[()]
         if tag is not None:
             raise InvalidInputError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
         return {k: unflatten(v, make_tensor) for k, v in tree.items()}
@@ -394,11 +449,11 @@ def unflatten(tree: Any, make_tensor: Callable[[str], Any]) -> Any:
 
 
 def tensor_maker(
-    tensors: Mapping[str, Tuple[str, Sequence[int], Any]], numpy_names: Set[str], framework: Optional[str]
-) -> Callable[[str], Any]:
+    tensors: Mapping[str, Tuple[str, Sequence[int], Buffer]], numpy_names: Set[str], framework: Optional[str]
+) -> Callable[[str], object]:
     """``make_tensor`` for :func:`unflatten`: numpy or torch, as saved or as asked."""
 
-    def make(name: str) -> Any:
+    def make(name: str) -> object:
         dtype, shape, buf = tensors[name]
         kind = framework or ("np" if name in numpy_names else "pt")
         if kind == "np":
