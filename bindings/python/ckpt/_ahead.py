@@ -31,7 +31,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
 
 from . import _ckpt, _exit, _own
 from ._gc import collect_now, collector_paused
@@ -39,8 +39,33 @@ from .dtensor import local_tensor
 from .rng import RNGState
 from .tree import flatten
 
-if TYPE_CHECKING:
-    from .checkpointer import Checkpointer
+
+class Owner(Protocol):
+    """What readying a first save reads of its checkpointer (a
+    :class:`ckpt.Checkpointer`, which this module does not import: it sits
+    below it). The two it writes: the hooks' remover and the staging thread."""
+
+    _ahead_hooks_off: Callable[[], None]
+    _readying: Optional[threading.Thread]
+
+    @property
+    def _native(self) -> _ckpt.Checkpointer: ...
+    @property
+    def _read_only(self) -> bool: ...
+    @property
+    def _closed(self) -> bool: ...
+    @property
+    def _rng(self) -> bool: ...
+    @property
+    def _staging_budget(self) -> Optional[int]: ...
+    @property
+    def _pool_of(self) -> Optional[object]: ...
+    @property
+    def lazy(self) -> bool: ...
+    def _pool(self, create: bool) -> Any: ...
+    def _exporter(self) -> Any: ...
+    def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]: ...
+    def _own_identity(self) -> Tuple[int, int]: ...
 
 __all__ = [
     "reserve", "after_restore", "rehearse", "hooks_off", "nothing", "cuda_ready", "cuda_device_in",
@@ -48,7 +73,7 @@ __all__ = [
 ]
 
 
-def reserve(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
+def reserve(cp: Owner, state: Any, named: Dict[str, Any]) -> None:
     """A fresh start of a job with torch state: ready its first save. With
     CUDA state, its slab is mapped and page-locked in the background: half
     the ``staging_budget`` now, else the state's CUDA bytes once its
@@ -71,7 +96,7 @@ def reserve(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
         # 150-500 ms for GPT-2's 166 MiB, against 10 ms later).
         rehearse(cp, state, named, also=state_lens(optimizers))
 
-    def ready(cp: "Checkpointer") -> None:
+    def ready(cp: Owner) -> None:
         if device is not None and cp._staging_budget is None:
             try:
                 nbytes, count = cuda_bytes(objs, device)
@@ -84,7 +109,7 @@ def reserve(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
     _when_stepped(cp, objs, ready)
 
 
-def after_restore(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None:
+def after_restore(cp: Owner, state: Any, named: Dict[str, Any]) -> None:
     """After a restore of torch state: the restored state is the first
     save's, walked once (:func:`rehearse`), also by a checkpointer that saves
     through another's pool (the memory tier's: the plans are the pool's).
@@ -100,7 +125,7 @@ def after_restore(cp: "Checkpointer", state: Any, named: Dict[str, Any]) -> None
     _when_stepped(cp, objs, lambda cp: rehearse(cp, state, named))
 
 
-def hooks_off(cp: "Checkpointer") -> None:
+def hooks_off(cp: Owner) -> None:
     """Take off the step post-hooks that ready ``cp``'s first save (fired or
     not: a hook never removes itself, see :func:`after_first_step`)."""
     off, cp._ahead_hooks_off = cp._ahead_hooks_off, nothing
@@ -111,7 +136,7 @@ def nothing() -> None:
     """What removes no hooks (a checkpointer's ``_ahead_hooks_off`` with none on)."""
 
 
-def _when_stepped(cp: "Checkpointer", objs: List[Any], ready: Callable[["Checkpointer"], None]) -> None:
+def _when_stepped(cp: Owner, objs: List[Any], ready: Callable[[Owner], None]) -> None:
     """Call ``ready`` with ``cp`` once every optimizer among ``objs`` has
     stepped (at once where there is none), unless ``cp`` was closed or
     collected meanwhile (the hooks hold it weakly)."""
@@ -130,7 +155,7 @@ def _when_stepped(cp: "Checkpointer", objs: List[Any], ready: Callable[["Checkpo
         fire()
 
 
-def rehearse(cp: "Checkpointer", state: Any, named: Dict[str, Any], also: Sequence[int] = ()) -> None:
+def rehearse(cp: Owner, state: Any, named: Dict[str, Any], also: Sequence[int] = ()) -> None:
     """Walk the state as a save would, saving nothing, so that the first
     save is like a loop's later ones: it takes its mappings in bulk
     (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into a
@@ -169,7 +194,7 @@ def rehearse(cp: "Checkpointer", state: Any, named: Dict[str, Any], also: Sequen
         collect_now()
 
 
-def _walk(cp: "Checkpointer", exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
+def _walk(cp: Owner, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
     """:func:`rehearse`'s walk, as a save walks (the RNG state too); the slot
     lengths of its CUDA tensors and the specs of its CPU tensors, or none
     where it failed (the first save walks, and raises what this met).
@@ -193,7 +218,7 @@ def _walk(cp: "Checkpointer", exporter: Any, state: Any, named: Dict[str, Any]) 
             exporter.device.abandon()
 
 
-def _ready_staging(cp: "Checkpointer", specs: List[Any], also: Sequence[int] = ()) -> None:
+def _ready_staging(cp: Owner, specs: List[Any], also: Sequence[int] = ()) -> None:
     """Map and fault in the staging memory the first save copies these
     specs' CPU tensors into (each memory span once, as the engine stages
     them) and buffers of the lengths ``also``, on a thread of its own (it
