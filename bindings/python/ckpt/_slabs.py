@@ -40,17 +40,21 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
 from . import _ckpt
 from .errors import SkippedError
 
-if TYPE_CHECKING:
-    from .cuda import DeviceCopy
-
 __all__ = ["SlabPool"]
+
+
+class Filler(Protocol):
+    """The copy that fills a slab (a :class:`ckpt.cuda.DeviceCopy`, which
+    sits above this module): all a slab asks of it is whether it landed."""
+
+    def landed(self) -> bool: ...
 
 
 # ----------------------------------------------------------------- page locking
@@ -166,7 +170,7 @@ class _Slab:
         #: Its preparation in the background (:meth:`SlabPool.reserve`), until taken.
         self.preparing: Optional["Future[None]"] = None
         #: The copy that last filled it (the slab is free once it has landed).
-        self.owner: Optional["DeviceCopy"] = None
+        self.owner: Optional[Filler] = None
 
     def view(self, i: int, dtype: torch.dtype, shape: Tuple[int, ...]) -> torch.Tensor:
         """Slot ``i`` as a tensor of ``dtype`` and ``shape`` (cached: a loop saves the same shapes)."""
