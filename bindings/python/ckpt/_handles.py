@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from . import _ckpt
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ._ckpt import _SaveReport
+    from .cuda import DeviceCopy
 
 __all__ = ["SavePhases", "RestorePhases", "SaveHandle", "Checkpoint"]
 
@@ -106,7 +110,7 @@ class SaveHandle:
     eager mode); the checkpoint is durable once :meth:`wait` returned.
     """
 
-    def __init__(self, native: _ckpt.SaveHandle, device: Any = None) -> None:
+    def __init__(self, native: _ckpt.SaveHandle, device: Optional[DeviceCopy] = None) -> None:
         self._native = native
         #: The save's device-to-host copies (:class:`ckpt.cuda.DeviceCopy`), if any.
         self._device = device
@@ -170,7 +174,7 @@ class SaveHandle:
         elif self._device is not None:
             self._device.fence()
 
-    def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+    def wait(self, timeout: Optional[float] = None) -> _SaveReport:
         """Block until the checkpoint is committed; returns the save report
         (seconds: ``stall``, ``snapshot``, ``persist``, ``commit``, ``total``, ...;
         bytes: ``raw_bytes``, ``stored_bytes``, ``reused_bytes``, ...)."""

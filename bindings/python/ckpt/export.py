@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from . import _ckpt
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ._ckpt import _Exported
 
 __all__ = ["export"]
 
@@ -23,8 +26,8 @@ def export(
     hf: bool = False,
     step: Optional[int] = None,
     max_shard_bytes: int = 5_000_000_000,
-    config: Any = None,
-) -> Dict[str, Any]:
+    config: object = None,
+) -> _Exported:
     """Write the tensors of ``entry`` (e.g. ``"model"`` of ``cp.save(step, model=m)``)
     of the checkpoint under ``url`` (the newest, or ``step``) for inference.
 
@@ -58,15 +61,16 @@ def export(
         )
 
 
-def _config_file(config: Any, tmp: str) -> Optional[str]:
+def _config_file(config: object, tmp: str) -> Optional[str]:
     """The path of a ``config.json`` holding ``config``, or None."""
     if config is None:
         return None
     if isinstance(config, (str, os.PathLike)):
         return os.fspath(config)
     path = os.path.join(tmp, "config.json")
-    if callable(getattr(config, "to_json_file", None)):
-        config.to_json_file(path)  # a transformers PretrainedConfig
+    to_json_file = getattr(config, "to_json_file", None)
+    if callable(to_json_file):
+        to_json_file(path)  # a transformers PretrainedConfig
     elif isinstance(config, dict):
         with open(path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2)
