@@ -4,9 +4,9 @@ Checked against the built extension by ``python -m mypy.stubtest ckpt._ckpt``
 (``scripts/test.sh``); what it cannot check is in ``bindings/stubtest-allowlist.txt``.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, final
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypedDict, final
 
-from typing_extensions import Self
+from typing_extensions import Buffer, Self
 
 from ckpt.errors import CheckpointError
 
@@ -50,6 +50,51 @@ class _Coordinator(Protocol):
     """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
 
     rank: int
+class _SaveReport(TypedDict):
+    """What :meth:`SaveHandle.wait` returns: seconds, then bytes and counts."""
+
+    step: int
+    attempt: str
+    stall: float
+    snapshot: float
+    persist: float
+    commit: float
+    total: float
+    hash_cpu: float
+    encode_cpu: float
+    write_io: float
+    raw_bytes: int
+    copied_bytes: int
+    stored_bytes: int
+    reused_bytes: int
+    objects: int
+
+class _Listed(TypedDict):
+    """One row of :meth:`Checkpointer.list`."""
+
+    step: int
+    attempt: str
+    status: str
+    epoch: Optional[int]
+    reason: Optional[str]
+    bytes: int
+    tensors: int
+    format: Optional[str]
+
+class _Exported(TypedDict):
+    """What :func:`export` wrote."""
+
+    step: int
+    tensors: int
+    bytes: int
+    files: List[str]
+
+class _Storage(Protocol):
+    """Memory a :class:`HostSpan` lies in (torch's ``UntypedStorage``)."""
+
+    def data_ptr(self) -> int: ...
+    def nbytes(self) -> int: ...
+
     world_size: int
     def all_gather(self, data: bytes) -> List[bytes]: ...
     def broadcast(self, data: bytes, root: int) -> bytes: ...
@@ -86,7 +131,7 @@ class TensorSpec:
     @property
     def shape(self) -> List[int]: ...
     @property
-    def data(self) -> Any: ...
+    def data(self) -> object: ...
     @property
     def copy_now(self) -> bool: ...
     @property
@@ -97,11 +142,11 @@ class TensorSpec:
         name: str,
         dtype: str,
         shape: Sequence[int],
-        data: Any,
+        data: object,
         copy_now: bool = False,
         shard: Optional[Shard] = None,
     ) -> Self: ...
-    def replace(self, *, data: Any = None, copy_now: Optional[bool] = None) -> TensorSpec: ...
+    def replace(self, *, data: object = None, copy_now: Optional[bool] = None) -> TensorSpec: ...
 
 @final
 class LoadTarget:
@@ -115,11 +160,11 @@ class LoadTarget:
     @property
     def shape(self) -> List[int]: ...
     @property
-    def dest(self) -> Any: ...
+    def dest(self) -> Buffer: ...
     @property
     def shard(self) -> Optional[Shard]: ...
     def __new__(
-        cls, *, name: str, dtype: str, shape: Sequence[int], dest: Any, shard: Optional[Shard] = None
+        cls, *, name: str, dtype: str, shape: Sequence[int], dest: Buffer, shard: Optional[Shard] = None
     ) -> Self: ...
 
 @final
@@ -199,7 +244,7 @@ class HostRun:
 
     def __new__(cls, specs: Sequence[TensorSpec]) -> Self: ...
     def __len__(self) -> int: ...
-    def specs(self, storages: Sequence[Any], ptrs: Sequence[int], copy_now: Sequence[bool]) -> List[TensorSpec]:
+    def specs(self, storages: Sequence[_Storage], ptrs: Sequence[int], copy_now: Sequence[bool]) -> List[TensorSpec]:
         """One spec per tensor, over ``ptrs[i]`` in the memory of
         ``storages[i]`` (objects with ``data_ptr()`` and ``nbytes()``, as
         torch's ``UntypedStorage``). :class:`~ckpt.InvalidInputError` where
@@ -214,7 +259,7 @@ class HostSpan:
     :meth:`writable` (a load's destination)."""
 
     @staticmethod
-    def writable(storage: Any, ptr: int, len: int) -> HostSpan:
+    def writable(storage: _Storage, ptr: int, len: int) -> HostSpan:
         """The ``len`` bytes at ``ptr`` of ``storage`` (an ``UntypedStorage``)
         as a writable buffer; ``InvalidInputError`` unless they lie inside it."""
         ...
@@ -236,7 +281,7 @@ class SaveHandle:
     def snapshot_done(self) -> bool: ...
     def done(self) -> bool: ...
     def wait_snapshot(self, timeout: Optional[float] = None) -> None: ...
-    def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]: ...
+    def wait(self, timeout: Optional[float] = None) -> _SaveReport: ...
     def snapshot_specs(self) -> Optional[List[TensorSpec]]: ...
 
 @final
@@ -274,11 +319,11 @@ class Checkpointer:
         self,
         step: int,
         tensors: Sequence[TensorSpec],
-        meta: Any,
+        meta: object,
         ready: Optional[Callable[[], None]] = None,
         share: bool = False,
     ) -> SaveHandle: ...
-    def save_after(self, step: int, first: SaveHandle, meta: Any) -> SaveHandle: ...
+    def save_after(self, step: int, first: SaveHandle, meta: object) -> SaveHandle: ...
     def ready_staging(self, tensors: List[TensorSpec], also: Sequence[int] = ...) -> int: ...
     def staging_idle_bytes(self) -> int: ...
     def flush(self, timeout: Optional[float] = None) -> None: ...
@@ -294,7 +339,7 @@ class Checkpointer:
     def meta(self, step: int, attempt: Optional[str] = None) -> Any: ...
     def claim(self) -> Optional[int]: ...
     def committed(self) -> List[Tuple[int, str]]: ...
-    def list(self, verify: bool = False) -> List[Dict[str, Any]]: ...
+    def list(self, verify: bool = False) -> List[_Listed]: ...
     def gc(self) -> GcReport: ...
     def discard_after(self, step: int) -> GcReport: ...
 
@@ -305,7 +350,7 @@ STAGING_LEAD: int
 def dtypes() -> List[str]: ...
 def set_cpu_threads(n: int) -> int: ...
 def cpu_threads() -> int: ...
-def encode_tree(tree: Any) -> bytes: ...
+def encode_tree(tree: object) -> bytes: ...
 def decode_tree(data: bytes) -> Any: ...
 def merge_manifests(parts: Sequence[bytes]) -> bytes: ...
 def _after_fork_child() -> None: ...
@@ -320,5 +365,5 @@ def export(
     step: Optional[int] = None,
     max_shard_bytes: int = ...,
     config: Optional[str] = None,
-) -> Dict[str, Any]: ...
+) -> _Exported: ...
 def cli_main(argv: List[str]) -> int: ...
