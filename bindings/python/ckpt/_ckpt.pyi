@@ -46,10 +46,6 @@ _LoadedTensor = Tuple[str, List[int], TensorBuffer]
 #: checkpoints found damaged, as ``(step, attempt, error)``.
 _Loaded = Tuple[int, str, Dict[str, _LoadedTensor], Any, List[Tuple[int, str, CheckpointError]]]
 
-class _Coordinator(Protocol):
-    """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
-
-    rank: int
 class _SaveReport(TypedDict):
     """What :meth:`SaveHandle.wait` returns: seconds, then bytes and counts."""
 
@@ -95,6 +91,10 @@ class _Storage(Protocol):
     def data_ptr(self) -> int: ...
     def nbytes(self) -> int: ...
 
+class _Coordinator(Protocol):
+    """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
+
+    rank: int
     world_size: int
     def all_gather(self, data: bytes) -> List[bytes]: ...
     def broadcast(self, data: bytes, root: int) -> bytes: ...
