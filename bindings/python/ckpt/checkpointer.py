@@ -8,8 +8,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Mapping, MutableMapping, MutableSequence
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sized
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, Union, cast
 
 from . import _ahead, _ckpt, _exit, _load, _own
 from ._gc import collector_paused
@@ -20,6 +20,21 @@ from .distributed import _agree, _resolve
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
 from .rng import RNGState
 from .tree import Flattened, flatten
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
+
+    from ._ckpt import _Listed
+    from ._repeat import PlannedExporter
+    from ._repeat_host import HostPlan
+    from .cuda import HostStage, SlabPool
+    from .distributed import Coordinator
+
+#: A state restored in place, as the caller holds it: any mapping of names
+#: (invariant in its values, so a ``Dict[str, torch.nn.Module]`` is one too).
+LiveState = MutableMapping[str, Any]
 
 __all__ = ["Checkpointer", "SaveHandle", "SavePhases", "RestorePhases", "Checkpoint"]
 
@@ -154,8 +169,8 @@ class Checkpointer:
         busy: str = "wait",
         rng: bool = True,
         format: str = "native",  # noqa: A002 - matches the engine's option
-        coordinate: Any = "auto",
-        process_group: Any = None,
+        coordinate: Union[str, Coordinator] = "auto",
+        process_group: Optional[ProcessGroup] = None,
         collective_timeout: float = 600.0,
         read_only: bool = False,
         fencing: bool = True,
@@ -192,18 +207,18 @@ class Checkpointer:
         self._rng = rng
         self._pending: List[SaveHandle] = []  # snapshots possibly still copying
         self._unwaited: List[SaveHandle] = []  # saves whose outcome nobody checked
-        self._hooks: Dict[int, Any] = {}
+        self._hooks: Dict[int, RemovableHandle] = {}
         self._closed = False
         #: Where the last restore's time went (:meth:`load_latest` or :meth:`load`
         #: that restored a checkpoint); None before one.
         self.last_restore: Optional[RestorePhases] = None
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
         self._ahead_hooks_off: Callable[[], None] = _ahead.nothing
-        self._slabs: Any = None  # host slabs of CUDA snapshots (ckpt._slabs.SlabPool)
+        self._slabs: Optional[SlabPool] = None  # host slabs of CUDA snapshots
         #: The thread readying the first save's staging memory, while it runs (:func:`ckpt._ahead.rehearse`).
         self._readying: Optional[threading.Thread] = None
         #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._repeat_host`).
-        self._host_plans: Dict[str, Any] = {}
+        self._host_plans: Dict[str, HostPlan] = {}
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
         self._pool_of: Optional["Checkpointer"] = None
@@ -238,7 +253,7 @@ class Checkpointer:
         """How many ranks checkpoint together (1 alone)."""
         return self._native.world_size
 
-    def save(self, step: int, state: Optional[Mapping[str, Any]] = None, /, **named: Any) -> SaveHandle:
+    def save(self, step: int, state: Optional[Mapping[str, object]] = None, /, **named: object) -> SaveHandle:
         """Start saving the checkpoint of ``step``; returns once the snapshot is
         taken (eager) or started (lazy). Persisting continues in the background.
 
@@ -264,7 +279,7 @@ class Checkpointer:
         return handle._finish(t0)
 
     def _save_shared(
-        self, step: int, entries: Dict[str, Any], also: Optional["Checkpointer"]
+        self, step: int, entries: Dict[str, object], also: Optional["Checkpointer"]
     ) -> Tuple[SaveHandle, Optional[SaveHandle], Optional[Exception]]:
         """``save``; with ``also``, the same snapshot is saved by that
         checkpointer's engine too (the memory tier's durable steps): one walk,
@@ -295,7 +310,7 @@ class Checkpointer:
             if device is not None:
                 device.abandon()  # nothing may still land in a slab the next save reuses
             raise
-        if flat.device is not None:
+        if flat.device is not None and exporter is not None:  # (a device copy is the exporter's)
             flat.device.launch()  # lazy: the copies are queued in the background from now on
             exporter.make_plans()  # (then, on the same thread, what the next save walks in bulk)
         self._unwaited.append(handle)
@@ -312,7 +327,7 @@ class Checkpointer:
         return handle, second, failure
 
     def _save(
-        self, step: int, entries: Dict[str, Any], exporter: Any, also: Optional["Checkpointer"] = None
+        self, step: int, entries: Dict[str, object], exporter: Optional[PlannedExporter], also: Optional["Checkpointer"] = None
     ) -> Tuple[SaveHandle, Flattened, Optional[SaveHandle], Optional[Exception]]:
         """``save`` up to the engine's: the walk, the device copies' start, the
         engine's save (and ``also``'s, see :meth:`_save_shared`); returns the
@@ -322,7 +337,7 @@ class Checkpointer:
         local = {"rng": RNGState()} if self._rng else None
         t0 = time.perf_counter()
         flat = flatten(entries, self.lazy, exporter, local, prefix)
-        info: Dict[str, Any] = {"version": META_VERSION, "numpy": flat.numpy_names}
+        info: Dict[str, object] = {"version": META_VERSION, "numpy": flat.numpy_names}
         if local is not None:
             # Only rank 0's metadata reaches the manifest: each rank's own tree
             # travels as a tensor of its own (see ckpt._own).
@@ -377,7 +392,7 @@ class Checkpointer:
         handle._marks = (t0, t1, t2, time.perf_counter())
         return handle, flat, second, failure
 
-    def _tagged(self, info: Dict[str, Any]) -> Dict[str, Any]:
+    def _tagged(self, info: Dict[str, object]) -> Dict[str, object]:
         """The manifest's ``ckpt`` metadata as this checkpointer records it: a
         memory-tier root also records which rank of how many saved it."""
         if self._acting_for is None:
@@ -429,12 +444,12 @@ class Checkpointer:
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ----------------------------------------------------------------- loading
 
-    def load_latest(self, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> Optional[int]:
+    def load_latest(self, state: Optional[LiveState] = None, /, **named: object) -> Optional[int]:
         """Restore the newest intact checkpoint in place; return its step, or
         ``None`` when there is none (a fresh start).
 
@@ -498,7 +513,7 @@ class Checkpointer:
             self.last_restore = times.ending(t0, damaged)
         return restored
 
-    def load(self, step: int, state: Optional[MutableMapping[str, Any]] = None, /, **named: Any) -> int:
+    def load(self, step: int, state: Optional[LiveState] = None, /, **named: object) -> int:
         """Restore the checkpoint of ``step`` in place (see :meth:`load_latest`);
         a damaged checkpoint raises its error (on every rank).
 
@@ -540,7 +555,7 @@ class Checkpointer:
         """Steps of the committed checkpoints, oldest first."""
         return [s for s, _ in self._native.committed()]
 
-    def list(self, verify: bool = False) -> List[Dict[str, Any]]:
+    def list(self, verify: bool = False) -> List[_Listed]:
         """Every checkpoint under the root with its status (``verify`` reads all data)."""
         return self._native.list(verify)
 
@@ -613,8 +628,8 @@ class Checkpointer:
         """The rank whose own state this checkpointer keeps, and the job's ranks."""
         return self._acting_for or (self.rank, self.world_size)
 
-    def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]:
-        entries: Dict[str, Any] = {}
+    def _entries(self, state: Optional[Mapping[str, object]], named: Dict[str, object]) -> Dict[str, object]:
+        entries: Dict[str, object] = {}
         if state is not None:
             if not isinstance(state, Mapping):
                 raise InvalidInputError(f"state must be a mapping, not {type(state).__name__}")
@@ -627,7 +642,7 @@ class Checkpointer:
             raise InvalidInputError('the key "rng" is reserved for the RNG state (open with rng=False to use it)')
         return entries
 
-    def _targets(self, state: Optional[MutableMapping[str, Any]], named: Dict[str, Any]) -> List[Tuple[str, Any]]:
+    def _targets(self, state: Optional[LiveState], named: Dict[str, object]) -> List[Tuple[str, object]]:
         if state is not None and not isinstance(state, MutableMapping):
             raise InvalidInputError(f"state must be a mutable mapping, not {type(state).__name__}")
         targets = list((state or {}).items()) + list(named.items())
@@ -649,7 +664,7 @@ class Checkpointer:
         return ids
 
     def _attempt(
-        self, step: int, attempt: str, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]]
+        self, step: int, attempt: str, state: Optional[LiveState], targets: List[Tuple[str, object]]
     ) -> Tuple[Optional[CheckpointError], bool, "_AttemptTimes"]:
         """Restore one checkpoint: plan, load, agree, apply (see :mod:`ckpt._load`).
 
@@ -659,7 +674,7 @@ class Checkpointer:
         the attempt's time went. Other errors are raised, on every rank."""
         error: Optional[BaseException] = None
         restore: Optional[_load.Restore] = None
-        stage: Any = None
+        stage: Optional[HostStage] = None
         marks = [time.perf_counter()]  # start, planned, read, agreed, applied
         try:
             me = self._own_identity()[0]
@@ -712,13 +727,13 @@ class Checkpointer:
         if failed is not None:
             raise failed
 
-    def _exporter(self) -> Any:
+    def _exporter(self) -> Optional[PlannedExporter]:
         if "torch" not in sys.modules:
             return None
         exporter = _exporter_class()
         return exporter(self._pool(_ahead.cuda_ready()), self.lazy, self._host_plans)
 
-    def _pool(self, create: bool) -> Any:
+    def _pool(self, create: bool) -> Optional[SlabPool]:
         """The slab pool this checkpointer's CUDA saves and restores use (its
         own, or the one of ``_pool_of``), made now if ``create``."""
         owner = self._pool_of or self
@@ -728,35 +743,37 @@ class Checkpointer:
             owner._slabs = SlabPool(owner._staging_budget, owner._busy, owner._device_staging)
         return owner._slabs
 
-    def _host_stage(self) -> Any:
+    def _host_stage(self) -> Optional[HostStage]:
         """Where a restore's CUDA tensors land on the host: a slab of this
         checkpointer's pool (page-locked, reused by later saves and restores)."""
         if not _ahead.cuda_ready():
             return None
         from .cuda import HostStage
 
-        return HostStage(self._pool(True), keep=not self._read_only)
+        pool = self._pool(True)
+        assert pool is not None  # (made now)
+        return HostStage(pool, keep=not self._read_only)
 
-    def _guard(self, obj: Any) -> None:
+    def _guard(self, obj: object) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""
         torch = sys.modules.get("torch")
         if torch is None or not isinstance(obj, torch.optim.Optimizer) or id(obj) in self._hooks:
             return
         me = weakref.ref(self)
 
-        def wait_for_snapshots(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        def wait_for_snapshots(_opt: Optimizer, _args: object, _kwargs: object) -> None:
             cp = me()
             if cp is not None:
                 cp._before_step()
 
-        self._hooks[id(obj)] = obj.register_step_pre_hook(wait_for_snapshots)
+        self._hooks[id(obj)] = cast("Optimizer", obj).register_step_pre_hook(wait_for_snapshots)
 
 
 class _AttemptTimes:
     """One restore attempt's marks (``perf_counter``: its start, the plan made,
     the read done, the ranks agreed, applied) and its host stage's timings."""
 
-    def __init__(self, marks: List[float], stage: Any) -> None:
+    def __init__(self, marks: List[float], stage: Optional[HostStage]) -> None:
         self.marks = marks
         self.stage = stage
 
@@ -776,18 +793,18 @@ class _AttemptTimes:
         )
 
 
-_EXPORTER: Any = None
+_EXPORTER: Optional[Type[PlannedExporter]] = None
 
 
-def _exporter_class() -> Any:
-    """:class:`ckpt.torch.Exporter`, imported once (torch is imported): an
-    import statement in every save's stall went through the import machinery
-    each time, tens of microseconds."""
+def _exporter_class() -> Type[PlannedExporter]:
+    """:class:`ckpt._repeat.PlannedExporter`, imported once (torch is imported):
+    an import statement in every save's stall went through the import
+    machinery each time, tens of microseconds."""
     global _EXPORTER
     if _EXPORTER is None:
-        from .torch import Exporter
+        from ._repeat import PlannedExporter
 
-        _EXPORTER = Exporter
+        _EXPORTER = PlannedExporter
     return _EXPORTER
 
 
@@ -817,9 +834,9 @@ def _small_now(tensors: List[_ckpt.TensorSpec]) -> bool:
     return deferred
 
 
-def _nbytes(buf: Any) -> int:
+def _nbytes(buf: object) -> int:
     n = getattr(buf, "nbytes", None)
-    return len(buf) if n is None else int(n)
+    return len(cast(Sized, buf)) if n is None else int(n)
 
 
 def _into_slots(tensors: List[_ckpt.TensorSpec], slots: List[_ckpt.SlabSlot]) -> List[_ckpt.TensorSpec]:
@@ -829,8 +846,8 @@ def _into_slots(tensors: List[_ckpt.TensorSpec], slots: List[_ckpt.SlabSlot]) ->
 
     out = []
     for t in tensors:
-        kind = type(t.data)
-        if kind is Pending or kind is _ckpt.SlabSlot:
-            t = t.replace(data=slots[t.data.index], copy_now=False)
+        data = t.data
+        if type(data) is Pending or type(data) is _ckpt.SlabSlot:
+            t = t.replace(data=slots[data.index], copy_now=False)
         out.append(t)
     return out
