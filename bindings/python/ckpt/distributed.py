@@ -32,11 +32,39 @@ import os
 import sys
 from array import array
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Type
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Type, TypeVar, Union
 
 from .errors import InvalidInputError, UnsupportedError
 
-__all__ = ["TorchCoordinator", "MPICoordinator", "mpi_world_size"]
+if TYPE_CHECKING:
+    from mpi4py.MPI import Comm as MPIComm
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+__all__ = ["Coordinator", "Link", "TorchCoordinator", "MPICoordinator", "mpi_world_size"]
+
+#: Bytes a link sends or receives.
+Data = Union[bytes, bytearray, memoryview]
+#: A writable buffer a link receives into (see :meth:`TorchCoordinator.sendrecv_into`).
+Into = TypeVar("Into", bytearray, memoryview)
+
+
+class Coordinator(Protocol):
+    """What ckpt asks of a coordinator (see the module docs)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, data: bytes) -> List[bytes]: ...
+
+    def broadcast(self, data: bytes, root: int) -> bytes: ...
+
+
+class Link(Coordinator, Protocol):
+    """A coordinator that also sends point to point (the memory tier's)."""
+
+    def sendrecv(self, data: Data, dst: int, src: int) -> Data: ...
 
 #: How much longer than ckpt's own deadline the transport may wait before it
 #: gives up by itself (ckpt's deadline should be the one that fires).
@@ -56,7 +84,7 @@ class TorchCoordinator:
         timeout: seconds the gloo transport itself waits before failing.
     """
 
-    def __init__(self, process_group: Any = None, timeout: float = 600.0 + _TRANSPORT_SLACK) -> None:
+    def __init__(self, process_group: Optional[ProcessGroup] = None, timeout: float = 600.0 + _TRANSPORT_SLACK) -> None:
         import torch
         import torch.distributed as dist
 
@@ -77,7 +105,7 @@ class TorchCoordinator:
         self.rank: int = dist.get_rank(self.group)
         self.world_size: int = dist.get_world_size(self.group)
 
-    def _live(self) -> Any:
+    def _live(self) -> ModuleType:
         """``torch.distributed``, as long as the job has not shut it down."""
         dist = self._dist
         if not dist.is_initialized():
@@ -91,9 +119,9 @@ class TorchCoordinator:
             )
         return dist
 
-    def _tensor(self, data: bytes, length: int) -> Any:
+    def _tensor(self, data: bytes, length: int) -> Tensor:
         torch = self._torch
-        out = torch.zeros(length, dtype=torch.uint8)
+        out: Tensor = torch.zeros(length, dtype=torch.uint8)
         if data:
             out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return out
@@ -126,7 +154,7 @@ class TorchCoordinator:
         out: bytes = buf.numpy().tobytes()
         return out
 
-    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
+    def sendrecv(self, data: Data, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
         this rank, both at once (its length first, then the bytes).
 
@@ -138,7 +166,7 @@ class TorchCoordinator:
         out: bytearray = self.sendrecv_into(data, dst, src, bytearray)
         return out
 
-    def sendrecv_into(self, data: Any, dst: int, src: int, buffer_for: Callable[[int], Any]) -> Any:
+    def sendrecv_into(self, data: Data, dst: int, src: int, buffer_for: Callable[[int], Into]) -> Into:
         """:meth:`sendrecv`, received into ``buffer_for(length)`` (a writable
         buffer of that length: the memory tier reuses its buffers, see
         :mod:`ckpt._memwire`), which is returned."""
@@ -179,7 +207,7 @@ class MPICoordinator:
             ``MPI.COMM_WORLD``).
     """
 
-    def __init__(self, comm: Any = None) -> None:
+    def __init__(self, comm: Optional[MPIComm] = None) -> None:
         try:
             from mpi4py import MPI
         except ImportError as e:
@@ -190,46 +218,54 @@ class MPICoordinator:
                 '(leave mpi4py.rc.thread_level at its default, "multiple")'
             )
         self._MPI = MPI
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        self.comm: Optional[MPIComm] = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.rank: int = self.comm.Get_rank()
         self.world_size: int = self.comm.Get_size()
+
+    def _open(self) -> MPIComm:
+        if self.comm is None:
+            raise InvalidInputError("this MPICoordinator was closed")
+        return self.comm
 
     def all_gather(self, data: bytes) -> List[bytes]:
         """Every rank's ``data``, in rank order."""
         MPI = self._MPI
+        comm = self._open()
         lens = array("q", [0]) * self.world_size
-        self.comm.Allgather([array("q", [len(data)]), MPI.INT64_T], [lens, MPI.INT64_T])
+        comm.Allgather([array("q", [len(data)]), MPI.INT64_T], [lens, MPI.INT64_T])
         displs, total = [], 0
         for n in lens:
             displs.append(total)
             total += n
         buf = bytearray(total)
-        self.comm.Allgatherv([bytes(data), len(data), MPI.BYTE], [buf, (list(lens), displs), MPI.BYTE])
+        comm.Allgatherv([bytes(data), len(data), MPI.BYTE], [buf, (list(lens), displs), MPI.BYTE])
         return [bytes(buf[d : d + n]) for d, n in zip(displs, lens)]
 
     def broadcast(self, data: bytes, root: int) -> bytes:
         """``root``'s ``data`` on every rank."""
         MPI = self._MPI
+        comm = self._open()
         n = array("q", [len(data) if self.rank == root else 0])
-        self.comm.Bcast([n, MPI.INT64_T], root=root)
+        comm.Bcast([n, MPI.INT64_T], root=root)
         buf = bytearray(data) if self.rank == root else bytearray(n[0])
         if n[0]:
-            self.comm.Bcast([buf, MPI.BYTE], root=root)
+            comm.Bcast([buf, MPI.BYTE], root=root)
         return bytes(buf)
 
-    def sendrecv(self, data: bytes, dst: int, src: int) -> bytearray:
+    def sendrecv(self, data: Data, dst: int, src: int) -> bytearray:
         """Send ``data`` to rank ``dst`` and receive what rank ``src`` sends to
         this rank (``MPI_Sendrecv``: lengths, then the bytes). Point to point."""
         out: bytearray = self.sendrecv_into(data, dst, src, bytearray)
         return out
 
-    def sendrecv_into(self, data: Any, dst: int, src: int, buffer_for: Callable[[int], Any]) -> Any:
+    def sendrecv_into(self, data: Data, dst: int, src: int, buffer_for: Callable[[int], Into]) -> Into:
         """:meth:`sendrecv`, received into ``buffer_for(length)``, which is returned."""
         MPI = self._MPI
+        comm = self._open()
         n_in = array("q", [0])
-        self.comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
+        comm.Sendrecv([array("q", [len(data)]), MPI.INT64_T], dst, 0, [n_in, MPI.INT64_T], src, 0)
         buf = buffer_for(n_in[0])
-        self.comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, n_in[0], MPI.BYTE], src, 1)
+        comm.Sendrecv([data, len(data), MPI.BYTE], dst, 1, [buf, n_in[0], MPI.BYTE], src, 1)
         return buf
 
     def close(self) -> None:
@@ -252,7 +288,7 @@ def mpi_world_size() -> int:
     return 1
 
 
-def _torch_world(process_group: Any) -> int:
+def _torch_world(process_group: Optional[ProcessGroup]) -> int:
     torch = sys.modules.get("torch")
     if torch is None:
         return 1
@@ -265,7 +301,9 @@ def _torch_world(process_group: Any) -> int:
 _NAMES = ("auto", "torch", "mpi", "none")
 
 
-def _resolve(coordinate: Any, process_group: Any, collective_timeout: float) -> Optional[Any]:
+def _resolve(
+    coordinate: Union[str, Coordinator], process_group: Optional[ProcessGroup], collective_timeout: float
+) -> Optional[Coordinator]:
     """The coordinator for ``Checkpointer(coordinate=...)``, or ``None`` for one process.
 
     ``"auto"``: ``torch.distributed`` when it is initialised with more than one
