@@ -45,9 +45,10 @@ import torch
 from . import _repeat_host
 from ._ckpt import SlabSlot, TensorSpec
 from .cuda import Pending
+from .torch import Exporter
 from .tree import TAG
 
-__all__ = ["Plan", "Probe", "probe"]
+__all__ = ["Plan", "Probe", "probe", "PlannedExporter"]
 
 #: What is compared tensor by tensor. The address stands for the rest: it is
 #: the same only on the same device (CUDA's unified addressing), a tensor that
@@ -312,6 +313,38 @@ def probe(
     if fl.names.isdisjoint(plan.names) and _emit(fl, plan, vals, lazy_ptrs):
         p.tree = plan.tree
     return p
+
+
+class PlannedExporter(Exporter):
+    """A checkpointer's exporter (:class:`ckpt.torch.Exporter`): its walk
+    takes mappings of tensors in bulk by the last save's plans (the pool's,
+    of CUDA tensors, and ``host_plans``, of CPU tensors), and records them."""
+
+    def __init__(self, slabs: Any = None, lazy: bool = True, host_plans: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__(slabs, lazy)
+        #: The plans of mappings of CPU tensors (:mod:`ckpt._repeat_host`), where kept.
+        self._host_plans = host_plans
+        #: The makings of the plans the walk recorded, made by
+        #: :meth:`make_plans` once the save has started.
+        self.later: List[Callable[[], None]] = []
+
+    def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
+        """A mapping of tensors walked in bulk, as the last save's (:func:`probe`);
+        None when it is no mapping of tensors."""
+        plans = self._slabs.plans if self._slabs is not None else None
+        if plans is None and self._host_plans is None:
+            return None
+        # (A first save records the plans: the next may come while its slab is
+        # still being written, and take its tensors in bulk all the same.)
+        return probe(fl, plans, obj, prefix, lazy_ptrs, self._host_plans)
+
+    def make_plans(self) -> None:
+        """Make the plans this save's walk recorded on the pool's launcher
+        thread, after the save's own copies are queued there: out of the
+        stall (a first save's plans cost about as much as its walk)."""
+        jobs, self.later = self.later, []
+        if jobs and self._slabs is not None:
+            self._slabs.launcher().submit(make_later, jobs)
 
 
 def _copied(meta: Any) -> Any:

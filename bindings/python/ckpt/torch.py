@@ -12,11 +12,10 @@ Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from . import _repeat
 from .errors import InvalidInputError, UnsupportedError
 
 __all__ = ["dtype_name", "torch_dtype", "Exporter", "from_buffer", "lazy_safe_pointers"]
@@ -93,19 +92,16 @@ class Exporter:
     CPU tensors are viewed as bytes without a copy. CUDA tensors are queued
     for a device-to-host copy (:class:`ckpt.cuda.DeviceCopy`): their buffer is
     a slot of a host slab, or a :class:`ckpt.cuda.Pending` until the save
-    starts the copies and puts the slab's slots in their place.
+    starts the copies and puts the slab's slots in their place. It walks
+    every tensor one by one; a checkpointer's saves walk mappings in bulk by
+    the last save's plans (:class:`ckpt._repeat.PlannedExporter`).
     """
 
-    def __init__(self, slabs: Any = None, lazy: bool = True, host_plans: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, slabs: Any = None, lazy: bool = True) -> None:
         self._slabs = slabs
         self._lazy = lazy
-        #: The plans of mappings of CPU tensors (:mod:`ckpt._repeat_host`), where kept.
-        self._host_plans = host_plans
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Any = None
-        #: The makings of the plans the walk recorded (:mod:`ckpt._repeat`),
-        #: made by :meth:`make_plans` once the save has started.
-        self.later: List[Callable[[], None]] = []
 
     def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
@@ -137,17 +133,6 @@ class Exporter:
                     return name, arr.shape, arr if arr.ndim else arr.reshape(1), copy_now
         return self._export(t, path, copy_now)
 
-    def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
-        """A mapping of tensors walked in bulk, as the last save's (see
-        :mod:`ckpt._repeat`, and :mod:`ckpt._repeat_host` for CPU tensors);
-        None when it is no mapping of tensors."""
-        plans = self._slabs.plans if self._slabs is not None else None
-        if plans is None and self._host_plans is None:
-            return None
-        # (A first save records the plans: the next may come while its slab is
-        # still being written, and take its tensors in bulk all the same.)
-        return _repeat.probe(fl, plans, obj, prefix, lazy_ptrs, self._host_plans)
-
     def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
         if t.layout != torch.strided:
             raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
@@ -168,14 +153,6 @@ class Exporter:
             # Copied by the save's device-to-host copies, into memory private to it.
             return name, shape, self._device().add(t, copy_now), False
         raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
-
-    def make_plans(self) -> None:
-        """Make the plans this save's walk recorded on the pool's launcher
-        thread, after the save's own copies are queued there: out of the
-        stall (a first save's plans cost about as much as its walk)."""
-        jobs, self.later = self.later, []
-        if jobs and self._slabs is not None:
-            self._slabs.launcher().submit(_repeat.make_later, jobs)
 
     def _device(self) -> Any:
         if self.device is None:
