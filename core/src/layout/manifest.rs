@@ -336,7 +336,7 @@ pub fn is_hash(s: &str) -> bool {
 }
 
 /// A stored key must be relative and stay under the root.
-fn check_key(key: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_key(key: &str) -> std::result::Result<(), String> {
     if key.is_empty()
         || key.starts_with('/')
         || key

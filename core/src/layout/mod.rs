@@ -11,11 +11,13 @@
 //!
 //! Public for the formats and for tools that read a root directly (the CLI, the
 //! evaluator's fault oracle): the key functions, listing what is committed, and
-//! reading a manifest with its size cap.
+//! reading a manifest with its size cap. [`LocalRoot`] is a root on a local
+//! directory as the Python package's memory tier handles it (pins, replicas).
 
 pub(crate) mod catalog;
 pub(crate) mod chunks;
 pub mod epoch;
+pub mod local_root;
 pub(crate) mod manifest;
 pub mod merge;
 pub(crate) mod paths;
@@ -23,6 +25,7 @@ pub(crate) mod retention;
 
 pub use catalog::{committed, incomplete, read_manifest};
 pub use chunks::{ChunkCache, ChunkIndex};
+pub use local_root::LocalRoot;
 pub use manifest::{
     ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MAX_MANIFEST_BYTES,
 };
