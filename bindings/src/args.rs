@@ -4,7 +4,8 @@
 //! [`LoadTarget`] for each destination of a load, with keyword arguments; a
 //! [`Shard`] places a piece in its global tensor. All three are frozen and
 //! check their dtype and shapes when they are made, so a bad entry fails in
-//! the glue's own frame, not deep inside `save`.
+//! the glue's own frame, not deep inside `save`. A [`SnapshotBytes`] is a
+//! spec's bytes taken from another save's snapshot.
 
 use ckpt_core::{DType, ShardSpec};
 use pyo3::prelude::*;
@@ -104,6 +105,20 @@ pub struct TensorSpec {
     pub(crate) shard: Option<Py<Shard>>,
 }
 
+/// Bytes of another save's snapshot, handed to `save` as a tensor's bytes
+/// (no copy; see `SaveHandle.snapshot_specs`).
+#[pyclass(frozen, module = "ckpt._ckpt")]
+pub struct SnapshotBytes {
+    pub(crate) bytes: bytes::Bytes,
+}
+
+#[pymethods]
+impl SnapshotBytes {
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 impl TensorSpec {
     /// A tensor of another save's snapshot (see `SaveHandle.snapshot_specs`).
     pub(crate) fn shared(
@@ -119,7 +134,7 @@ impl TensorSpec {
             name,
             dtype,
             shape,
-            data: Py::new(py, crate::handle::SnapshotBytes { bytes })?.into_any(),
+            data: Py::new(py, SnapshotBytes { bytes })?.into_any(),
             copy_now: false,
             shard,
         })

@@ -19,12 +19,12 @@ use ckpt_core::{
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use crate::args::{LoadTarget, TensorSpec};
+use crate::args::{LoadTarget, SnapshotBytes, TensorSpec};
 use crate::buffer::{PySource, TensorBuffer};
 use crate::coord::PyCoordinator;
 use crate::dest::{slice_mut, PyDest};
 use crate::errors::{invalid, to_py, IntoPyResult};
-use crate::handle::{SaveHandle, SnapshotBytes};
+use crate::handle::SaveHandle;
 use crate::host::HostSpan;
 use crate::results::{GcReport, TensorInfo};
 use crate::runtime::{self, check_pid};

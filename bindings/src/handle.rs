@@ -9,7 +9,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use ckpt_core::{Error, LaterSnapshot, SaveReport, SharedSnapshot, Value};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -40,20 +39,6 @@ pub struct SaveHandle {
     /// A lazy save made with `share=True`: its metadata's `state` tree as
     /// converted once, for the `save_after` that takes its snapshot.
     state: Mutex<Option<Value>>,
-}
-
-/// Bytes of another save's snapshot, handed to `save` as a tensor's bytes
-/// (no copy; see `SaveHandle.snapshot_specs`).
-#[pyclass(frozen, module = "ckpt._ckpt")]
-pub struct SnapshotBytes {
-    pub(crate) bytes: Bytes,
-}
-
-#[pymethods]
-impl SnapshotBytes {
-    fn __len__(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 impl SaveHandle {

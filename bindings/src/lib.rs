@@ -150,7 +150,7 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<results::TensorInfo>()?;
     m.add_class::<results::GcReport>()?;
     m.add_class::<handle::SaveHandle>()?;
-    m.add_class::<handle::SnapshotBytes>()?;
+    m.add_class::<args::SnapshotBytes>()?;
     m.add_class::<buffer::TensorBuffer>()?;
     m.add_class::<value::TensorRef>()?;
     m.add_class::<slab::HostSlab>()?;
