@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple
 
 from . import _ckpt
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
     from ._ckpt import _SaveReport
-    from .cuda import DeviceCopy
 
 __all__ = ["SavePhases", "RestorePhases", "SaveHandle", "Checkpoint"]
+
+
+class Fenced(Protocol):
+    """A save's device-to-host copies (a :class:`ckpt.cuda.DeviceCopy`, which
+    sits above this module): all a handle asks of them is a fence."""
+
+    def fence(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,7 @@ class SaveHandle:
     eager mode); the checkpoint is durable once :meth:`wait` returned.
     """
 
-    def __init__(self, native: _ckpt.SaveHandle, device: Optional[DeviceCopy] = None) -> None:
+    def __init__(self, native: _ckpt.SaveHandle, device: Optional[Fenced] = None) -> None:
         self._native = native
         #: The save's device-to-host copies (:class:`ckpt.cuda.DeviceCopy`), if any.
         self._device = device
