@@ -6,22 +6,22 @@ optimizer state to come foreseen by :func:`state_lens`).
 :func:`after_restore` after a restore; a save or ``close`` calls
 :func:`hooks_off`.
 
-A new host slab is mapped and page-locked before its first copies: 0.36-0.46 s
-for 4 GiB on an H100 host, in the stall of an eager first save. Where the
+A new host slab is mapped and page-locked before its first copies, which in
+an eager first save is in its stall (docs/perf.md, "CUDA"). Where the
 state's size is known ahead, ``load_latest`` on a fresh start reserves the
 first save's slab in the background (:meth:`ckpt._slabs.SlabPool.reserve`):
 
 - with a ``staging_budget``, half of it (the budget is twice the state);
 - without one, the CUDA bytes of the state it was given, counted once each of
   its optimizers has stepped (their state exists only from then on), or at
-  once when it was given no optimizer. The count is one walk of the state
-  (about a millisecond for a GPT's 1,169 tensors), once per process.
+  once when it was given no optimizer. The count is one walk of the state,
+  once per process.
 
 Either way the reservation holds the state and room for the slab's alignment,
 so that the first save lays it out anew for its own tensors instead of
 mapping and locking more. It is locked in one piece, during which the CUDA
-driver takes no other call of the process (0.135 s for 4 GiB): once, among a
-job's first steps, in place of the first save's lock.
+driver takes no other call of the process: once, among a job's first steps,
+in place of the first save's lock.
 """
 
 from __future__ import annotations
@@ -31,13 +31,24 @@ import threading
 import warnings
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence, Set, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Sequence, Set, Tuple, Type, overload
 
 from . import _ckpt, _exit, _own
 from ._gc import collect_now, collector_paused
 from .dtensor import local_tensor
 from .rng import RNGState
 from .tree import flatten
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch import device as Device
+    from torch.nn import Module
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
+
+    from ._repeat import PlannedExporter
+    from .cuda import SlabPool
 
 
 class Owner(Protocol):
@@ -62,9 +73,12 @@ class Owner(Protocol):
     def _pool_of(self) -> Optional[object]: ...
     @property
     def lazy(self) -> bool: ...
-    def _pool(self, create: bool) -> Any: ...
-    def _exporter(self) -> Any: ...
-    def _entries(self, state: Optional[Mapping[str, Any]], named: Dict[str, Any]) -> Dict[str, Any]: ...
+    @overload
+    def _pool(self, create: Literal[True]) -> SlabPool: ...
+    @overload
+    def _pool(self, create: bool) -> Optional[SlabPool]: ...
+    def _exporter(self) -> Optional[PlannedExporter]: ...
+    def _entries(self, state: Optional[Mapping[str, object]], named: Dict[str, object]) -> Dict[str, object]: ...
     def _own_identity(self) -> Tuple[int, int]: ...
 
 __all__ = [
@@ -73,7 +87,7 @@ __all__ = [
 ]
 
 
-def reserve(cp: Owner, state: Any, named: Dict[str, Any]) -> None:
+def reserve(cp: Owner, state: Optional[Mapping[str, object]], named: Dict[str, object]) -> None:
     """A fresh start of a job with torch state: ready its first save. With
     CUDA state, its slab is mapped and page-locked in the background: half
     the ``staging_budget`` now, else the state's CUDA bytes once its
@@ -109,7 +123,7 @@ def reserve(cp: Owner, state: Any, named: Dict[str, Any]) -> None:
     _when_stepped(cp, objs, ready)
 
 
-def after_restore(cp: Owner, state: Any, named: Dict[str, Any]) -> None:
+def after_restore(cp: Owner, state: Optional[Mapping[str, object]], named: Dict[str, object]) -> None:
     """After a restore of torch state: the restored state is the first
     save's, walked once (:func:`rehearse`), also by a checkpointer that saves
     through another's pool (the memory tier's: the plans are the pool's).
@@ -136,7 +150,7 @@ def nothing() -> None:
     """What removes no hooks (a checkpointer's ``_ahead_hooks_off`` with none on)."""
 
 
-def _when_stepped(cp: Owner, objs: List[Any], ready: Callable[[Owner], None]) -> None:
+def _when_stepped(cp: Owner, objs: List[object], ready: Callable[[Owner], None]) -> None:
     """Call ``ready`` with ``cp`` once every optimizer among ``objs`` has
     stepped (at once where there is none), unless ``cp`` was closed or
     collected meanwhile (the hooks hold it weakly)."""
@@ -155,19 +169,19 @@ def _when_stepped(cp: Owner, objs: List[Any], ready: Callable[[Owner], None]) ->
         fire()
 
 
-def rehearse(cp: Owner, state: Any, named: Dict[str, Any], also: Sequence[int] = ()) -> None:
+def rehearse(cp: Owner, state: Optional[Mapping[str, object]], named: Dict[str, object], also: Sequence[int] = ()) -> None:
     """Walk the state as a save would, saving nothing, so that the first
     save is like a loop's later ones: it takes its mappings in bulk
     (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into a
     slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
     and finds the staging memory for its CPU tensors' copies mapped (by a
-    thread of its own, :func:`_ready_staging`). A first save's stall was 2-3x
-    a later one's, most of it the walk without plans; on the CPU, an eager
-    one's was 13x, most of it page faults. Called where the state is whole,
+    thread of its own, :func:`_ready_staging`): without it, a first save's
+    stall is mostly the walk without plans and, on the CPU, page faults
+    (docs/perf.md, "Save: the stall"). Called where the state is whole,
     out of any save: after a restore, and after a fresh start's first
     optimizer steps. Then, with CUDA state, a full collection of the garbage
     collector, which the new plans could otherwise bring due inside the first
-    save (:func:`ckpt._gc.collect_now`; 0.1-0.2 s with torch loaded, so not
+    save (:func:`ckpt._gc.collect_now`; costly with torch loaded, so not
     for CPU state, whose first save made as many plans before). ``also``:
     the byte lengths of CPU tensors the first save copies that do not exist
     yet, readied with the others. Best effort: the save itself reports what
@@ -194,7 +208,9 @@ def rehearse(cp: Owner, state: Any, named: Dict[str, Any], also: Sequence[int] =
         collect_now()
 
 
-def _walk(cp: Owner, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[List[int], List[Any]]:
+def _walk(
+    cp: Owner, exporter: PlannedExporter, state: Optional[Mapping[str, object]], named: Dict[str, object]
+) -> Tuple[List[int], List[_ckpt.TensorSpec]]:
     """:func:`rehearse`'s walk, as a save walks (the RNG state too); the slot
     lengths of its CUDA tensors and the specs of its CPU tensors, or none
     where it failed (the first save walks, and raises what this met).
@@ -218,7 +234,7 @@ def _walk(cp: Owner, exporter: Any, state: Any, named: Dict[str, Any]) -> Tuple[
             exporter.device.abandon()
 
 
-def _ready_staging(cp: Owner, specs: List[Any], also: Sequence[int] = ()) -> None:
+def _ready_staging(cp: Owner, specs: List[_ckpt.TensorSpec], also: Sequence[int] = ()) -> None:
     """Map and fault in the staging memory the first save copies these
     specs' CPU tensors into (each memory span once, as the engine stages
     them) and buffers of the lengths ``also``, on a thread of its own (it
@@ -254,20 +270,22 @@ def cuda_ready() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
-def cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
+def cuda_device_in(objs: Sequence[object], depth: int = 3) -> Optional[Device]:
     """The device of the first CUDA tensor met in ``objs`` (tensors, modules,
     optimizers, mappings and sequences of them), or None."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
+    tensor, module, optimizer = _classes(torch)
     for obj in objs:
-        if isinstance(obj, torch.Tensor):
+        inner: Sequence[object]
+        if isinstance(obj, tensor):
             if obj.is_cuda:
                 return obj.device
             continue
-        if isinstance(obj, torch.nn.Module):
+        if isinstance(obj, module):
             inner, below = [*obj.parameters(), *obj.buffers()], 0
-        elif isinstance(obj, torch.optim.Optimizer):
+        elif isinstance(obj, optimizer):
             inner, below = [p for g in obj.param_groups for p in g["params"]], 0
         elif depth > 0 and isinstance(obj, (Mapping, list, tuple)):
             inner, below = list(obj.values() if isinstance(obj, Mapping) else obj), depth - 1
@@ -282,8 +300,8 @@ def cuda_device_in(objs: List[Any], depth: int = 3) -> Any:
 def for_budget(budget: int) -> int:
     """Bytes a fresh start reserves out of a ``staging_budget`` set to twice
     the state: half of it and room for the slab's alignment, which puts each
-    tensor of 1 MiB or more on a page of its own (a page per tensor: 0.1 % of
-    a GPT's 4 GiB of 1,169 tensors). Exactly half would leave the first save
+    tensor of 1 MiB or more on a page of its own (a page per tensor: a small
+    fraction of a large state). Exactly half would leave the first save
     without room, mapping and locking its slab in its stall; the reservation
     stays within the budget."""
     half = budget // 2
@@ -297,7 +315,12 @@ def for_state(nbytes: int, count: int) -> int:
     return nbytes + min(nbytes, max(nbytes // 64, 4096 * (count + 16)))
 
 
-def _items(obj: Any) -> Optional[Iterable[Any]]:
+def _classes(torch: ModuleType) -> Tuple[Type[Tensor], Type[Module], Type[Optimizer]]:
+    """torch's tensor, module and optimizer classes (torch is imported)."""
+    return torch.Tensor, torch.nn.Module, torch.optim.Optimizer
+
+
+def _items(obj: object) -> Optional[Iterable[object]]:
     """A mapping's values, a list's or tuple's items; None for anything else."""
     if isinstance(obj, Mapping):
         return obj.values()
@@ -306,40 +329,41 @@ def _items(obj: Any) -> Optional[Iterable[Any]]:
     return None
 
 
-def cuda_bytes(objs: List[Any], device: Any, depth: int = 6) -> Tuple[int, int]:
+def cuda_bytes(objs: Sequence[object], device: Device, depth: int = 6) -> Tuple[int, int]:
     """``(bytes, count)`` of the distinct tensors on ``device`` in ``objs``:
     modules' parameters and buffers, optimizers' state, tensors (a DTensor's
     local shard), mappings and sequences of them, and what any other object's
     ``state_dict()`` holds."""
-    torch = sys.modules["torch"]
+    tensor, module, optimizer = _classes(sys.modules["torch"])
     seen: Set[Tuple[int, int]] = set()
     total = 0
 
-    def add(t: Any) -> None:
+    def add(t: Tensor) -> None:
         nonlocal total
         t = local_tensor(t)
-        if not isinstance(t, torch.Tensor) or t.device != device:
+        if not isinstance(t, tensor) or t.device != device:
             return
         key = (t.data_ptr(), t.nbytes)
         if key not in seen:
             seen.add(key)
             total += t.nbytes
 
-    def visit(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Tensor):
+    def visit(obj: object, depth: int) -> None:
+        if isinstance(obj, tensor):
             add(obj)
-        elif isinstance(obj, torch.nn.Module):
+        elif isinstance(obj, module):
             for t in obj.parameters():
                 add(t)
-            for t in obj.buffers():
-                add(t)
-        elif isinstance(obj, torch.optim.Optimizer):
+            for b in obj.buffers():
+                add(b)
+        elif isinstance(obj, optimizer):
             for state in obj.state.values():
                 visit(state, 1)
         elif depth > 0:
             inner = _items(obj)
-            if inner is None and callable(getattr(obj, "state_dict", None)):
-                inner = [obj.state_dict()]
+            state_dict = getattr(obj, "state_dict", None) if inner is None else None
+            if callable(state_dict):
+                inner = [state_dict()]
             for v in inner or ():
                 visit(v, depth - 1)
 
@@ -348,20 +372,20 @@ def cuda_bytes(objs: List[Any], device: Any, depth: int = 6) -> Tuple[int, int]:
     return total, len(seen)
 
 
-def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
+def optimizers_in(objs: Sequence[object], depth: int = 3) -> List[Optimizer]:
     """The optimizers among ``objs``: themselves, in mappings and sequences,
     and those other objects with a ``state_dict`` hold as a save's lazy mode
     finds them (DCP's ``AppState``: ``ckpt.torch._held``)."""
-    torch = sys.modules["torch"]
+    tensor, module, optimizer = _classes(sys.modules["torch"])
     from .torch import _held
 
-    found: List[Any] = []
+    found: List[Optimizer] = []
 
-    def visit(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.optim.Optimizer):
+    def visit(obj: object, depth: int) -> None:
+        if isinstance(obj, optimizer):
             if all(o is not obj for o in found):
                 found.append(obj)
-        elif not isinstance(obj, (torch.Tensor, torch.nn.Module)) and depth > 0:
+        elif not isinstance(obj, (tensor, module)) and depth > 0:
             inner = _items(obj)
             if inner is None and callable(getattr(obj, "state_dict", None)):
                 inner = _held(obj)[1]
@@ -373,7 +397,7 @@ def optimizers_in(objs: List[Any], depth: int = 3) -> List[Any]:
     return found
 
 
-def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callable[[], None]:
+def after_first_step(optimizers: List[Optimizer], then: Callable[[], None]) -> Callable[[], None]:
     """Call ``then`` once, when every one of ``optimizers`` has stepped (a
     step post-hook each); returns what removes the hooks.
 
@@ -382,7 +406,7 @@ def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callabl
     OrderedDict mutated during iteration``) wherever another post-hook came
     after it (a second checkpointer's, the user's). Once it has fired it does
     nothing; the checkpointer takes the hooks off at its next save or close."""
-    handles: Dict[int, Any] = {}
+    handles: Dict[int, RemovableHandle] = {}
     waiting = {id(opt) for opt in optimizers}
 
     def remove() -> None:
@@ -390,7 +414,7 @@ def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callabl
             h.remove()
         handles.clear()
 
-    def hook(opt: Any, _args: Any, _kwargs: Any) -> None:
+    def hook(opt: Optimizer, _args: object, _kwargs: object) -> None:
         if id(opt) not in waiting:
             return
         waiting.discard(id(opt))
@@ -402,7 +426,7 @@ def after_first_step(optimizers: List[Any], then: Callable[[], None]) -> Callabl
     return remove
 
 
-def state_lens(optimizers: List[Any]) -> List[int]:
+def state_lens(optimizers: List[Optimizer]) -> List[int]:
     """The byte lengths of the CPU tensors these optimizers' first step will
     create, for torch's own optimizers, whose state is known by kind: per
     parameter without state yet, that takes gradients, buffers shaped like
@@ -425,7 +449,7 @@ def state_lens(optimizers: List[Any]) -> List[int]:
     return out
 
 
-def _slots(optim: Any, opt: Any, group: Mapping[str, Any]) -> Tuple[int, int]:
+def _slots(optim: ModuleType, opt: Optimizer, group: Mapping[str, Any]) -> Tuple[int, int]:
     """``(buffers shaped like a parameter, scalar counters)`` a torch
     optimizer's step creates per parameter, by its kind and this group's
     options; ``(0, 0)`` for a kind not known here."""

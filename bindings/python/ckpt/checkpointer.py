@@ -9,7 +9,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sized
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Tuple, Type, Union, cast, overload
 
 from . import _ahead, _ckpt, _exit, _load, _own
 from ._gc import collector_paused
@@ -733,6 +733,10 @@ class Checkpointer:
         exporter = _exporter_class()
         return exporter(self._pool(_ahead.cuda_ready()), self.lazy, self._host_plans)
 
+    @overload
+    def _pool(self, create: Literal[True]) -> SlabPool: ...
+    @overload
+    def _pool(self, create: bool) -> Optional[SlabPool]: ...
     def _pool(self, create: bool) -> Optional[SlabPool]:
         """The slab pool this checkpointer's CUDA saves and restores use (its
         own, or the one of ``_pool_of``), made now if ``create``."""
@@ -750,9 +754,7 @@ class Checkpointer:
             return None
         from .cuda import HostStage
 
-        pool = self._pool(True)
-        assert pool is not None  # (made now)
-        return HostStage(pool, keep=not self._read_only)
+        return HostStage(self._pool(True), keep=not self._read_only)
 
     def _guard(self, obj: object) -> None:
         """Install the lazy-mode step pre-hook on an optimizer (once)."""
