@@ -35,6 +35,9 @@ python -m mypy --config-file bindings/pyproject.toml bindings/python/ckpt
 # stub installed beside it (setup.sh reinstalls both whenever a source changed).
 python -m mypy.stubtest ckpt._ckpt --allowlist bindings/stubtest-allowlist.txt
 
+echo "== Python import graph (import-linter: no cycle, no import up the layers)"
+PYTHONPATH="$PWD/bindings/python" lint-imports bindings/.importlinter
+
 echo "== Python tests (bindings, examples)"
 python -m pytest -q bindings/tests
 
