@@ -4,8 +4,7 @@
 own threads. A script that saves at its last step and ends without
 :meth:`~ckpt.Checkpointer.wait` (or ``close``, or a ``with`` block) used to
 lose that save now and then: the process ended while it was being written,
-the more often the smaller the state (a lazy save of 48 MiB, measured: 3 of
-10 runs left nothing). So at exit (``atexit``, which runs after Python has
+the more often the smaller the state (docs/perf.md, "At exit"). So at exit (``atexit``, which runs after Python has
 joined the program's own threads) ckpt:
 
 1. finishes the memory tier's replication and stops its thread
@@ -39,20 +38,39 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Protocol, Tuple
 
 __all__ = ["track_save", "track_thread", "track_tier", "say", "NOTICE_AFTER"]
 
 #: Seconds of waiting at exit before ckpt says on stderr what it waits for.
 NOTICE_AFTER = 2.0
 
-_saves: List[Tuple[int, Any]] = []  # (pid, SaveHandle)
+
+
+class Save(Protocol):
+    """What the exit reads of a save (a :class:`ckpt.SaveHandle`)."""
+
+    _observed: bool
+
+    @property
+    def step(self) -> int: ...
+    def done(self) -> bool: ...
+    def wait(self, timeout: Optional[float] = None) -> object: ...
+
+
+class Tier(Protocol):
+    """What the exit asks of a memory tier (a :class:`ckpt.MemoryCheckpointer`)."""
+
+    def _at_exit(self) -> None: ...
+
+
+_saves: List[Tuple[int, Save]] = []  # (pid, SaveHandle)
 _threads: List[Tuple[int, threading.Thread]] = []
-_tiers: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_tiers: "weakref.WeakSet[Tier]" = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def track_save(handle: Any) -> None:
+def track_save(handle: Save) -> None:
     """Remember a save just started, to be finished at exit if nobody waits for it."""
     me = os.getpid()
     with _lock:
@@ -70,7 +88,7 @@ def track_thread(thread: threading.Thread) -> None:
         _threads.append((os.getpid(), thread))
 
 
-def track_tier(tier: Any) -> None:
+def track_tier(tier: Tier) -> None:
     """Remember a memory tier (held weakly), whose replication ends at exit."""
     _tiers.add(tier)
 
@@ -88,7 +106,7 @@ def _plural(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def _wait_one(h: Any, timeout: Optional[float]) -> None:
+def _wait_one(h: Save, timeout: Optional[float]) -> None:
     """Wait for one save, at most ``timeout`` seconds; its failure is said."""
     from .errors import CheckpointError
 
@@ -99,7 +117,7 @@ def _wait_one(h: Any, timeout: Optional[float]) -> None:
             say(f"the save of step {h.step} failed: {type(e).__name__}: {e}")
 
 
-def _wait_saves(pending: List[Any]) -> None:
+def _wait_saves(pending: List[Save]) -> None:
     """Wait for ``pending`` saves: quietly for :data:`NOTICE_AFTER` seconds,
     then, with a note on stderr, for as long as they take. Each failure is
     said. ``KeyboardInterrupt`` propagates (abandon)."""

@@ -20,8 +20,8 @@ one trip over PCIe, no copy through the CPU.
   only for that copy (and for any tensors that did not fit, copied straight
   to the host); the staged bytes then go on to the host from there, on the
   side stream, while training goes on. Without it the step waits for the
-  whole trip over PCIe, which on an H200 (4 GiB in 83 ms) outlasted the
-  forward and backward of a 62 ms step. With everything staged, a new slab
+  whole trip over PCIe, which can outlast forward and backward
+  (docs/perf.md, "CUDA"). With everything staged, a new slab
   is populated and locked after the device copies are queued, so the first
   save's step does not wait for that either. A device without room for it
   warns, and its saves copy straight to the host from then on.
@@ -40,11 +40,11 @@ one trip over PCIe, no copy through the CPU.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
-from . import _slabs
+from . import _ckpt, _slabs
 from ._hoststage import HostStage
 from ._slabs import SlabPool, _Slab
 
@@ -84,11 +84,11 @@ class DeviceCopy:
         #: Index of the first tensor at each address (tied weights are copied once).
         self._seen: Dict[int, int] = {}
         self.slab: Optional[_Slab] = None
-        self._start: Dict[torch.device, Any] = {}
-        self._events: List[Tuple[torch.device, Any]] = []
+        self._start: Dict[torch.device, torch.cuda.Event] = {}
+        self._events: List[Tuple[torch.device, torch.cuda.Event]] = []
         #: Lazy, with device staging: events after which the sources were read
         #: (the step may change them), before the staged copies to the host.
-        self._read: List[Tuple[torch.device, Any]] = []
+        self._read: List[Tuple[torch.device, torch.cuda.Event]] = []
         self._launch: Optional[Future[None]] = None
         #: Lazy: done once ``_read`` (or ``_events``) is set, which ``fence`` needs.
         self._readable: Optional[Future[None]] = None
@@ -107,7 +107,7 @@ class DeviceCopy:
         self._batch: Dict[torch.device, List[int]] = {}
         self._queued_early = 0
 
-    def add(self, t: torch.Tensor, now: bool) -> Any:
+    def add(self, t: torch.Tensor, now: bool) -> Union[_ckpt.SlabSlot, Pending]:
         """Queue ``t`` (on a CUDA device); ``now``: it may change before the
         optimizer step, so the copy starts from a clone taken on the current
         stream. Returns what stands for its bytes: a slot of the guessed slab,
@@ -140,7 +140,9 @@ class DeviceCopy:
             self._drop_guess()
         return Pending(i)
 
-    def fits(self, nbytes: Tuple[int, ...], ptrs: List[int]) -> Optional[Tuple[int, Optional[_Slab], Optional[List[Any]]]]:
+    def fits(
+        self, nbytes: Tuple[int, ...], ptrs: List[int]
+    ) -> Optional[Tuple[int, Optional[_Slab], Optional[List[_ckpt.SlabSlot]]]]:
         """Where the next ``len(nbytes)`` tensors go, if no tensor at ``ptrs``
         was met before in this save (:mod:`ckpt._repeat` checks a mapping
         before it takes it in bulk): ``(index of the next slot, slab, its
@@ -214,14 +216,14 @@ class DeviceCopy:
         self._start = {}
         slab.owner = None
 
-    def start(self, step: int) -> Optional[List[Any]]:
+    def start(self, step: int) -> Optional[List[_ckpt.SlabSlot]]:
         """Choose the slab and queue the copies (or what is left of them), ordered
         after the work queued so far on the current streams. Returns each
         tensor's slot, in order, or None when the walk already handed them out
         (the guessed slab). In lazy mode the copies are queued by a background
         thread once :meth:`launch` is called (after the engine took the save),
         so this returns at once."""
-        slots: Optional[List[Any]] = None
+        slots: Optional[List[_ckpt.SlabSlot]] = None
         if self._guess is not None and len(self._srcs) == len(self._guess_lens):
             self.slab = self._guess
         else:
@@ -332,7 +334,7 @@ class DeviceCopy:
     def _queue_copies(self, slab: _Slab, staged: Dict[torch.device, Tuple[List[int], List[torch.Tensor]]]) -> None:
         events = []
         #: By device: an event after which its sources are read, when some are staged.
-        read: Dict[torch.device, Any] = {}
+        read: Dict[torch.device, torch.cuda.Event] = {}
         with torch.no_grad():
             if self._queued_early or self._batch:
                 # Eager into the guessed slab: most copies were queued during the walk.
@@ -410,14 +412,14 @@ class DeviceCopy:
 _BATCH = 64
 
 
-def _recorded(stream: Any) -> Any:
+def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
     """An event recorded on ``stream`` now."""
     ev = torch.cuda.Event()
     ev.record(stream)
     return ev
 
 
-def _now_on(device: torch.device) -> Any:
+def _now_on(device: torch.device) -> torch.cuda.Event:
     """An event recorded on this thread's current stream of ``device``: what
     is queued there so far comes before whatever waits for it."""
     ev = torch.cuda.Event()
