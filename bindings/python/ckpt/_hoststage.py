@@ -7,8 +7,7 @@ read, while the engine reads the next.
   (:func:`groups`): the copies of every group but the last overlap the read
   of the ones after it, and only the last, small group's copies come after
   the read. Each group is one call of the engine's load (its own reading of
-  the manifest, about 1.5 ms for 600 tensors), so they are few: seven for
-  4 GiB.
+  the manifest), so they are few.
 - **Copies.** They are queued on the slab pool's launcher thread, on the
   stream that was current when the restore began, and the restore waits for
   them (and synchronizes that stream) before it hands the values over, as a
@@ -24,29 +23,16 @@ read, while the engine reads the next.
     is locked after the read, as ``"after"`` does. The slab stays locked
     for the job's first save (a read-only reader's is unlocked at its
     close).
-  * ``"later"``: nothing is locked while the restore runs; the copies come
-    from pageable memory (the driver stages them, at about 6 GB/s on an
-    H200 host), and once they are done the slab is page-locked in the
-    background, in one piece, on the pool's launcher thread, so that the
-    job's first save finds it locked. The job's first CUDA calls may wait
-    for that lock once (the driver takes no other call while it locks).
-    A read-only reader, which never saves, locks nothing.
+  * ``"later"``: the copies come from pageable memory (the driver stages
+    them); once they are done the slab is locked in one piece on the
+    launcher thread, for the first save. The job's first CUDA calls may
+    wait for that lock once. A read-only reader locks nothing.
   * ``"after"``: locked on the caller's thread once the read is done (pages
-    the read mapped lock fast: 0.12-0.135 s for 4 GiB), then every copy,
-    at the link's speed.
+    the read mapped lock fast), then every copy, at the link's speed.
 
-  Measured on two H200 hosts (16 cores) restoring 4 GiB of a GPT-style
-  model and its fused AdamW into live CUDA tensors, each way three times in
-  one run (medians): with the page cache dropped, ``"during"`` 2.67 / 2.22 s
-  (0.89x / 0.85x the cold read and the copies to the device), ``"later"``
-  2.89 / 2.18 s (0.97x / 0.84x), ``"after"`` 3.31 / 2.44 s (1.11x / 0.94x);
-  from the page cache, 0.51 / 0.51 s, 1.16 / 0.82 s (a read-only reader's
-  unlocked slab: every copy from pageable memory) and 0.72 / 0.60 s:
-  locking during the read is as fast as any way cold, and the fastest
-  warm. The GPU benchmark times the ways (``--restore-ways``).
-
-A slab a save left locked is used as it is, and its copies run at the
-link's speed from the first group on.
+  ``"during"`` measured as fast as any way cold and the fastest warm
+  (docs/perf.md, "Restore"; ``gpu_bench --restore-ways``). A slab a save
+  left locked is used as it is.
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ save, a replica fetched back by a replaced node, a merge's objects) one at a
 time through the link's ``sendrecv``. The sender used to read each whole
 file into a new buffer, and the receiver to get it into another and write
 that into its file before taking the next. A new buffer's pages are faulted
-in as it is filled, and on a 2-core VM that costs about as much as the copy:
-a replaced node fetching 128 MiB in 8 MiB chunks over gloo on loopback spent
-150 ms, of which 75 ms in ``sendrecv``. (Receiving straight into a mapping
-of the destination file was tried and was slower: mapping fresh tmpfs pages
-took 107 ms per 128 MiB here, against 44 ms for ``write`` of the same bytes.)
+in as it is filled, which on a 2-core VM cost about as much as the copy.
+(Receiving straight into a mapping of the destination file was tried and
+was slower: mapping fresh tmpfs pages costs more than ``write``.)
 
 Now the sender reads every object into the same buffer (:class:`Outgoing`),
 and a link with ``sendrecv_into`` (ckpt's torch and MPI links) receives into
@@ -20,12 +18,8 @@ object received is written into its root by a thread of its own (file I/O
 releases the GIL) while the next arrives. A link with ``sendrecv`` alone
 gets its own buffer per object, written the same way. The caller learns a
 write's failure at the next object or at :meth:`Incoming.close`, and the
-ranks stay in step on the link whatever fails.
-
-Measured in the memory tier's restart benchmark (128 MiB per rank, the last
-node replaced; two runs of 9 restarts each way, interleaved): the replaced
-rank's restore took 0.190 and 0.181 s (medians) against 0.204 and 0.197 s
-before, 7-8 % less.
+ranks stay in step on the link whatever fails. Figures: docs/perf.md, "The
+memory tier".
 """
 
 from __future__ import annotations
@@ -42,8 +36,8 @@ __all__ = ["Outgoing", "Incoming"]
 class Outgoing:
     """Objects to send, in order, each read into the same buffer (grown as
     needed). (Reading the next one on a thread of its own while one is sent
-    was measured too: no faster on 2 cores, where both ranks' copies already
-    take the CPU.)"""
+    was no faster on 2 cores, where both ranks' copies already take the
+    CPU.)"""
 
     def __init__(self, items: List[Tuple[Optional[MemoryRoot], str]]) -> None:
         """``items``: each object's root (``None``: not held here, sent empty) and key."""

@@ -7,14 +7,13 @@ reuses them by layout. :mod:`ckpt.cuda` copies into them.
   threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
   its first copies; in lazy mode all of that, and the queueing of the copies,
   runs on a background thread, so ``save`` returns at once and only the first
-  optimizer step after a process's first save waits for it. Measured on an
-  H100 host for 4 GiB: a copy into untouched pageable memory took 1.97 s
-  (faulting its pages), into touched pageable memory 0.41 s, into locked
-  memory 0.078 s; locking took 1.2 s untouched and 0.135 s touched, during
-  which the CUDA driver takes no other call from the process. So memory is
-  locked ahead where it can be: a restore's slab is locked once its read has
-  mapped the pages, in the background after its copies by default
-  (:class:`~ckpt.cuda.HostStage`, :meth:`SlabPool.lock_later`), and a fresh start
+  optimizer step after a process's first save waits for it. Copies into
+  locked memory are several times faster than into pageable memory; locking
+  is much faster for pages already mapped, and the CUDA driver takes no
+  other call from the process meanwhile (docs/perf.md, "CUDA"). So memory is
+  locked ahead where it can be: a restore's slab while its read fills it by
+  default (:class:`~ckpt.cuda.HostStage`, :meth:`SlabPool.lock_while_filled`;
+  or after its copies, :meth:`SlabPool.lock_later`), and a fresh start
   reserves the first save's in the background
   (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._ahead`). Both are locked
   in one piece, and the first save lays such memory out anew for its own
@@ -361,7 +360,7 @@ class SlabPool:
         are queued on the launcher thread after that memory's preparation
         (:meth:`prepare` on the same thread, see :meth:`reserve`), so a save
         that comes just after the optimizer's first step does not stall for
-        the locking (0.32-0.38 s for 4 GiB on an H200 host)."""
+        the locking."""
         self._layout = tuple(lens)
         self._settle(wait=not lazy)
         new: Optional[_Slab] = None
@@ -484,9 +483,9 @@ class SlabPool:
         on several threads by the kernel's advice alone, which changes no byte
         the read wrote (:meth:`_populate_beside_read`; where the kernel lacks
         the advice, the runtime maps what the read has not reached): the
-        runtime then pins pages already there, as after a read (0.135 s for
-        4 GiB on an H100 host), not fresh ones one by one (1.2 s), which made
-        this way slower than locking after the read on an H200 host. Quiet
+        runtime then pins pages already there, as after a read, not fresh
+        ones one by one, which made this way slower than locking after the
+        read. Quiet
         when the runtime refuses (pages it cannot pin while the read holds
         them): :meth:`prepare` after the read tries again."""
         if slab.locked or slab.prepared or slab.nbytes == 0 or slab.preparing is not None:

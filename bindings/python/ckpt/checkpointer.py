@@ -42,117 +42,43 @@ __all__ = ["Checkpointer", "SaveHandle", "SavePhases", "RestorePhases", "Checkpo
 class Checkpointer:
     """Saves training state under a URL and restores it, with no pickle.
 
-    Args:
-        url: ``file:///abs/dir`` (or a plain path) or ``memory://name``.
+    Args (in full: bindings/README.md, "Checkpointer arguments"):
+        url: ``file:///abs/dir`` (or a plain path), ``memory://name``,
+            ``s3://bucket/prefix`` or ``tiered+<fast URL>?durable=<URL>``.
         keep_last: keep only the newest N checkpoints (default: keep all).
         keep_every: also keep every checkpoint whose step is a multiple of K.
         compression: ``None`` or ``"zstd"`` (``level`` 1..22).
-        lazy: snapshot in the background. ``save`` returns at once and module
-            parameters and optimizer state are copied while the next forward and
-            backward run; a step pre-hook on each optimizer in the state blocks
-            ``optimizer.step()`` until the copy is done. An object with
-            ``state_dict()`` that holds modules and optimizers as attributes
-            (DCP's ``AppState`` over ``get_state_dict``) gets the same for
-            their parameters and optimizer state. Module buffers, loose
-            tensors and numpy arrays are still copied before ``save`` returns.
-            Anything else that mutates parameters must call :meth:`wait_snapshot`
-            first. CUDA tensors are copied to the host on a side stream, ordered
-            after the work queued before ``save``, while forward and backward
-            run; the step pre-hook then makes the GPU's current stream wait for
-            those copies, so the host does not wait at all (buffers and loose
-            CUDA tensors are first cloned on the device, at once). See
-            :mod:`ckpt.cuda`.
-        staging_budget: bytes of host staging memory (default: twice the first
-            save's state). CUDA snapshots land in host slabs that are
-            page-locked after their first use, in the background; at most this
-            many bytes of them are held (and locked), so with the default two
-            saves can be in flight. Set it to about the state's size to lock
-            one copy only; a save then waits (or, with ``busy="skip"``, is
-            skipped) while the previous one is still being written. A fresh
-            start's :meth:`load_latest` (nothing to restore) maps and locks
-            the first save's memory in the background, so that the save does
-            not lock in its stall: half the budget when one is set (then set
-            it to twice the CUDA bytes of the model and optimizer state),
-            else the CUDA bytes of what it was given, counted after its
-            optimizers' first step (see :mod:`ckpt._ahead`). Slabs count with
-            their alignment (up to a page per tensor), so at exactly twice, a
-            save that comes while the previous one is still being written
-            waits for it; 2.05 times leaves room for both. (A restart's
-            restore leaves its locked slab to the first save.)
-        device_staging: bytes of GPU memory (per device) a lazy save may use
-            to snapshot CUDA state on the device first (default 0: none). The
-            optimizer's next step then waits only for that device-to-device
-            copy, and the copy to the host runs from that memory, on ckpt's
-            side stream, while training goes on. Without it the step waits
-            until the whole state has crossed PCIe, which costs the loop
-            whatever part of the copy the forward and backward do not hide
-            (an H200 took 83 ms to copy 4 GiB, more than the 62 ms training
-            step of that state). Tensors that do not fit are copied straight
-            to the host, as without it. The memory is allocated at the first
-            lazy save and kept; it also spares a process's first save the
-            wait for its host memory to be page-locked. Set it to the CUDA
-            bytes of the model and optimizer state where the GPU has them to
-            spare. Less serves too: the copies of what does not fit start at
-            ``save``, right after the copy into device memory, so the step
-            waits for them only as far as they outlast forward and backward;
-            staging the state less what the link moves meanwhile (forward
-            and backward's time times its bandwidth: 50 ms at 52 GB/s is
-            2.6 GB) leaves the step about as little to wait for.
+        lazy: ``save`` returns at once; a step pre-hook on each optimizer in
+            the state blocks ``optimizer.step()`` until parameters and
+            optimizer state are copied. Anything else that mutates them must
+            call :meth:`wait_snapshot` first.
+        staging_budget: bytes of host staging and page-locked memory
+            (default: twice the first save's state).
+        device_staging: bytes of GPU memory a lazy save may snapshot CUDA
+            state into first, so the next step waits only for that copy.
         busy: when the budget is in use by earlier saves: ``"wait"`` or
             ``"skip"`` (``save`` raises :class:`~ckpt.SkippedError`).
         rng: also save and restore the global random generators
             (:class:`~ckpt.RNGState`) under the key ``"rng"``.
-        format: on-storage format for new checkpoints (``"native"``,
-            ``"safetensors"``, ``"torch"``); any of them can be loaded.
-        coordinate: how the ranks of a job agree on each checkpoint:
-            ``"auto"`` (default): ``torch.distributed`` when it is initialised
-            with more than one rank, else MPI (mpi4py) when the process was
-            started by ``mpirun`` with more than one rank, else none;
-            ``"torch"``, ``"mpi"``: insist on one; ``"none"``: this process
-            alone. A coordinator object (see :mod:`ckpt.distributed`) is used
-            as given.
-        process_group: with ``torch.distributed``, the ranks that checkpoint
-            together (default: the whole job). ckpt creates a gloo group of its
-            own over them, so its background collectives never interleave
-            with the training loop's.
-        collective_timeout: seconds a rank waits for the others at each step
-            of a coordinated save (and when the checkpointer is created);
-            past it the save fails with :class:`~ckpt.CheckpointTimeoutError`
-            (a rank died) and this checkpointer cannot save again.
-        read_only: only read the root. A writer (the default) claims the
-            root's next writer epoch at its first ``load_latest`` or save,
-            which fences an older incarnation of the job that is still
-            running: its later saves and ``gc`` raise
-            :class:`~ckpt.FencedError` and what it commits is never loaded.
-            A process that only reads beside a running job (evaluation,
-            export) must pass ``read_only=True`` so that it does not fence
-            the job; its ``save`` and ``gc`` raise
-            :class:`~ckpt.InvalidInputError`.
-        gc_grace: seconds during which garbage collection keeps chunks and
-            incomplete saves' data that nothing references: another process
-            (a save in flight elsewhere) may be writing them.
-        direct_io: local directories write large objects (1 MiB or more)
-            with ``O_DIRECT``, past the page cache, unless ``False`` (the
-            default ``None`` is on; a file system that refuses ``O_DIRECT``,
-            such as tmpfs, gets buffered writes). The environment variable
-            ``CKPT_DIRECT_IO=0|1`` overrides it.
-        fencing: ``False`` for a root that something other than the job
-            manages, such as the memory tier's (its checkpoints are copied
-            between roots, so they carry no epoch): this writer never claims
-            an epoch and is never fenced.
+        format: ``"native"``, ``"safetensors"``, ``"torch"`` or ``"hdf5"``,
+            for new checkpoints; any of them can be loaded.
+        coordinate: ``"auto"`` (``torch.distributed``, else ``mpirun``'s MPI,
+            else none), ``"torch"``, ``"mpi"``, ``"none"``, or a coordinator
+            object (:mod:`ckpt.distributed`).
+        process_group: the ``torch.distributed`` ranks that checkpoint
+            together (default: the whole job).
+        collective_timeout: seconds a rank waits for the others; past it the
+            save fails with :class:`~ckpt.CheckpointTimeoutError`.
+        read_only: only read the root, and never fence the job writing it
+            (``save`` and ``gc`` raise :class:`~ckpt.InvalidInputError`).
+        gc_grace: seconds GC spares unreferenced data a save may be writing.
+        direct_io: write local objects of 1 MiB or more with ``O_DIRECT``
+            (default ``None``: on; ``CKPT_DIRECT_IO=0|1`` overrides it).
+        fencing: ``False``: never claim a writer epoch (the memory tier's roots).
 
-    **Several ranks** (``torchrun``, ``mpirun``): create the checkpointer on
-    every rank with the same URL (creating it is a collective), call ``save``
-    for the same steps in the same order on every rank, and ``wait``/``close``
-    on every rank before the process group is destroyed. Each rank writes its
-    share in the background; rank 0 publishes the checkpoint once every share
-    is durable, so a rank that dies mid-save leaves the previous checkpoint as
-    the newest. The semantics are data parallel: a tensor of the same name on
-    several ranks (a DDP model's parameters, its optimizer state) is the same
-    replicated tensor, stored once, its writing spread over the ranks; plain
-    data (step, epoch, config) is taken from rank 0. Each rank's RNG state is
-    its own and is restored to the same rank. ``load_latest`` works on every
-    rank, with any number of ranks.
+    **Several ranks**: create it on every rank with the same URL, ``save``
+    the same steps in the same order, and ``wait`` or ``close`` on every
+    rank before the process group is destroyed (bindings/README.md).
     """
 
     def __init__(

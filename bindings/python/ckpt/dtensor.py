@@ -77,9 +77,9 @@ def local_tensor(obj: Any) -> Any:
 def local_of(dtensor: Any) -> Any:
     """The local tensor of a DTensor, the same memory ``to_local()`` views.
 
-    ``to_local()`` is an autograd function (about 10 us a call, several calls
-    per DTensor in a save), which a checkpoint does not need: it reads the
-    bytes or writes them in place.
+    ``to_local()`` is an autograd function (several calls per DTensor in a
+    save), which a checkpoint does not need: it reads the bytes or writes
+    them in place.
     """
     t = getattr(dtensor, "_local_tensor", None)
     return t if t is not None else dtensor.to_local()

@@ -5,61 +5,38 @@ rank or a whole node reads memory instead of storage.
 :class:`MemoryCheckpointer` wraps two checkpoint roots per rank:
 
 * **Memory** (``<memory_dir>/rank<r>``, on ``/dev/shm`` by default): every
-  :meth:`~MemoryCheckpointer.save` is a checkpoint of this rank's own state,
-  by the same engine as any other root (content-addressed chunks, blake3,
-  manifest last), saved by this rank alone. It outlives the process (tmpfs
-  belongs to the node), not the node. Retention keeps the newest
-  ``keep_in_memory``.
+  :meth:`~MemoryCheckpointer.save` is a checkpoint of this rank's own state
+  by the same engine as any other root, saved by this rank alone. It
+  outlives the process, not the node; the newest ``keep_in_memory`` stay.
 * **Durable** (``url``): every ``durable_every``-th save also goes there as
   the job's usual coordinated checkpoint (any URL, ``tiered+...`` included).
 
 **Replication.** Nodes are groups of consecutive ranks (``ranks_per_node``,
-from the launcher: ``LOCAL_WORLD_SIZE`` under torchrun, MPI's shared-memory
-split (``MPI_COMM_TYPE_SHARED``) under mpi4py, ``CKPT_RANKS_PER_NODE`` to
-override). Rank ``r`` on node ``k`` sends each committed memory checkpoint to
-the rank of the same local rank on node ``k+1`` (mod the node count), which
-keeps it in ``<its memory_dir>/replica<r>``: losing any one node leaves a copy
-of every rank's state on another. Replicas travel over a communicator of
-ckpt's own (a second gloo group of :class:`~ckpt.distributed.TorchCoordinator`,
-or a duplicate of MPI's world; see ``sendrecv`` there), from one background
-thread, in save order, never interleaved with the training's collectives:
-an all-gather of what each rank offers (and whether its memory save
-succeeded), an all-gather of which objects each receiver lacks (chunks it
-already holds are not sent again), the objects point to point, the replica's
-manifest written last, then an all-gather of the outcome. An object whose
-length differs from the offer fails the replication, and nothing is
-committed: what a failed replication leaves behind is never loaded (the
-replica's retention removes it).
+else ``CKPT_RANKS_PER_NODE``, MPI's shared-memory split or torchrun's
+``LOCAL_WORLD_SIZE``). Rank ``r`` on node ``k`` sends each committed memory
+checkpoint to the same local rank on node ``k+1`` (mod the node count),
+which keeps it in ``<its memory_dir>/replica<r>``: losing any one node
+leaves a copy of every rank's state. Replicas travel from one background
+thread, in save order, over a communicator of ckpt's own (never interleaved
+with the training's collectives); chunks the receiver holds are not sent
+again, and the replica's manifest is written last, only if every object
+arrived whole.
 
-**Restart.** :meth:`~MemoryCheckpointer.load_latest` gathers from every rank
-the memory checkpoints it holds (its own and the replica it keeps) and the
-newest durable step, and takes the newest step every rank can get from
-memory, unless the durable tier has a newer one. Each rank loads its own
-copy. A rank whose copy is missing (a replacement node) gets the replica
-from the peer that keeps it, into its own memory root, before any rank
-loads, so that all the loads run at once; one whose copy fails
-verification gets the replica after, and loads that. Every rank learns
-every other's outcome; if one could not load the step, all go on to the
-next older complete step, then to
-the durable tier. So every rank agrees on the step, and memory checkpoints
-newer than it are dropped (they belong to a timeline that is not resumed).
+**Restart.** :meth:`~MemoryCheckpointer.load_latest` (call it at start-up on
+every rank, also on a fresh start) takes the newest step every rank can get
+from memory, its own copy or the replica its peer keeps, unless the durable
+tier has a newer one; if any rank cannot load it, all go on to the next
+older step, then to the durable tier. Memory checkpoints newer than the
+resumed step are dropped.
 
-Call ``load_latest`` at start-up on every rank, also for a fresh start: it
-drops memory checkpoints that a new run would otherwise collide with. Then
-the first rank of each node removes the roots of ranks that do not belong on
-it (a job of another shape ran there before, and was resumed from or not).
+**Another job shape.** A job restarted with another number of ranks, or on
+other nodes, merges the old job's per-rank checkpoints of the newest step
+every old rank still has somewhere and loads that, resharding sharded state
+(:mod:`ckpt._memreshape`; :attr:`last_source` is ``"memory, merged"``).
 
-**Another job shape.** A memory checkpoint is one rank's state, and records
-which rank of how many saved it. A job restarted with another number of
-ranks, or other nodes, merges the old job's per-rank checkpoints of the
-newest step that every old rank still has somewhere (its own copy or its
-replica), fetching what its node lacks from a rank that holds it, and loads
-the merged checkpoint as any other: sharded (FSDP2/DTensor) state reshards,
-each old rank's random generators go to the new rank of the same number
-(:mod:`ckpt._memreshape`; :attr:`last_source` is ``"memory, merged"``). The
-old job's roots are then removed. A full memory tier (ENOSPC on tmpfs)
-fails that memory save; every rank learns it and :meth:`wait` raises it as a
-:class:`~ckpt.StorageError` with the errno; the durable saves go on.
+A full memory tier (ENOSPC on tmpfs) fails that memory save on every rank
+(:meth:`wait` raises :class:`~ckpt.StorageError`); durable saves go on.
+See ARCHITECTURE.md, "The memory tier", for the protocol.
 """
 
 from __future__ import annotations

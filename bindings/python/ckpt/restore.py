@@ -322,7 +322,7 @@ class Spans:
     """Disjoint byte ranges ``[start, end)``, kept sorted: a restore's plan asks
     of each of its thousands of tensors whether its memory overlaps one taken
     before, in logarithmic time (a scan of every earlier range made the plan
-    quadratic: 73 % of a 867-tensor restore's plan)."""
+    quadratic)."""
 
     def __init__(self) -> None:
         self._starts: List[int] = []
@@ -404,11 +404,10 @@ class _Ids(list):  # type: ignore[type-arg]
 
     torch's ``Optimizer.load_state_dict`` asks, for every state tensor, which
     group holds its parameter by scanning each group's list of ids: the load
-    is quadratic in the parameters (measured: 46 ms for 2,000 parameters of
-    AdamW, 579 ms for 8,000, 2.2 s for 16,000; a mixture of experts with a
-    module per expert has that many). Everything else it does with the list
-    (its length, iterating, a deep copy, then replacing it by the live
-    group's) is a list's; the optimizer keeps none of it."""
+    is quadratic in the parameters (docs/perf.md, "Restore"; a mixture of
+    experts with a module per expert has thousands). Everything else it
+    does with the list (its length, iterating, a deep copy, then replacing
+    it by the live group's) is a list's; the optimizer keeps none of it."""
 
     def __init__(self, ids: Any) -> None:
         super().__init__(ids)
