@@ -39,13 +39,18 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _slabs
+from ._ckpt import LoadTarget
 from ._slabs import SlabPool, _Slab
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["HostStage", "groups", "LOCK_WAYS"]
 
@@ -103,7 +108,7 @@ class HostStage:
         self._copies: List["Future[None]"] = []
         self._copied = 0
         #: The streams the copies go on: current on the caller's thread when the fill began.
-        self._streams: Dict[torch.device, Any] = {}
+        self._streams: Dict[torch.device, torch.cuda.Stream] = {}
         #: Seconds :meth:`copy_back` spent locking a new slab, and copying to the device (or waiting for the copies).
         self.lock_s = 0.0
         self.to_device_s = 0.0
@@ -119,7 +124,7 @@ class HostStage:
     def __len__(self) -> int:
         return len(self._dst)
 
-    def buffers(self) -> List[Any]:
+    def buffers(self) -> List[npt.NDArray[np.uint8]]:
         """A writable byte buffer (numpy) for each destination, in order: the slab's slots."""
         if self._way not in LOCK_WAYS:
             raise InvalidInputError(f"HostStage.lock must be one of {LOCK_WAYS}, not {self._way!r}")
@@ -133,7 +138,9 @@ class HostStage:
         self._views = [slab.host[off : off + n] for off, n in zip(offsets, lens)]
         return [v.numpy() for v in self._views]
 
-    def fill(self, read: Callable[[List[Any]], None], head: List[Any], slots: List[Any]) -> None:
+    def fill(
+        self, read: Callable[[List[LoadTarget]], None], head: List[LoadTarget], slots: List[LoadTarget]
+    ) -> None:
         """Run the load: ``read(requests)`` (the engine's load) for ``head``
         (the restore's other requests) with the first group, then group by
         group; ``slots[i]`` is the request that fills slot ``i``. Each group's
@@ -212,7 +219,7 @@ class HostStage:
         except Exception:  # noqa: BLE001 - as above
             pass
 
-    def _current_streams(self) -> Dict[torch.device, Any]:
+    def _current_streams(self) -> Dict[torch.device, torch.cuda.Stream]:
         """This thread's current stream on each destination's device (the caller's)."""
         return {d: torch.cuda.current_stream(d) for d in {t.device for t in self._dst}}
 
@@ -226,7 +233,7 @@ class HostStage:
             s.synchronize()
 
 
-def _copy(pairs: List[Tuple[torch.Tensor, torch.Tensor]], streams: Dict[torch.device, Any]) -> None:
+def _copy(pairs: List[Tuple[torch.Tensor, torch.Tensor]], streams: Dict[torch.device, torch.cuda.Stream]) -> None:
     """Each slot's bytes into its live tensor, on that device's stream (the
     restore's caller's), from the launcher thread."""
     with torch.no_grad():

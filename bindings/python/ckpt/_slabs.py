@@ -39,7 +39,7 @@ import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -47,6 +47,9 @@ from . import _ckpt
 from .errors import SkippedError
 
 __all__ = ["SlabPool"]
+
+#: The tensors a device stage's views are laid out for: dtype, shape and offset each.
+_Layout = Tuple[Tuple[torch.dtype, Tuple[int, ...], int], ...]
 
 
 class Filler(Protocol):
@@ -59,7 +62,7 @@ class Filler(Protocol):
 # ----------------------------------------------------------------- page locking
 
 
-def _loaded_cudart() -> Any:
+def _loaded_cudart() -> Optional[ctypes.CDLL]:
     """The CUDA runtime library this process already loaded (PyTorch's), through
     ctypes, whose calls release the GIL; None when there is none."""
     try:
@@ -142,7 +145,7 @@ def _locker() -> _Locker:
     return _LOCKER
 
 
-def _on(device: Optional[torch.device]) -> Any:
+def _on(device: Optional[torch.device]) -> ContextManager[object]:
     """``device`` current in this thread for the block (see the module docs:
     a thread of ckpt's own starts on device 0); nothing changes for None."""
     return contextlib.nullcontext() if device is None else torch.cuda.device(device)
@@ -224,9 +227,9 @@ class SlabPool:
         self.device_staging = device_staging
         #: Per device: the staging memory and the views of the last layout in it.
         self._stages: Dict[torch.device, torch.Tensor] = {}
-        self._stage_views: Dict[torch.device, Tuple[Any, List[torch.Tensor]]] = {}
+        self._stage_views: Dict[torch.device, Tuple[_Layout, List[torch.Tensor]]] = {}
         self._slabs: List[_Slab] = []
-        self._streams: Dict[torch.device, Any] = {}
+        self._streams: Dict[torch.device, torch.cuda.Stream] = {}
         self._locked_addresses: List[int] = []
         self._launcher: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
@@ -248,7 +251,7 @@ class SlabPool:
 
     # -- what the copies use
 
-    def stream(self, device: torch.device) -> Any:
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
         """This pool's side stream on ``device``."""
         s = self._streams.get(device)
         if s is None:
@@ -276,7 +279,7 @@ class SlabPool:
             end = at + t.nbytes
         if not picked:
             return [], []
-        layout = tuple((srcs[i].dtype, tuple(srcs[i].shape), at) for i, at in zip(picked, offsets))
+        layout: _Layout = tuple((srcs[i].dtype, tuple(srcs[i].shape), at) for i, at in zip(picked, offsets))
         hit = self._stage_views.get(device)
         if hit is not None and hit[0] == layout:
             return picked, hit[1]
