@@ -30,10 +30,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, Optional, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Sequence, Union
 
 from .errors import InvalidInputError
-from .tree import TAG
+from .tree import TAG, Tree
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+    from torch.optim import Optimizer
 
 __all__ = ["entries", "fits"]
 
@@ -41,7 +46,7 @@ __all__ = ["entries", "fits"]
 _SHOWN = 8
 
 
-def entries(step: int, stored: Mapping[str, Any], asked: Sequence[str]) -> None:
+def entries(step: int, stored: Mapping[str, object], asked: Sequence[str]) -> None:
     """Raise unless the checkpoint of ``step`` (its entries ``stored``) has
     every entry of ``asked``."""
     missing = [k for k in asked if k not in stored]
@@ -52,7 +57,7 @@ def entries(step: int, stored: Mapping[str, Any], asked: Sequence[str]) -> None:
         )
 
 
-def fits(key: str, stored: Any, target: Any, live: Any) -> None:
+def fits(key: str, stored: Tree, target: object, live: object) -> None:
     """Raise where ``target``'s ``load_state_dict`` would refuse ``stored``
     (the saved tree of entry ``key``, its keys already fitted to the live
     wrappers) for the keys of a module or the parameter groups of an
@@ -66,13 +71,13 @@ def fits(key: str, stored: Any, target: Any, live: Any) -> None:
         _optimizer(torch, key, stored, target, live)
 
 
-def _module(torch: Any, key: str, stored: Any, target: Any, live: Any) -> None:
+def _module(torch: ModuleType, key: str, stored: Tree, target: Module, live: object) -> None:
     items = _items(stored)
     if items is None or not isinstance(live, Mapping):
         return
     missing = [k for k in live if k not in items]
     unexpected = [k for k in items if k not in live]
-    versions = stored.get(TAG) == "odict" and _items(stored.get("metadata")) is not None
+    versions = type(stored) is dict and stored.get(TAG) == "odict" and _items(stored.get("metadata")) is not None
     if not (missing or unexpected) or not _strict(torch, target, versions):
         return
     said = []
@@ -87,7 +92,7 @@ def _module(torch: Any, key: str, stored: Any, target: Any, live: Any) -> None:
     )
 
 
-def _optimizer(torch: Any, key: str, stored: Any, target: Any, live: Any) -> None:
+def _optimizer(torch: ModuleType, key: str, stored: Tree, target: Optimizer, live: object) -> None:
     if type(target).load_state_dict is not torch.optim.Optimizer.load_state_dict:
         return  # (an optimizer that loads its own way)
     items = _items(stored)
@@ -104,7 +109,7 @@ def _optimizer(torch: Any, key: str, stored: Any, target: Any, live: Any) -> Non
     )
 
 
-def _strict(torch: Any, module: Any, versions: bool) -> bool:
+def _strict(torch: ModuleType, module: Module, versions: bool) -> bool:
     """Whether torch's strict loading decides ``module``'s keys alone: no
     class in it loads its own way and no load hook outside torch is on it.
     Torch's own classes that do (normalization layers) take missing keys
@@ -123,13 +128,13 @@ def _strict(torch: Any, module: Any, versions: bool) -> bool:
     return True
 
 
-def _torchs(fn: Any) -> bool:
+def _torchs(fn: object) -> bool:
     """Whether ``fn`` is defined in torch itself."""
     mod = getattr(fn, "__module__", None) or ""
     return mod == "torch" or mod.startswith("torch.")
 
 
-def _items(stored: Any) -> Optional[Dict[Any, Any]]:
+def _items(stored: Tree) -> Optional[Dict[Union[str, int], Tree]]:
     """The mapping of a stored tree's dict (an ordered dict's items), if it is one."""
     if type(stored) is not dict:
         return None
@@ -139,7 +144,7 @@ def _items(stored: Any) -> Optional[Dict[Any, Any]]:
     return None if TAG in stored else stored
 
 
-def _count(group: Any) -> Optional[int]:
+def _count(group: Tree) -> Optional[int]:
     items = _items(group)
     params = items.get("params") if items is not None else None
     return len(params) if isinstance(params, (list, tuple)) else None
@@ -150,7 +155,7 @@ def _groups(counts: Sequence[Optional[int]]) -> str:
     return f"{n} parameter group{'s' if n != 1 else ''} of {', '.join(str(c) for c in counts) or 'no'} parameters"
 
 
-def _names(keys: Iterable[Any]) -> str:
+def _names(keys: Iterable[object]) -> str:
     keys = list(keys)
     shown = ", ".join(repr(k) for k in keys[:_SHOWN])
     return shown + (f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else "")

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Union, cast
 
-from .tree import TAG
+from .tree import TAG, Tree
 
 __all__ = ["PREFIXES", "fit"]
 
@@ -36,7 +36,7 @@ PREFIXES = ("_orig_mod.", "module.")
 _COMPILED = "_orig_mod"
 
 
-def fit(stored: Any, target: Any, state: Mapping[str, Any]) -> Any:
+def fit(stored: Tree, target: object, state: object) -> Tree:
     """``stored`` (the saved tree of one entry) with its keys renamed to
     those of ``state`` (``target.state_dict()``) where ``target`` is a module
     and the two differ by wrappers alone (see the module docs); else
@@ -46,17 +46,19 @@ def fit(stored: Any, target: Any, state: Mapping[str, Any]) -> Any:
         return stored
     if type(stored) is not dict or stored.get(TAG) != "odict" or type(stored.get("items")) is not dict:
         return stored
-    have: List[Any] = list(stored["items"])
-    live: List[Any] = list(state)
-    if not have or not live or set(have) == set(live) or not all(isinstance(k, str) for k in have + live):
+    items = cast(Dict[Union[str, int], Tree], stored["items"])
+    keys: List[object] = list(items)
+    names: List[object] = list(state)
+    if not keys or not names or set(keys) == set(names) or not all(isinstance(k, str) for k in keys + names):
         return stored
+    have, live = cast(List[str], keys), cast(List[str], names)
     old, new = _lead(have), _lead(live)
     canon = {k: _canon(k[len(old):]) for k in have}
     to_live = {_canon(k[len(new):]): k for k in live}
     if len(to_live) != len(live) or len(set(canon.values())) != len(have) or set(canon.values()) != set(to_live):
         return stored
     out = dict(stored)
-    out["items"] = {to_live[canon[k]]: v for k, v in stored["items"].items()}
+    out["items"] = {to_live[canon[cast(str, k)]]: v for k, v in items.items()}
     out["metadata"] = _metadata(stored.get("metadata"), old, new, getattr(state, "_metadata", None))
     return out
 
@@ -82,7 +84,7 @@ def _canon(path: str) -> str:
     return ".".join(s for s in path.split(".") if s != _COMPILED)
 
 
-def _module(prefix: Any, lead: str) -> Optional[str]:
+def _module(prefix: object, lead: str) -> Optional[str]:
     """A module's prefix in a state dict's ``_metadata`` (``""`` for the
     root) without the wrappers' parts; None for a wrapper above ``lead``."""
     if not isinstance(prefix, str):
@@ -93,7 +95,7 @@ def _module(prefix: Any, lead: str) -> Optional[str]:
     return _canon(full[len(lead):].removesuffix("."))
 
 
-def _metadata(meta: Any, old: str, new: str, live: Any) -> Any:
+def _metadata(meta: Tree, old: str, new: str, live: object) -> Tree:
     """A stored state dict's ``_metadata`` (module versions by module
     prefix) renamed to the live modules' prefixes (those of ``live``, the
     live state dict's, where it has one; else the names without wrappers).
@@ -105,13 +107,13 @@ def _metadata(meta: Any, old: str, new: str, live: Any) -> Any:
     items = meta.get("items") if odict else meta
     if type(items) is not dict:
         return meta
-    by_name: Dict[str, Any] = {}
+    by_name: Dict[Union[str, int], Tree] = {}
     for k in sorted((k for k in items if isinstance(k, str)), key=len):  # (the wrapped module last)
         name = _module(k, old)
         if name is not None:
             by_name[name] = items[k]
     if isinstance(live, Mapping):
-        renamed = {}
+        renamed: Dict[Union[str, int], Tree] = {}
         for k in live:
             name = _module(k, new)
             if name is not None and name in by_name:

@@ -45,8 +45,7 @@ _PLAIN = (type(None), bool, int, float, str, bytes)
 #: A stored tree: plain data, with a :class:`TensorRef` in place of each tensor
 #: (and tagged dicts for ordered dicts and numpy scalars).
 Tree = Union[
-    None, bool, int, float, str, bytes, TensorRef, List["Tree"], Tuple["Tree", ...], Dict[str, "Tree"],
-    Dict[Union[str, int], "Tree"],
+    None, bool, int, float, str, bytes, TensorRef, List["Tree"], Tuple["Tree", ...], Dict[Union[str, int], "Tree"]
 ]
 
 #: Lazy-safe pointers as the walk carries them: a set, None (all of them) or
@@ -423,16 +422,14 @@ def flatten(
     return f.out
 
 
-def unflatten(tree: Tree, make_tensor: Callable[[str], object]) -> object:
+def unflatten(tree: object, make_tensor: Callable[[str], object]) -> object:
     """Rebuild Python objects from a stored tree; ``make_tensor(name)`` gives each tensor."""
     if isinstance(tree, TensorRef):
         return make_tensor(tree.name)
     if type(tree) is dict:
         tag = tree.get(TAG)
         if tag == "odict":
-            items = tree["items"]
-            assert type(items) is dict
-            out = OrderedDict((k, unflatten(v, make_tensor)) for k, v in items.items())
+            out = OrderedDict((k, unflatten(v, make_tensor)) for k, v in tree["items"].items())
             if tree.get("metadata") is not None:
                 setattr(out, "_metadata", unflatten(tree["metadata"], make_tensor))
             return out
