@@ -19,13 +19,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Set, Tuple, cast
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, cast
 
 from . import _ckpt, _match, _own, _wrappers
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
 from .restore import RestorePlan, live_state, restore_into
 from .rng import RNGState
 from .tree import Tree, tensor_maker, unflatten
+
+if TYPE_CHECKING:
+    from ._hoststage import HostStage
 
 __all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read", "is_damage"]
 
@@ -67,9 +70,9 @@ class Restore:
     #: The destinations the load fills.
     plan: RestorePlan
     #: Each target's value, its tensors placed in or beside the live ones.
-    values: Dict[str, Any]
+    values: Dict[str, object]
     #: Each target's live state as the plan walked it (:func:`~ckpt.restore.live_state`).
-    lives: Dict[str, Any]
+    lives: Dict[str, object]
     #: This rank's own tensors (its tree and RNG), read in the same load into
     #: fresh buffers, as ``{name: (dtype, shape, buffer)}``; None when the
     #: checkpoint holds none for this rank or RNGs are not restored.
@@ -85,9 +88,9 @@ def plan(
     native: _ckpt.Checkpointer,
     step: int,
     attempt: str,
-    targets: List[Tuple[str, Any]],
+    targets: List[Tuple[str, object]],
     rng: bool,
-    stage: Any = None,
+    stage: Optional[HostStage] = None,
     rank: Optional[int] = None,
 ) -> Restore:
     """Step 1: destinations for every tensor the targets (and, with ``rng``,
@@ -98,8 +101,8 @@ def plan(
     meta, table = native.contents(step, attempt)
     layout = Layout.of(meta)
     rp = RestorePlan(table, layout.numpy_names, stage)
-    values: Dict[str, Any] = {}
-    lives: Dict[str, Any] = {}
+    values: Dict[str, object] = {}
+    lives: Dict[str, object] = {}
     _match.entries(step, layout.state, [key for key, _ in targets])
     for key, target in targets:
         live, hint = live_state(target)
@@ -125,7 +128,9 @@ def plan(
     return Restore(step, layout, rp, values, lives, own)
 
 
-def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: List[Tuple[str, Any]], rank: int, rng: bool) -> None:
+def apply(
+    restore: Restore, state: Optional[MutableMapping[str, object]], targets: List[Tuple[str, object]], rank: int, rng: bool
+) -> None:
     """Step 3, once every rank read its part intact: hand the values to the live
     objects (replacing, in ``state``, those that cannot be restored in place),
     and restore this rank's random generators."""
@@ -147,7 +152,7 @@ def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: 
             RNGState().load_state_dict(cast(Mapping[str, object], own["rng"]))
     elif "rng" in values:
         if rank == 0:
-            RNGState().load_state_dict(values["rng"])
+            RNGState().load_state_dict(cast(Mapping[str, object], values["rng"]))
     elif restore.layout.ranks is not None:
         warnings.warn(
             f"ckpt: the checkpoint of step {restore.step} was saved by {restore.layout.ranks} rank(s) and holds "
@@ -158,7 +163,7 @@ def apply(restore: Restore, state: Optional[MutableMapping[str, Any]], targets: 
 
 #: A checkpoint as the native ``load``/``load_latest`` return it:
 #: ``(step, attempt, {name: (dtype, shape, buffer)}, meta, skipped)``.
-Loaded = Tuple[int, str, Dict[str, Tuple[str, List[int], _ckpt.TensorBuffer]], Any, List[Tuple[int, str, CheckpointError]]]
+Loaded = Tuple[int, str, Dict[str, Tuple[str, List[int], _ckpt.TensorBuffer]], object, List[Tuple[int, str, CheckpointError]]]
 
 
 def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str, object], List[Tuple[int, str, CheckpointError]]]:

@@ -29,12 +29,26 @@ import bisect
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
 from ._ckpt import HostSpan, LoadTarget, Shard, TensorInfo, TensorRef
 from .dtensor import is_dtensor, local_of, local_pieces
 from .errors import CorruptError, InvalidInputError, UnsupportedError
-from .tree import TAG, is_stateful
+from .tree import TAG, Tree, is_stateful
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+    from typing_extensions import Buffer
+
+    from ._hoststage import HostStage
+    from ._numpy import NDArray
+
+#: Where a value sits in the stored tree: its keys and indices from the entry's root.
+Path = List[Union[str, int]]
+#: The live tensor whose layout a tensor missing from the live state takes (see :func:`live_state`).
+Hint = Callable[[Path], Optional["Tensor"]]
 
 __all__ = ["RestorePlan", "live_state", "restore_into"]
 
@@ -42,15 +56,20 @@ __all__ = ["RestorePlan", "live_state", "restore_into"]
 class _Deferred:
     """A value known only once the tensors are loaded (a numpy scalar)."""
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, make: Callable[[], object]) -> None:
         self.make = make
 
 
-def _torch() -> Any:
+def _torch() -> Optional[ModuleType]:
     return sys.modules.get("torch")
 
 
-def _no_hint(path: List[Any]) -> Any:
+def _loaded_torch() -> ModuleType:
+    """torch, where a live tensor shows it is imported."""
+    return sys.modules["torch"]
+
+
+def _no_hint(path: Path) -> None:
     """No parameter gives a missing tensor its layout."""
     return None
 
@@ -61,12 +80,20 @@ class _At:
 
     __slots__ = ("parent", "key")
 
-    def __init__(self, parent: Any, key: Any) -> None:
+    def __init__(self, parent: object, key: object) -> None:
         self.parent = parent
         self.key = key
 
     def __str__(self) -> str:
         return f"{self.parent}.{self.key}"
+
+
+_V = TypeVar("_V")
+
+#: A stored mapping's items.
+_Items = Mapping[Union[str, int], Tree]
+#: Where the load writes a tensor's bytes: a writable buffer (a numpy array's among them).
+_Dest = Union["Buffer", "NDArray"]
 
 
 class RestorePlan:
@@ -78,7 +105,7 @@ class RestorePlan:
         stage: CUDA destinations go through this host slab (:class:`ckpt.cuda.HostStage`), if given.
     """
 
-    def __init__(self, table: Dict[str, TensorInfo], numpy_names: Set[str], stage: Any = None) -> None:
+    def __init__(self, table: Dict[str, TensorInfo], numpy_names: Set[str], stage: Optional[HostStage] = None) -> None:
         self.table = table
         self._stage = stage
         #: Boxes read through the stage: the target without its buffer, and its slot in the stage.
@@ -96,43 +123,44 @@ class RestorePlan:
 
     # ------------------------------------------------------------ the walk
 
-    def value(self, saved: Any, live: Any, where: str, hint: Callable[[List[Any]], Any] = _no_hint) -> Any:
+    def value(self, saved: Tree, live: object, where: str, hint: Hint = _no_hint) -> object:
         """The value of stored tree ``saved`` with tensors placed in or beside ``live``."""
         return self._walk(saved, live, where, [], hint)
 
-    def _walk(self, saved: Any, live: Any, where: Any, path: List[Any], hint: Callable[[List[Any]], Any]) -> Any:
+    def _walk(self, saved: Tree, live: object, where: object, path: Path, hint: Hint) -> object:
         if isinstance(saved, TensorRef):
             return self._tensor(saved.name, live, where, hint(path))
         if type(saved) is dict:
             tag = saved.get(TAG)
             if tag == "odict":
-                out: Any = OrderedDict(self._items(saved["items"], live, where, path, hint))
+                out = OrderedDict(self._items(cast(_Items, saved["items"]), live, where, path, hint))
                 if saved.get("metadata") is not None:
-                    out._metadata = self._walk(saved["metadata"], None, where, path + ["_metadata"], hint)
+                    setattr(out, "_metadata", self._walk(saved["metadata"], None, where, path + ["_metadata"], hint))
                 return out
             if tag == "np_scalar":
-                arr = self._walk(saved["value"], None, where, path, hint)
+                arr = cast("NDArray", self._walk(saved["value"], None, where, path, hint))
                 self._deferred = True
                 return _Deferred(lambda: arr[()])
             if tag is not None:
                 raise UnsupportedError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
             return self._items(saved, live, where, path, hint)
         if type(saved) in (list, tuple):
-            same = isinstance(live, Sequence) and not isinstance(live, (str, bytes)) and len(live) == len(saved)
+            seq = cast(Sequence[Tree], saved)
+            same = isinstance(live, Sequence) and not isinstance(live, (str, bytes)) and len(live) == len(seq)
             items = [
-                self._walk(v, live[i] if same else None, f"{where}[{i}]", path + [i], hint)
-                for i, v in enumerate(saved)
+                self._walk(v, cast(Sequence[object], live)[i] if same else None, f"{where}[{i}]", path + [i], hint)
+                for i, v in enumerate(seq)
             ]
             return items if type(saved) is list else tuple(items)
         return saved
 
-    def _items(self, saved: Dict[Any, Any], live: Any, where: Any, path: List[Any], hint: Callable[[List[Any]], Any]) -> Dict[Any, Any]:
+    def _items(self, saved: _Items, live: object, where: object, path: Path, hint: Hint) -> Dict[Union[str, int], object]:
         """The items of a stored mapping, each walked beside ``live``'s value
         of its key. (A state dict's thousands of tensors are taken here, each
         without a walk of its own; the place named in an error is formatted
         only by the error.)"""
         get = live.get if isinstance(live, Mapping) else None
-        out = {}
+        out: Dict[Union[str, int], object] = {}
         for k, v in saved.items():
             at = _At(where, k)
             lv = get(k) if get is not None else None
@@ -144,13 +172,13 @@ class RestorePlan:
 
     # ---------------------------------------------------------- one tensor
 
-    def _info(self, name: str, where: Any) -> Tuple[str, Tuple[int, ...]]:
+    def _info(self, name: str, where: object) -> Tuple[str, Tuple[int, ...]]:
         info = self.table.get(name)
         if info is None:
             raise CorruptError(f"{where}: the checkpoint's metadata names tensor {name!r}, which it does not hold")
         return info.dtype, tuple(info.global_shape)
 
-    def _tensor(self, name: str, live: Any, where: Any, hint: Any) -> Any:
+    def _tensor(self, name: str, live: object, where: object, hint: Optional[Tensor]) -> object:
         dtype, shape = self._info(name, where)
         torch = _torch()
         np = sys.modules.get("numpy")
@@ -183,13 +211,13 @@ class RestorePlan:
         return t
 
     @staticmethod
-    def _check(where: Any, name: str, dtype: str, shape: Tuple[int, ...], have_dtype: str, have: Tuple[int, ...]) -> None:
+    def _check(where: object, name: str, dtype: str, shape: Tuple[int, ...], have_dtype: str, have: Tuple[int, ...]) -> None:
         if shape != have:
             raise InvalidInputError(f"{where}: tensor {name!r} has shape {shape} in the checkpoint, {have} here")
         if dtype != have_dtype:
             raise InvalidInputError(f"{where}: tensor {name!r} is {dtype} in the checkpoint, {have_dtype} here")
 
-    def _fill_torch(self, name: str, dtype: str, shape: Tuple[int, ...], t: Any) -> None:
+    def _fill_torch(self, name: str, dtype: str, shape: Tuple[int, ...], t: Tensor) -> None:
         if is_dtensor(t):
             _, pieces = local_pieces(t, name)
             local = local_of(t)
@@ -199,7 +227,7 @@ class RestorePlan:
         else:
             self._into_torch(name, dtype, shape, None, t)
 
-    def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], t: Any) -> None:
+    def _into_torch(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], t: Tensor) -> None:
         if t.is_meta:
             # (Its copy from the checkpoint would be a no-op: the restore would
             # return its step with nothing restored.)
@@ -218,7 +246,7 @@ class RestorePlan:
             if self._free_span(ptr, nbytes):
                 self._read(name, dtype, shape, shard, _bytes_of(t, ptr, nbytes))
                 return
-        torch = _torch()
+        torch = _loaded_torch()
         t = t.detach()
         self._cuda = self._cuda or pin
         if pin and self._stage is not None:
@@ -231,13 +259,13 @@ class RestorePlan:
         host = torch.empty(tuple(t.shape), dtype=t.dtype, pin_memory=pin)
         self._read(name, dtype, shape, shard, host.reshape(-1).view(torch.uint8).numpy())
 
-        def copy_back(dst: Any = t, src: Any = host) -> None:
+        def copy_back(dst: Tensor = t, src: Tensor = host) -> None:
             with torch.no_grad():
                 dst.copy_(src, non_blocking=dst.device.type == "cuda")
 
         self._after.append(copy_back)
 
-    def _fill_numpy(self, name: str, dtype: str, shape: Tuple[int, ...], arr: Any) -> None:
+    def _fill_numpy(self, name: str, dtype: str, shape: Tuple[int, ...], arr: NDArray) -> None:
         np = sys.modules["numpy"]
         if arr.nbytes == 0:
             return
@@ -254,11 +282,12 @@ class RestorePlan:
         self._read(name, dtype, shape, None, host.reshape(-1).view(np.uint8))
         self._after.append(lambda: np.copyto(arr, host))
 
-    def _read(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], dest: Any) -> None:
+    def _read(self, name: str, dtype: str, shape: Tuple[int, ...], shard: Optional[Shard], dest: _Dest) -> None:
         """Have the load read the box ``shape`` (at ``shard``; None: the whole tensor) into ``dest``."""
-        self.requests.append(LoadTarget(name=name, dtype=dtype, shape=shape, dest=dest, shard=shard))
+        # (numpy's stubs give an array a buffer only on Python 3.12 and later)
+        self.requests.append(LoadTarget(name=name, dtype=dtype, shape=shape, dest=cast("Buffer", dest), shard=shard))
 
-    def read_whole(self, name: str, dest: Any) -> None:
+    def read_whole(self, name: str, dest: Buffer) -> None:
         """Have the load read all of tensor ``name`` into ``dest`` (a writable buffer of its bytes)."""
         dtype, shape = self._info(name, name)
         self._read(name, dtype, shape, None, dest)
@@ -284,6 +313,7 @@ class RestorePlan:
         if not self._staged:
             read(self.requests)
             return
+        assert self._stage is not None  # (staged through it)
         n = len(self._staged)
         head, slots = self.requests[: len(self.requests) - n], self.requests[len(self.requests) - n :]
         self._stage.fill(read, head, slots)
@@ -293,29 +323,32 @@ class RestorePlan:
         the copies to the device already started (the stage's slab is reused
         by the next attempt)."""
         if self._staged:
+            assert self._stage is not None  # (staged through it)
             self._stage.abandon()
 
     def place(self) -> None:
         """Give the CUDA destinations their slots in the stage's slab (after the walk)."""
         if not self._staged:
             return
+        assert self._stage is not None  # (staged through it)
         bufs = self._stage.buffers()
         for name, dtype, shape, shard, i in self._staged:
             self._read(name, dtype, shape, shard, bufs[i])
 
     # --------------------------------------------------------------- after
 
-    def finish(self, value: Any) -> Any:
+    def finish(self, value: _V) -> _V:
         """Copy host buffers into their live tensors; resolve deferred values."""
         if self._staged:
+            assert self._stage is not None  # (staged through it)
             self._stage.copy_back()
             self._staged = []
         for f in self._after:
             f()
         if self._cuda:
-            _torch().cuda.synchronize()
+            _loaded_torch().cuda.synchronize()
         self._after.clear()
-        return _resolve(value) if self._deferred else value
+        return cast(_V, _resolve(value)) if self._deferred else value
 
 
 class Spans:
@@ -346,7 +379,7 @@ class Spans:
         return len(self._starts)
 
 
-def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
+def restore_into(target: object, value: object, where: str, live: object = None) -> bool:
     """Restore ``value`` into ``target`` in place; False when that is impossible.
 
     Objects with ``load_state_dict`` get their state dict (``live``: the
@@ -370,18 +403,17 @@ def restore_into(target: Any, value: Any, where: str, live: Any = None) -> bool:
         target.load_state_dict(value)
         return True
     if torch is not None and isinstance(target, torch.Tensor):
-        if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(value)
-        if tuple(target.shape) != tuple(value.shape):
-            raise InvalidInputError(f"{where}: shape {tuple(value.shape)} in checkpoint, {tuple(target.shape)} here")
+        tensor: Tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise InvalidInputError(f"{where}: shape {tuple(tensor.shape)} in checkpoint, {tuple(target.shape)} here")
         with torch.no_grad():
-            target.copy_(value)
+            target.copy_(tensor)
         return True
     if np is not None and isinstance(target, np.ndarray):
-        value = np.asarray(value)
-        if target.shape != value.shape:
-            raise InvalidInputError(f"{where}: shape {value.shape} in checkpoint, {target.shape} here")
-        np.copyto(target, value, casting="no" if target.dtype == value.dtype else "same_kind")
+        arr: NDArray = np.asarray(value)
+        if target.shape != arr.shape:
+            raise InvalidInputError(f"{where}: shape {arr.shape} in checkpoint, {target.shape} here")
+        np.copyto(target, arr, casting="no" if target.dtype == arr.dtype else "same_kind")
         return True
     if isinstance(target, MutableMapping) and isinstance(value, Mapping):
         for k, v in value.items():
@@ -409,7 +441,7 @@ class _Ids(list):  # type: ignore[type-arg]
     does with the list (its length, iterating, a deep copy, then replacing
     it by the live group's) is a list's; the optimizer keeps none of it."""
 
-    def __init__(self, ids: Any) -> None:
+    def __init__(self, ids: List[object]) -> None:
         super().__init__(ids)
         self._set = frozenset(ids)
 
@@ -420,7 +452,7 @@ class _Ids(list):  # type: ignore[type-arg]
             return list.__contains__(self, x)
 
 
-def _indexed_groups(value: Any) -> Any:
+def _indexed_groups(value: object) -> object:
     """An optimizer's stored state dict with each group's ``params`` an
     :class:`_Ids` (a shallow copy; ``value`` as it is unless it has the
     layout torch's optimizers write)."""
@@ -436,29 +468,29 @@ def _indexed_groups(value: Any) -> Any:
     return dict(value, param_groups=indexed)
 
 
-def _on_device(t: Any) -> bool:
+def _on_device(t: Tensor) -> bool:
     """Whether a live tensor is filled through the host (a CUDA tensor)."""
     return bool(t.is_cuda)
 
 
-def _bytes_of(t: Any, ptr: int, nbytes: int) -> Any:
+def _bytes_of(t: Tensor, ptr: int, nbytes: int) -> _Dest:
     """A writable buffer of the ``nbytes`` bytes at ``ptr`` of a contiguous
     CPU tensor (no copy): a span of its storage, else (a tensor whose storage
     cannot be had) a numpy byte view."""
     try:
         return HostSpan.writable(t.untyped_storage(), ptr, nbytes)
     except (RuntimeError, TypeError, NotImplementedError, InvalidInputError):
-        return t.detach().reshape(-1).view(_torch().uint8).numpy()
+        return t.detach().reshape(-1).view(_loaded_torch().uint8).numpy()
 
 
-def _resolve(v: Any) -> Any:
+def _resolve(v: object) -> object:
     if isinstance(v, _Deferred):
         return v.make()
     if type(v) is OrderedDict:
         meta = getattr(v, "_metadata", None)
-        out: Any = OrderedDict((k, _resolve(x)) for k, x in v.items())
+        out = OrderedDict((k, _resolve(x)) for k, x in v.items())
         if meta is not None:
-            out._metadata = _resolve(meta)
+            setattr(out, "_metadata", _resolve(meta))
         return out
     if type(v) is dict:
         return {k: _resolve(x) for k, x in v.items()}
@@ -469,7 +501,7 @@ def _resolve(v: Any) -> Any:
     return v
 
 
-def _torch_dtype_name(t: Any) -> str:
+def _torch_dtype_name(t: Tensor) -> str:
     global _DTYPE_NAME
     if _DTYPE_NAME is None:  # (imported once, not by an import statement per tensor)
         from .torch import dtype_name
@@ -478,10 +510,10 @@ def _torch_dtype_name(t: Any) -> str:
     return _DTYPE_NAME(t.dtype)
 
 
-_DTYPE_NAME: Optional[Callable[[Any], str]] = None
+_DTYPE_NAME: Optional[Callable[[torch.dtype], str]] = None
 
 
-def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
+def live_state(target: object) -> Tuple[object, Hint]:
     """The live state of a restore target and, for an optimizer, where to find
     the parameter whose layout a missing state tensor takes."""
     if not is_stateful(target):
@@ -493,9 +525,9 @@ def live_state(target: Any) -> Tuple[Any, Callable[[List[Any]], Any]]:
         return state_dict(target), _no_hint
     live = target.state_dict()
     if torch is not None and isinstance(target, torch.optim.Optimizer):
-        params = [p for g in target.param_groups for p in g["params"]]
+        params: List[Tensor] = [p for g in target.param_groups for p in g["params"]]
 
-        def hint(path: List[Any]) -> Any:
+        def hint(path: Path) -> Optional[Tensor]:
             if len(path) == 3 and path[0] == "state" and isinstance(path[1], int) and 0 <= path[1] < len(params):
                 return params[path[1]]
             return None
