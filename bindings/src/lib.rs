@@ -18,6 +18,7 @@ pub mod results;
 pub mod runtime;
 pub mod slab;
 pub mod value;
+pub mod wire;
 
 use pyo3::prelude::*;
 
@@ -165,6 +166,10 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(merge_manifests, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::error_to_wire, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::error_from_wire, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::is_damage, m)?)?;
+    m.add_function(wrap_pyfunction!(wire::verdict, m)?)?;
     m.add_function(wrap_pyfunction!(export::export, m)?)?;
     m.add_function(wrap_pyfunction!(export::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -415,3 +415,46 @@ def test_bad_coordination_arguments_are_typed_errors(url: str) -> None:
     cp = ckpt.Checkpointer(url, coordinate=Loopback(reply=[b"{}", b"{}"]), rng=False)
     with pytest.raises(ckpt.InvalidInputError, match="returned 2 items in a job of 1 ranks"):
         cp.save(1, w=torch.ones(1)).wait()
+
+
+def test_ranks_that_meet_unsupported_data_and_damage_on_one_checkpoint_all_raise(url: str, monkeypatch) -> None:
+    """One rank meets data it cannot read (UnsupportedError) where another meets
+    damage (CorruptError), on the same checkpoint: every rank raises the
+    Unsupported one. None falls back to the older checkpoint alone (it would
+    wait there in collectives the others never join).
+
+    The two failures are injected at the restore's planning step (each rank
+    reading its part of step 2), since no stored checkpoint makes one rank of a
+    job meet the one and another rank the other deterministically."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ckpt._load as load_mod
+
+    w = torch.arange(4.0)
+    assert save_as_ranks(url, [{"w": w}] * 2, step=1) == [None, None]
+    assert save_as_ranks(url, [{"w": w + 1}] * 2, step=2) == [None, None]
+    planned = load_mod.plan
+    meets = {0: ckpt.UnsupportedError("checkpoint metadata version 9 (this ckpt reads 1)"),
+             1: ckpt.CorruptError("hash mismatch", "chunks/ab", "w", "hash mismatch")}
+
+    def plan(native, step, attempt, targets, rng, stage=None, rank=None):  # type: ignore[no-untyped-def]
+        if step == 2:
+            raise meets[rank]
+        return planned(native, step, attempt, targets, rng, stage, rank)
+
+    monkeypatch.setattr(load_mod, "plan", plan)
+    job = ThreadJob(2)
+    job.barrier = threading.Barrier(2, timeout=10)  # a rank left alone in a collective fails fast
+
+    def rank(r: int) -> object:
+        cp = ckpt.Checkpointer(url, coordinate=job.member(r), rng=False, collective_timeout=10)
+        try:
+            return cp.load_latest(w=torch.zeros(4))
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            return e
+
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(rank, range(2)))
+    assert all(isinstance(e, ckpt.UnsupportedError) for e in got), got
+    assert "version 9" in str(got[0]) and "rank 0: " in str(got[1]) and "version 9" in str(got[1])

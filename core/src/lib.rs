@@ -53,7 +53,7 @@ pub mod torch;
 
 pub use checkpointer::{Checkpointer, CheckpointerBuilder, CheckpointerOptions, SnapshotMode};
 pub use coord::{Coordinator, Solo};
-pub use error::{Error, Result};
+pub use error::{verdict, Error, Result, Verdict};
 pub use format::{
     Compression, Format, FormatRegistry, ReadContext, WriteContext, WriteOptions, WriteOutput,
 };

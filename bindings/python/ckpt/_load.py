@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, cast
 
 from . import _ckpt, _match, _own, _wrappers
-from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError, UnsupportedError
+from .errors import CheckpointError, InvalidInputError, UnsupportedError
 from .restore import RestorePlan, live_state, restore_into
 from .rng import RNGState
 from .tree import Tree, tensor_maker, unflatten
@@ -30,7 +30,7 @@ from .tree import Tree, tensor_maker, unflatten
 if TYPE_CHECKING:
     from ._hoststage import HostStage
 
-__all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read", "is_damage"]
+__all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read"]
 
 #: Version of the layout of the metadata tree written by this package.
 META_VERSION = 1
@@ -178,11 +178,3 @@ def read(loaded: Loaded, framework: Optional[str], rank: int) -> Tuple[Dict[str,
         state.update(own)
     return state, list(skipped)
 
-
-def is_damage(e: CheckpointError) -> bool:
-    """Stored data damaged or missing (as opposed to a failing store, bad
-    input, or what this ckpt or this live state cannot take: an
-    :class:`~ckpt.UnsupportedError` is raised, not skipped, since every
-    older checkpoint would be skipped for it too, or for its newer writer,
-    and the job would start afresh over them)."""
-    return isinstance(e, (CorruptError, NotFoundError))

@@ -42,7 +42,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import _ckpt
 from . import _memwire as wire
-from ._memtier import MemoryRoot, chunk_objects, load_outcome, manifest_body, write_object
+from ._memtier import MemoryRoot, chunk_objects, load_outcome, manifest_body, message, write_object
 from .errors import CheckpointError
 
 #: ``(old rank, old world size, step, root name)``; the saver ``None`` for a
@@ -206,16 +206,16 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
                     continue
                 err = receiving.write(merged, key, got)
                 if err is not None:
-                    failure = f"{err.get('msg')}"
+                    failure = message(err)
         finally:
             err = receiving.close()
             if err is not None and failure is None:
-                failure = f"{err.get('msg')}"
+                failure = message(err)
     if failure is not None:
         return failure
     attempt = manifest_body(manifest)["attempt"]
     err = write_object(merged, MemoryRoot.manifest_key(step, attempt), manifest)
-    return None if err is None else str(err.get("msg"))
+    return None if err is None else message(err)
 
 
 def _load_merged(mc: Any, merged: MemoryRoot, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:

@@ -16,7 +16,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _ckpt
 from . import errors as errs
-from ._load import is_damage
 from .errors import CheckpointError, InvalidInputError, StorageError
 
 MANIFESTS = "manifests"
@@ -216,7 +215,7 @@ def load_outcome(load: Callable[[], Any]) -> Tuple[Dict[str, Any], Optional[Chec
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as e:  # noqa: BLE001 - every rank must learn of it
-        if isinstance(e, CheckpointError) and is_damage(e):
+        if isinstance(e, CheckpointError) and _ckpt.is_damage(e):
             return {"status": "damaged"}, e
         return {"status": "error", "error": describe(e)}, None
     return {"status": "ok"}, None
@@ -261,23 +260,19 @@ def write_object(root: MemoryRoot, key: str, data: Any) -> Optional[Dict[str, An
     return None
 
 
-def describe(e: BaseException) -> Dict[str, Any]:
-    if isinstance(e, CheckpointError):
-        d: Dict[str, Any] = {"cls": type(e).__name__, "msg": str(e)}
-    else:
-        d = {"cls": "InternalError", "msg": f"{type(e).__name__}: {e}"}
-    if isinstance(e, OSError) and e.errno is not None:
-        d.update(errno=e.errno, msg=e.strerror or str(e))
+def describe(e: BaseException) -> Dict[str, object]:
+    """A failure as every rank rebuilds it: ckpt-core's wire form of errors
+    (``_ckpt.error_to_wire``), as JSON data to send inside a message."""
+    d: Dict[str, object] = json.loads(_ckpt.error_to_wire(e))
     return d
 
 
-def rebuild(rank: int, d: Dict[str, Any], what: str) -> CheckpointError:
-    cls = getattr(errs, d.get("cls", ""), errs.InternalError)
-    if not (isinstance(cls, type) and issubclass(cls, CheckpointError)):
-        cls = errs.InternalError
-    msg = f"memory tier, rank {rank}, {what}: {d.get('msg', '')}"
-    if d.get("errno") is not None:
-        if not issubclass(cls, OSError):
-            cls = StorageError
-        return cls(d["errno"], msg)
-    return cls(msg)
+def rebuild(rank: int, d: Dict[str, object], what: str) -> CheckpointError:
+    """The exception a failure described on ``rank`` stands for, the same class."""
+    e: CheckpointError = _ckpt.error_from_wire(json.dumps(d).encode(), f"memory tier, rank {rank}, {what}: ")
+    return e
+
+
+def message(d: Dict[str, object]) -> str:
+    """A described failure's message."""
+    return str(_ckpt.error_from_wire(json.dumps(d).encode()))

@@ -26,9 +26,17 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union, cast
 
 from ._memtier import MemoryRoot, write_object
+
+if TYPE_CHECKING:
+    from .distributed import Data, Link
+
+#: A failure as it crosses ranks (:func:`ckpt._memtier.describe`).
+Failure = Dict[str, object]
+#: A link's ``sendrecv_into`` (:meth:`ckpt.distributed.TorchCoordinator.sendrecv_into`).
+_Into = Callable[["Data", int, int, Callable[[int], memoryview]], memoryview]
 
 __all__ = ["Outgoing", "Incoming"]
 
@@ -45,7 +53,7 @@ class Outgoing:
         self._buf = bytearray()
         self._i = 0
 
-    def next(self) -> Any:
+    def next(self) -> Union[bytearray, memoryview]:
         """The next object's bytes, valid until the next call; empty past the
         last object, or when the object is not here, gone or shortened (the
         receiver then sees the wrong length)."""
@@ -80,23 +88,23 @@ class Incoming:
         self._bufs: List[bytearray] = [bytearray(), bytearray()]
         self._turn = 0
         self._writer: Optional[ThreadPoolExecutor] = None
-        self._pending: Optional[Future[Optional[Dict[str, Any]]]] = None
+        self._pending: Optional[Future[Optional[Failure]]] = None
 
-    def buffer_for(self, n: int) -> Any:
+    def buffer_for(self, n: int) -> memoryview:
         """Where the next object's ``n`` bytes are received (``sendrecv_into``)."""
         buf = self._bufs[self._turn]
         if n > len(buf):
             buf = self._bufs[self._turn] = bytearray(n)
         return memoryview(buf)[:n]
 
-    def swap(self, link: Any, data: Any, dst: int, src: int) -> Any:
+    def swap(self, link: Link, data: Data, dst: int, src: int) -> Data:
         """Send ``data`` to ``dst`` while receiving from ``src``: the bytes received."""
-        into: Optional[Callable[..., Any]] = getattr(link, "sendrecv_into", None)
+        into = cast(Optional[_Into], getattr(link, "sendrecv_into", None))
         if into is None:
             return link.sendrecv(data, dst, src)
         return into(data, dst, src, self.buffer_for)
 
-    def write(self, root: MemoryRoot, key: str, got: Any) -> Optional[Dict[str, Any]]:
+    def write(self, root: MemoryRoot, key: str, got: Data) -> Optional[Failure]:
         """Write ``got`` (what :meth:`swap` returned last) as ``key`` of
         ``root`` in the background; returns the failure of the write before
         it, described, if it failed."""
@@ -107,12 +115,12 @@ class Incoming:
         self._turn ^= 1  # (the next object goes into the other buffer)
         return failure
 
-    def finish(self) -> Optional[Dict[str, Any]]:
+    def finish(self) -> Optional[Failure]:
         """Wait for the write in progress; its failure, described."""
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else None
 
-    def close(self) -> Optional[Dict[str, Any]]:
+    def close(self) -> Optional[Failure]:
         """:meth:`finish`, and the writer thread ends."""
         try:
             return self.finish()

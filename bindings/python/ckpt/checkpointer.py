@@ -15,7 +15,7 @@ from . import _ahead, _ckpt, _exit, _load, _own
 from ._gc import collector_paused
 from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ._ckpt import GcReport
-from ._load import META_VERSION, is_damage
+from ._load import META_VERSION
 from .distributed import _agree, _resolve
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
 from .rng import RNGState
@@ -621,7 +621,7 @@ class Checkpointer:
         if verdict is not None:
             if restore is not None:
                 restore.plan.abandon()
-            if isinstance(verdict, CheckpointError) and is_damage(verdict):
+            if isinstance(verdict, CheckpointError) and _ckpt.is_damage(verdict):
                 self._native.note_damaged(step, attempt)
                 return verdict, wrote, _AttemptTimes(marks + [marks[-1]], stage)
             raise verdict

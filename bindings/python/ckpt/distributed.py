@@ -27,14 +27,14 @@ training loop's own collectives on the default group.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from array import array
 from datetime import timedelta
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Type, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, TypeVar, Union
 
+from . import _ckpt
 from .errors import InvalidInputError, UnsupportedError
 
 if TYPE_CHECKING:
@@ -361,31 +361,19 @@ def _agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Option
     that failed gets its own exception back; the others get one of the same
     ckpt class (a :class:`~ckpt.CorruptError` on rank 1 is a ``CorruptError``
     on rank 0 too), naming the rank. Failures that are not damage (bad input, a
-    failing store) win over damage, so ranks never disagree on whether to fall
-    back to an older checkpoint.
+    failing store, data this build cannot read) win over damage, so ranks never
+    disagree on whether to fall back to an older checkpoint. The failures cross
+    in ckpt-core's wire form, and ckpt-core decides the verdict
+    (``_ckpt.verdict``, with its one damage predicate).
     """
-    from . import errors as errs
-
     if coordinator is None or getattr(coordinator, "world_size", 1) <= 1:
         return error
-    mine: Dict[str, Any] = {"ok": error is None}
-    if error is not None:
-        kind = type(error).__name__ if isinstance(error, errs.CheckpointError) else "InternalError"
-        mine.update(cls=kind, msg=str(error), damage=isinstance(error, (errs.CorruptError, errs.NotFoundError, errs.UnsupportedError)))
-        if isinstance(error, OSError) and error.errno is not None:
-            mine.update(errno=error.errno, msg=error.strerror or str(error))
-    everyone = [json.loads(b.decode()) for b in coordinator.all_gather(json.dumps(mine).encode())]
-    failed = [(r, m) for r, m in enumerate(everyone) if not m["ok"]]
-    if not failed:
+    everyone = coordinator.all_gather(b"" if error is None else _ckpt.error_to_wire(error))
+    chosen = _ckpt.verdict(everyone)
+    if chosen is None:
         return None
-    hard = [(r, m) for r, m in failed if not m["damage"]]
-    r, first = (hard or failed)[0]
-    if error is not None and (not hard or not mine["damage"]):
+    rank, damage = chosen
+    if error is not None and (damage or not _ckpt.is_damage(error)):
         return error
-    found = getattr(errs, first["cls"], None)
-    cls: Type[errs.CheckpointError] = (
-        found if isinstance(found, type) and issubclass(found, errs.CheckpointError) else errs.InternalError
-    )
-    if first.get("errno") is not None and issubclass(cls, OSError):
-        return cls(first["errno"], f"rank {r}: {first['msg']}")  # e.errno as on the failing rank
-    return cls(f"rank {r}: {first['msg']}")
+    verdict: BaseException = _ckpt.error_from_wire(everyone[rank], f"rank {rank}: ")
+    return verdict

@@ -59,7 +59,7 @@ from . import errors as errs
 from . import _memreshape as reshape
 from ._ckpt import GcReport
 from ._gc import collector_paused
-from ._memtier import MemoryRoot, Topology, describe, load_outcome, rebuild, write_object
+from ._memtier import MemoryRoot, Topology, describe, load_outcome, message, rebuild, write_object
 from ._handles import RestorePhases, SaveHandle
 from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator, _agree
@@ -546,7 +546,7 @@ class MemoryCheckpointer:
         incoming = lists[topo.holder()] if me in need else []
         failure = self._transfer(self.replica, outgoing, topo.source(), self.own, incoming, topo.holder(), lists)
         if failure is not None and me in need:
-            warnings.warn(f"ckpt: fetching the replica of step {step} failed: {failure.get('msg')}", stacklevel=4)
+            warnings.warn(f"ckpt: fetching the replica of step {step} failed: {message(failure)}", stacklevel=4)
         return True
 
     def _run(self) -> None:
@@ -662,7 +662,7 @@ class MemoryCheckpointer:
                     continue
                 key, size = incoming[i]
                 if len(got) != size:
-                    failure = {"cls": "CorruptError", "msg": f"{key}: {len(got)} bytes arrived, {size} offered"}
+                    failure = describe(errs.CorruptError(f"{key}: {len(got)} bytes arrived, {size} offered"))
                 elif i == len(incoming) - 1:
                     manifest = bytes(got)  # written below, last
                 else:

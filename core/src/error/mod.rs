@@ -1,6 +1,9 @@
 //! The one error type of `ckpt-core`.
 
+mod verdict;
 pub(crate) mod wire;
+
+pub use verdict::{verdict, Verdict};
 
 /// Result alias used throughout ckpt.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -120,6 +123,45 @@ impl Error {
     /// message and operating-system error number).
     pub fn duplicate(&self) -> Error {
         crate::error::wire::WireError::from(self).into_error("")
+    }
+
+    /// The error in the form that crosses between ranks and processes: its
+    /// variant and fields as JSON (storage and I/O errors keep their message
+    /// and operating-system error number). [`Error::from_wire`] reads it back.
+    pub fn to_wire(&self) -> Vec<u8> {
+        // A WireError is strings, integers and booleans: it always serialises.
+        serde_json::to_vec(&crate::error::wire::WireError::from(self))
+            .unwrap_or_else(|_| b"{\"kind\":\"internal\",\"message\":\"?\"}".to_vec())
+    }
+
+    /// An error made by [`Error::to_wire`] (on this rank or another), as the
+    /// same variant, with `context` (e.g. `rank 1: `) in front of its message.
+    /// Bytes that are not such a form are [`Error::InvalidInput`].
+    pub fn from_wire(bytes: &[u8], context: &str) -> Result<Error> {
+        let wire: crate::error::wire::WireError = serde_json::from_slice(bytes)
+            .map_err(|e| Error::InvalidInput(format!("not an error in its wire form: {e}")))?;
+        Ok(wire.into_error(context))
+    }
+
+    /// A storage error raised elsewhere (another process, the Python
+    /// package), from its message and operating-system error number, as the
+    /// wire form rebuilds one.
+    pub fn remote_storage(message: impl Into<String>, errno: Option<i32>) -> Error {
+        crate::error::wire::WireError::Storage {
+            message: message.into(),
+            errno,
+            not_found: false,
+        }
+        .into_error("")
+    }
+
+    /// A local I/O error raised elsewhere, from its message and error number.
+    pub fn remote_io(message: impl Into<String>, errno: Option<i32>) -> Error {
+        crate::error::wire::WireError::Io {
+            message: message.into(),
+            errno,
+        }
+        .into_error("")
     }
 
     /// The operating system's error number under a storage or I/O error
