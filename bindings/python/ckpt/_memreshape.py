@@ -38,18 +38,49 @@ import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NotRequired, Optional, Protocol, Set, Tuple, TypedDict
 
 from . import _ckpt
 from . import _memwire as wire
-from ._memtier import MemoryRoot, chunk_objects, load_outcome, manifest_body, message, write_object
+from ._memtier import MemoryRoot, Topology, chunk_objects, load_outcome, manifest_body, message, write_object
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer, LiveState
+    from .distributed import Link
 
 #: ``(old rank, old world size, step, root name)``; the saver ``None`` for a
 #: checkpoint saved before the tier recorded it.
 Entry = Tuple[Optional[int], Optional[int], int, str]
 
 _ROOT = re.compile(r"^(rank|replica)[0-9]+$")
+
+
+class Holdings(TypedDict):
+    """What a rank can restore, as it tells the others at a load
+    (:meth:`ckpt.memory.MemoryCheckpointer._holdings`)."""
+
+    own: List[int]
+    held: List[int]
+    durable: Optional[int]
+    inventory: List[Entry]
+    has_step: NotRequired[bool]
+
+
+class Tier(Protocol):
+    """What a merged restore uses of the memory tier (a
+    :class:`ckpt.memory.MemoryCheckpointer`, which sits above this module)."""
+
+    topology: Topology
+    node_dir: Path
+    own: MemoryRoot
+    replica: Optional[MemoryRoot]
+    memory: Checkpointer
+    _link: Optional[Link]
+
+    def _gather(self, obj: object) -> List[Any]: ...
+    def _agree(self, mine: Dict[str, Any]) -> List[Dict[str, Any]]: ...
+    def _open_memory(self, root: Optional[MemoryRoot] = None, read_only: bool = False) -> Checkpointer: ...
 
 
 def inventory(node_dir: Path, incoming: Path) -> List[Entry]:
@@ -67,7 +98,9 @@ def inventory(node_dir: Path, incoming: Path) -> List[Entry]:
     return out
 
 
-def load(mc: Any, state: Any, named: Dict[str, Any], everyone: List[Dict[str, Any]], newest_durable: Optional[int]) -> Optional[int]:
+def load(
+    mc: Tier, state: Optional[LiveState], named: Dict[str, object], everyone: List[Holdings], newest_durable: Optional[int]
+) -> Optional[int]:
     """Restore the newest merged checkpoint into ``mc``'s job (see the module
     docs); its step on every rank, or ``None``. ``mc`` is the
     :class:`~ckpt.memory.MemoryCheckpointer`, ``everyone`` what each rank
@@ -92,12 +125,15 @@ def load(mc: Any, state: Any, named: Dict[str, Any], everyone: List[Dict[str, An
     return None
 
 
-def _same_shape(topo: Any, holders: Dict[int, str], r: int) -> bool:
+def _same_shape(topo: Topology, holders: Dict[int, str], r: int) -> bool:
     """True when old rank ``r``'s copy is where this job keeps rank ``r``'s."""
     return holders.get(r) == f"rank{r}" or holders.get(topo.holder(r)) == f"replica{r}"
 
 
-def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int], Dict[int, str]], state: Any, named: Dict[str, Any]) -> bool:
+def _merge_and_load(
+    mc: Tier, step: int, n: int, held: Dict[Tuple[int, int, int], Dict[int, str]], state: Optional[LiveState],
+    named: Dict[str, object],
+) -> bool:
     topo = mc.topology
     me, world = topo.rank, topo.world_size
     server = {r: min(held[(step, n, r)]) for r in range(n)}
@@ -155,10 +191,10 @@ def _merge_and_load(mc: Any, step: int, n: int, held: Dict[Tuple[int, int, int],
     # opened again on the emptied root, or its next save would count on
     # chunks that are gone.
     mc.memory.close()
-    for root in (mc.own, mc.replica):
-        if root is not None:
-            shutil.rmtree(root.path, ignore_errors=True)
-            root.path.mkdir(parents=True, exist_ok=True)
+    for kept in (mc.own, mc.replica):
+        if kept is not None:
+            shutil.rmtree(kept.path, ignore_errors=True)
+            kept.path.mkdir(parents=True, exist_ok=True)
     mc.memory = mc._open_memory()
     return True
 
@@ -168,7 +204,7 @@ def _find(roots: List[MemoryRoot], key: str) -> Optional[MemoryRoot]:
     return next((root for root in roots if (root.path / key).is_file()), None)
 
 
-def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
+def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
            manifest: bytes, step: int, local_roots: List[MemoryRoot]) -> Optional[str]:
     """Fill ``merged`` (links, then fetched objects, the manifest last); the
     failure, described, or ``None``. The ring runs to its end on every rank,
@@ -188,6 +224,8 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
             except OSError as e:
                 failure = failure or f"{key}: {e}"
     for k in range(1, world):
+        link = mc._link
+        assert link is not None  # (a job of several ranks has one)
         dst, src = (me + k) % world, (me - k) % world
         outgoing = everyone_wants[dst].get(me, [])
         incoming = everyone_wants[me].get(src, [])
@@ -197,7 +235,7 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
         receiving = wire.Incoming()
         try:
             for i in range(rounds):
-                got = receiving.swap(mc._link, sending.next(), dst, src)
+                got = receiving.swap(link, sending.next(), dst, src)
                 if i >= len(incoming) or failure is not None:
                     continue
                 key, size = incoming[i]
@@ -218,7 +256,9 @@ def _build(mc: Any, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: 
     return None if err is None else message(err)
 
 
-def _load_merged(mc: Any, merged: MemoryRoot, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:
+def _load_merged(
+    mc: Tier, merged: MemoryRoot, step: int, state: Optional[LiveState], named: Dict[str, object]
+) -> Dict[str, Any]:
     """Load the merged checkpoint as this rank of the job (its shards, its own
     state); the outcome as :meth:`MemoryCheckpointer._agree` takes it."""
     outcome, damage = load_outcome(lambda: mc._open_memory(merged, read_only=True).load(step, state, **named))

@@ -51,7 +51,8 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from collections.abc import Mapping, Sized
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
 from . import _exit
 from . import _memwire as wire
@@ -64,6 +65,14 @@ from ._handles import RestorePhases, SaveHandle
 from .checkpointer import Checkpointer
 from .distributed import MPICoordinator, TorchCoordinator, _agree
 from .errors import CheckpointError, InvalidInputError, StorageError
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from ._memreshape import Holdings
+    from ._memwire import Failure
+    from .checkpointer import LiveState
+    from .distributed import Coordinator, Link
 
 __all__ = ["MemoryCheckpointer", "Topology"]
 
@@ -100,8 +109,8 @@ class MemoryCheckpointer:
         durable_every: int = 1,
         keep_in_memory: int = 2,
         replicate: bool = True,
-        coordinate: Any = "auto",
-        process_group: Any = None,
+        coordinate: Union[str, Coordinator] = "auto",
+        process_group: Optional[ProcessGroup] = None,
         collective_timeout: float = 600.0,
         **options: Any,
     ) -> None:
@@ -115,19 +124,19 @@ class MemoryCheckpointer:
         coord = self.durable._coordinator
         self.timeout = float(collective_timeout)
         # A communicator of our own for replicas and restarts (never the engine's).
-        self._link: Any = None
+        self._link: Optional[Link] = None
         if coord is not None and self.durable.world_size > 1:
             if isinstance(coord, TorchCoordinator):
                 self._link = TorchCoordinator(process_group, timeout=self.timeout)
             elif isinstance(coord, MPICoordinator):
                 self._link = MPICoordinator()
             elif callable(getattr(coord, "sendrecv", None)):
-                self._link = coord
+                self._link = cast("Link", coord)  # (it has sendrecv)
             else:
                 raise InvalidInputError("the memory tier needs a coordinator with sendrecv(data, dst, src)")
         if ranks_per_node is None and "CKPT_RANKS_PER_NODE" not in os.environ and isinstance(self._link, MPICoordinator):
             # MPI's own view of the node: the ranks that share memory with this one.
-            local = self._link.comm.Split_type(self._link._MPI.COMM_TYPE_SHARED)
+            local = self._link._open().Split_type(self._link._MPI.COMM_TYPE_SHARED)
             ranks_per_node = local.Get_size()
             local.Free()
         self.topology = Topology.from_env(self.durable.rank, self.durable.world_size, ranks_per_node)
@@ -151,7 +160,7 @@ class MemoryCheckpointer:
         self._broken = False  # the link failed; no more replication
         self._errors: List[CheckpointError] = []
         self._lock = threading.Lock()
-        self._jobs: "queue.Queue[Optional[Tuple[int, Any, Optional[BaseException]]]]" = queue.Queue()
+        self._jobs: "queue.Queue[Optional[Tuple[int, Optional[SaveHandle], Optional[BaseException]]]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="ckpt-memory-tier", daemon=True)
         self._thread.start()
         _exit.track_tier(self)
@@ -215,7 +224,7 @@ class MemoryCheckpointer:
     def world_size(self) -> int:
         return self.topology.world_size
 
-    def save(self, step: int, state: Any = None, /, **named: Any) -> Optional[SaveHandle]:
+    def save(self, step: int, state: Optional[Mapping[str, object]] = None, /, **named: object) -> Optional[SaveHandle]:
         """Save ``step`` to the memory tier (and replicate it in the
         background), and every ``durable_every``-th time to the durable tier.
         Returns after the snapshot. A step the memory tier refuses
@@ -238,7 +247,7 @@ class MemoryCheckpointer:
             handle = self._save(step, state, named)
         return handle._finish(t0) if handle is not None else None
 
-    def _save(self, step: int, state: Any, named: Dict[str, Any]) -> Optional[SaveHandle]:
+    def _save(self, step: int, state: Optional[Mapping[str, object]], named: Dict[str, object]) -> Optional[SaveHandle]:
         durable = self.durable_every > 0 and self._saves % self.durable_every == 0
         self._saves += 1
         handle, error = None, None
@@ -311,12 +320,12 @@ class MemoryCheckpointer:
     def __enter__(self) -> "MemoryCheckpointer":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ----------------------------------------------------------------- loading
 
-    def load_latest(self, state: Any = None, /, **named: Any) -> Optional[int]:
+    def load_latest(self, state: Optional[LiveState] = None, /, **named: object) -> Optional[int]:
         """Restore the newest checkpoint complete across the tiers in place
         (see the module docs) and return its step, the same on every rank, or
         ``None`` for a fresh start. :attr:`last_source` says where this rank's
@@ -343,7 +352,7 @@ class MemoryCheckpointer:
             warnings.warn(f"ckpt: cannot list the durable tier ({e}); trying memory alone", stacklevel=3)
             return []
 
-    def _holdings(self, durable: List[int]) -> Dict[str, Any]:
+    def _holdings(self, durable: List[int]) -> Holdings:
         """What this rank can restore: the memory steps of its own root and of
         the replica it keeps (saved by the rank of this job they stand for),
         the newest durable step, and the node's memory inventory."""
@@ -364,7 +373,7 @@ class MemoryCheckpointer:
             "inventory": inventory,
         }
 
-    def _in_memory(self, everyone: List[Dict[str, Any]]) -> Set[int]:
+    def _in_memory(self, everyone: List[Holdings]) -> Set[int]:
         """The steps every rank can restore from memory: its own copy, or the
         replica its peer keeps."""
         topo = self.topology
@@ -376,7 +385,7 @@ class MemoryCheckpointer:
             have.append(got)
         return set.intersection(*have)
 
-    def _load_latest(self, state: Any, named: Dict[str, Any], mine: Dict[str, Any]) -> Optional[int]:
+    def _load_latest(self, state: Optional[LiveState], named: Dict[str, object], mine: Holdings) -> Optional[int]:
         try:
             if self._broken:
                 raise RuntimeError("the link failed earlier")
@@ -403,7 +412,7 @@ class MemoryCheckpointer:
         self.last_restore = None if resumed is None else self.durable.last_restore
         return resumed
 
-    def load(self, step: int, state: Any = None, /, **named: Any) -> int:
+    def load(self, step: int, state: Optional[LiveState] = None, /, **named: object) -> int:
         """Restore the checkpoint of ``step`` in place and return ``step``:
         from memory where every rank can get it there (its own copy, else the
         replica its peer keeps, fetched first), else from the durable tier.
@@ -482,7 +491,7 @@ class MemoryCheckpointer:
         if self.replica is not None:
             self.replica.drop_newer(step)
 
-    def _try_load(self, step: int, state: Any, named: Dict[str, Any]) -> Dict[str, Any]:
+    def _try_load(self, step: int, state: Optional[LiveState], named: Dict[str, object]) -> Dict[str, Any]:
         attempt = self.own.committed().get(step)
         if attempt is None:
             return {"status": "absent"}
@@ -501,7 +510,9 @@ class MemoryCheckpointer:
                 raise rebuild(r, o["error"], "load")
         return everyone
 
-    def _load_from_memory(self, step: int, state: Any, named: Dict[str, Any], everyone: List[Any]) -> Optional[str]:
+    def _load_from_memory(
+        self, step: int, state: Optional[LiveState], named: Dict[str, object], everyone: List[Holdings]
+    ) -> Optional[str]:
         """Load ``step`` from memory on every rank: its own copy, else the
         replica its peer keeps. ``None`` (on every rank) when some rank could
         not; its live state may then be partly overwritten, as the caller
@@ -525,7 +536,7 @@ class MemoryCheckpointer:
             return None
         return "peer" if me in need | absent else "memory"
 
-    def _fetch(self, step: int, need: Set[int], everyone: List[Any]) -> bool:
+    def _fetch(self, step: int, need: Set[int], everyone: List[Holdings]) -> bool:
         """Every rank in ``need`` gets the replica of ``step`` its peer keeps,
         into its own memory root (a collective: every rank takes part). False
         on every rank when one of them has no replica to get; a transfer that
@@ -564,12 +575,12 @@ class MemoryCheckpointer:
             finally:
                 self._jobs.task_done()
 
-    def _gather(self, obj: Any) -> List[Any]:
+    def _gather(self, obj: object) -> List[Any]:
         if self._link is None:
             return [obj]
         return [json.loads(b) for b in self._link.all_gather(json.dumps(obj).encode())]
 
-    def _replicate(self, step: int, handle: Any, error: Optional[BaseException]) -> None:
+    def _replicate(self, step: int, handle: Optional[SaveHandle], error: Optional[BaseException]) -> None:
         """One save's turn: learn every rank's outcome, then pass replicas on."""
         if self._broken:
             if handle is not None:
@@ -583,8 +594,8 @@ class MemoryCheckpointer:
             self._broken = True
             raise errs.CheckpointTimeoutError(f"memory tier: replication of step {step} failed: {e}") from None
 
-    def _replicate_on_link(self, step: int, handle: Any, error: Optional[BaseException]) -> None:
-        offer: Dict[str, Any] = {"ok": False}
+    def _replicate_on_link(self, step: int, handle: Optional[SaveHandle], error: Optional[BaseException]) -> None:
+        offer: Dict[str, object] = {"ok": False}
         pinned = self.node_dir / f".outgoing{self.topology.rank}"
         if handle is not None:
             try:
@@ -604,7 +615,7 @@ class MemoryCheckpointer:
         finally:
             shutil.rmtree(pinned, ignore_errors=True)
 
-    def _pass_on(self, step: int, offer: Dict[str, Any], pinned: MemoryRoot) -> None:
+    def _pass_on(self, step: int, offer: Dict[str, object], pinned: MemoryRoot) -> None:
         offers = self._gather(offer)
         for r, o in enumerate(offers):
             if not o["ok"] and "error" in o:
@@ -642,22 +653,24 @@ class MemoryCheckpointer:
         in_root: MemoryRoot,
         incoming: List[Tuple[str, int]],
         src: int,
-        everyone: List[Any],
-    ) -> Optional[Dict[str, Any]]:
+        everyone: Sequence[Sized],
+    ) -> Optional[Failure]:
         """Send ``outgoing`` objects to ``dst`` while receiving ``incoming``
         from ``src``, one object each way per round, as many rounds as the
         longest list of any rank (``everyone``), so every pair stays in step.
         The last incoming object (the manifest) is written only if every other
         one arrived whole. Returns ``None`` or the failure, described."""
+        link = self._link
+        assert link is not None  # (the callers pass on replicas only over one)
         rounds = max((len(w) for w in everyone), default=0)
-        failure: Optional[Dict[str, Any]] = None
-        manifest: Any = None
+        failure: Optional[Failure] = None
+        manifest: Optional[bytes] = None
         # Buffers reused, each object written while the next one arrives (ckpt._memwire).
         sending = wire.Outgoing([(out_root, key) for key, _ in outgoing])
         receiving = wire.Incoming()
         try:
             for i in range(rounds):
-                got = receiving.swap(self._link, sending.next(), dst, src)
+                got = receiving.swap(link, sending.next(), dst, src)
                 if i >= len(incoming) or failure is not None:
                     continue
                 key, size = incoming[i]
