@@ -19,7 +19,7 @@ A module is checked only where torch's strict loading is known to refuse
 what differs: no class in it loads its state its own way (a
 ``_load_from_state_dict`` or ``load_state_dict`` not from torch, or torch's
 own version fix-ups with no stored module versions to go by) and no load
-hook outside torch is registered on it (a hook may rename or drop keys). Any
+hook outside torch is registered on it (a hook may rename or drop keys). Every
 other module gets the stored state dict as before, and its own
 ``load_state_dict`` decides. To load part of a checkpoint into a changed
 model, read it (``read_latest()``) and call ``load_state_dict(...,

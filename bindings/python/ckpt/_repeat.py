@@ -38,15 +38,21 @@ import warnings
 import weakref
 from functools import partial
 from itertools import chain
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union, cast
 
 import torch
 
 from . import _repeat_host
-from ._ckpt import SlabSlot, TensorSpec
+from ._ckpt import Shard, SlabSlot, TensorSpec
+from ._repeat_host import FlatKeys, HostPlan, Keys, Meta
 from .cuda import Pending
 from .torch import Exporter
-from .tree import TAG
+from .tree import TAG, LazyPtrs, Tree, _Flattener, _Later
+
+if TYPE_CHECKING:
+    from ._numpy import NDArray
+    from ._slabs import SlabPool, _Slab
+    from .cuda import DeviceCopy
 
 __all__ = ["Plan", "Probe", "probe", "PlannedExporter"]
 
@@ -71,7 +77,7 @@ _DEVICE = operator.attrgetter("device")
 _SLOTS = {Pending, SlabSlot}
 
 
-def _layout(v: Any) -> Any:
+def _layout(v: object) -> object:
     """What fixes a DTensor's pieces besides its local tensor's shape: its spec
     and the spec's placements, mesh and global metadata, compared by identity
     (FSDP2 and TP keep one spec per parameter and optimizer state), as
@@ -97,16 +103,16 @@ class Plan:
         "walk_ptrs", "layouts", "made", "pending", "mixed",
     )
 
-    def __init__(self, keys: Any, meta: List[Any], ptrs: List[int]) -> None:
+    def __init__(self, keys: Keys, meta: List[Meta], ptrs: List[int]) -> None:
         self.keys = keys
         self.meta = meta
         self.ptrs = ptrs
         #: Every tensor's name, in the order of ``meta``.
         self.names: List[str] = []
         #: The walked form of the mapping, returned as it is by a save that matches.
-        self.tree: Any = None
+        self.tree: Tree = None
         #: A copy of the mapping's ``_metadata`` (a module's state dict), if any.
-        self.raw_meta: Any = None
+        self.raw_meta: object = None
         #: The tensors in the walk's order, in runs: ``(positions, distinct,
         #: first, end)`` for tensors copied from the device as they are
         #: (``distinct``: the positions of those not tied to an earlier one;
@@ -117,10 +123,10 @@ class Plan:
         self.uniq_ptrs: List[int] = []
         #: The lengths of the slots the mapping takes, in order (clones included).
         self.nbytes: Tuple[int, ...] = ()
-        self.device: Any = None
+        self.device: Optional[torch.device] = None
         #: The specs of the device tensors made for a slab: ``id(slab)`` to
         #: ``(weakref to it, (its layout's number, first slot index), specs)``.
-        self.specs: Dict[int, Tuple[Any, Tuple[int, int], List[Any]]] = {}
+        self.specs: Dict[int, Tuple[weakref.ref[_Slab], Tuple[int, int], List[TensorSpec]]] = {}
         #: (Filled while the plan is made: each device tensor's slot, from the mapping's first.)
         self.slot_of: List[Tuple[int, int]] = []
         #: Whether a tensor the walk takes one by one was left to the
@@ -129,12 +135,12 @@ class Plan:
         #: copied at once again, and the pointers are not looked up.
         self.walk_ptrs = False
         #: Per tensor, a DTensor's layout (:func:`_layout`), None for a plain tensor.
-        self.layouts: Optional[List[Any]] = None
+        self.layouts: Optional[List[object]] = None
         #: (Filled while the plan is made: what the walk made of each device
         #: tensor, ``(dtype, shape, shard)`` of its spec.)
-        self.made: Dict[int, Tuple[str, Any, Any]] = {}
+        self.made: Dict[int, Tuple[str, List[int], Optional[Shard]]] = {}
         #: The specs made for a slab not yet chosen: ``(first slot index, specs)``.
-        self.pending: Optional[Tuple[int, List[Any]]] = None
+        self.pending: Optional[Tuple[int, List[TensorSpec]]] = None
         #: Where every tensor the walk takes one by one is a CPU tensor it
         #: views as it is (an optimizer's CPU ``step`` beside its CUDA moments,
         #: as PyTorch's Adam and AdamW keep them unless fused or capturable):
@@ -151,10 +157,10 @@ class Probe:
     __slots__ = ("tree", "_plans", "_host", "_prefix", "_keys", "_vals", "_meta", "_ptrs", "_ok", "_nested", "_layouts")
 
     def __init__(
-        self, plans: Optional[Dict[str, Plan]], host: Optional[Dict[str, Any]], prefix: str, keys: Any, vals: List[Any],
-        nested: bool,
+        self, plans: Optional[Dict[str, Plan]], host: Optional[Dict[str, HostPlan]], prefix: str, keys: Keys,
+        vals: List[torch.Tensor], nested: bool,
     ) -> None:
-        self.tree: Any = None
+        self.tree: Tree = None
         #: The plans of mappings of CUDA tensors (the slab pool's), and of CPU
         #: tensors (:mod:`ckpt._repeat_host`), where kept.
         self._plans = plans
@@ -163,13 +169,13 @@ class Probe:
         self._keys = keys
         self._vals = vals
         self._nested = nested
-        self._meta: Optional[List[Any]] = None
+        self._meta: Optional[List[Meta]] = None
         self._ptrs: List[int] = []
         self._ok = False
         #: Per tensor, a DTensor's layout, None for a plain tensor (None: no DTensor).
-        self._layouts: Optional[List[Any]] = None
+        self._layouts: Optional[List[object]] = None
 
-    def record(self, fl: Any, obj: Mapping[Any, Any], n0: int, d0: int, tree: Any) -> None:
+    def record(self, fl: _Flattener, obj: Mapping[Union[str, int], object], n0: int, d0: int, tree: Tree) -> None:
         """After the walk of the mapping (its walked form ``tree``): its tensor
         specs are ``fl.out.tensors[n0:]``, its device copies the DeviceCopy's
         from index ``d0`` on. What the plan needs of them is taken now; the
@@ -194,9 +200,9 @@ class Probe:
                 self._plans.pop(self._prefix, None)
             return
         srcs = device._srcs[d0:]
-        fl.exporter.later.append(partial(self.make, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
+        _planned(fl).later.append(partial(self.make, outs, srcs, d0, tree, getattr(obj, "_metadata", None)))
 
-    def make(self, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> None:
+    def make(self, outs: List[TensorSpec], srcs: List[torch.Tensor], d0: int, tree: Tree, meta: object) -> None:
         """Make the plan :meth:`record` took the makings of."""
         assert self._plans is not None
         try:
@@ -209,7 +215,7 @@ class Probe:
         else:
             self._plans[self._prefix] = plan
 
-    def _record_host(self, outs: List[Any], tree: Any, meta: Any) -> None:
+    def _record_host(self, outs: List[TensorSpec], tree: Tree, meta: object) -> None:
         """The plan of a mapping of CPU tensors, from what the walk made of it."""
         host = self._host
         if host is None:
@@ -250,8 +256,8 @@ def make_later(jobs: List[Callable[[], None]]) -> None:
 
 
 def probe(
-    fl: Any, plans: Optional[Dict[str, Plan]], obj: Mapping[Any, Any], prefix: str, lazy_ptrs: Any,
-    host: Optional[Dict[str, Any]] = None,
+    fl: _Flattener, plans: Optional[Dict[str, Plan]], obj: Mapping[Union[str, int], object], prefix: str,
+    lazy_ptrs: LazyPtrs, host: Optional[Dict[str, HostPlan]] = None,
 ) -> Optional[Probe]:
     """Walk ``obj`` in bulk if its plan holds (then the probe's ``tree`` is
     set); None when it is not a mapping this module takes. ``plans`` are the
@@ -270,16 +276,16 @@ def probe(
     if types <= tensors:
         if len(outer) < _MIN:
             return None
-        p = Probe(plans, host, prefix, tuple(obj), outer, False)
+        p = Probe(plans, host, prefix, tuple(obj), cast(List[torch.Tensor], outer), False)
     elif types == {dict}:
         # An optimizer's state: every value a dict of tensors.
-        vals = list(chain.from_iterable(map(_VALUES, outer)))
+        vals: List[torch.Tensor] = list(chain.from_iterable(map(_VALUES, cast(List[Dict[object, torch.Tensor]], outer))))
         if len(vals) < _MIN:
             return None
         types = set(map(type, vals))
         if not types <= tensors:
             return None
-        p = Probe(plans, host, prefix, (tuple(obj), tuple(map(tuple, outer))), vals, True)
+        p = Probe(plans, host, prefix, (tuple(obj), tuple(map(tuple, cast(List[Dict[Union[str, int], torch.Tensor]], outer)))), vals, True)
     else:
         return None
     vals = p._vals
@@ -320,7 +326,9 @@ class PlannedExporter(Exporter):
     takes mappings of tensors in bulk by the last save's plans (the pool's,
     of CUDA tensors, and ``host_plans``, of CPU tensors), and records them."""
 
-    def __init__(self, slabs: Any = None, lazy: bool = True, host_plans: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self, slabs: Optional[SlabPool] = None, lazy: bool = True, host_plans: Optional[Dict[str, HostPlan]] = None
+    ) -> None:
         super().__init__(slabs, lazy)
         #: The plans of mappings of CPU tensors (:mod:`ckpt._repeat_host`), where kept.
         self._host_plans = host_plans
@@ -328,7 +336,7 @@ class PlannedExporter(Exporter):
         #: :meth:`make_plans` once the save has started.
         self.later: List[Callable[[], None]] = []
 
-    def probe(self, fl: Any, obj: Any, prefix: str, lazy_ptrs: Optional[Set[int]]) -> Any:
+    def probe(self, fl: _Flattener, obj: Mapping[Union[str, int], object], prefix: str, lazy_ptrs: LazyPtrs) -> Optional[Probe]:
         """A mapping of tensors walked in bulk, as the last save's (:func:`probe`);
         None when it is no mapping of tensors."""
         plans = self._slabs.plans if self._slabs is not None else None
@@ -347,7 +355,12 @@ class PlannedExporter(Exporter):
             self._slabs.launcher().submit(make_later, jobs)
 
 
-def _copied(meta: Any) -> Any:
+def _planned(fl: _Flattener) -> PlannedExporter:
+    """The exporter of a walk that probes (only a :class:`PlannedExporter` does)."""
+    return cast(PlannedExporter, fl.exporter)
+
+
+def _copied(meta: object) -> object:
     """A copy of a module state dict's ``_metadata`` (an ordered dict of
     small dicts of plain values: one per submodule), to compare a later
     save's with; anything else copied deeply."""
@@ -358,7 +371,7 @@ def _copied(meta: Any) -> Any:
     return copy.deepcopy(meta)
 
 
-def _holds(plan: Any, p: Probe, obj: Mapping[Any, Any]) -> bool:
+def _holds(plan: Union[Plan, HostPlan], p: Probe, obj: Mapping[Union[str, int], object]) -> bool:
     """Whether the mapping ``obj`` (probed as ``p``) is the one ``plan`` (a
     :class:`Plan` or a :class:`ckpt._repeat_host.HostPlan`) was made of."""
     if plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
@@ -368,16 +381,16 @@ def _holds(plan: Any, p: Probe, obj: Mapping[Any, Any]) -> bool:
     return bool(plan.raw_meta == getattr(obj, "_metadata", None))
 
 
-def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
+def _emit(fl: _Flattener, plan: Plan, vals: List[torch.Tensor], lazy_ptrs: LazyPtrs) -> bool:
     mixed = plan.mixed
-    host: Optional[List[Any]] = None
+    host: Optional[List[TensorSpec]] = None
     if mixed is not None:
         # (Made first: a CPU tensor that cannot be viewed sends the mapping
         # through the walk before any device tensor was queued.)
         host = _repeat_host.take(fl, mixed[3], [vals[j] for j in mixed[1]], lazy_ptrs)
         if host is None:
             return False
-    device = fl.exporter._device()
+    device = _planned(fl)._device()
     got = device.fits(plan.nbytes, plan.uniq_ptrs)
     if got is None:
         return False
@@ -398,7 +411,7 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
                 # A module's: looked up now if a tensor taken one by one may
                 # wait for the background copy; else all of them are copied at
                 # once, as the last time (always safe, and what buffers need).
-                lazy_ptrs = lazy_ptrs.get() if plan.walk_ptrs else _AT_ONCE
+                lazy_ptrs = cast(_Later, lazy_ptrs).get() if plan.walk_ptrs else _AT_ONCE
             for j in pos:
                 # (the walk's own path, for tensors it takes one by one; the name is free)
                 fl.leaf(vals[j], plan.names[j], plan.names[j], lazy_ptrs)
@@ -410,7 +423,7 @@ def _emit(fl: Any, plan: Plan, vals: List[Any], lazy_ptrs: Any) -> bool:
     return True
 
 
-def _pending(plan: Plan, i0: int) -> List[Any]:
+def _pending(plan: Plan, i0: int) -> List[TensorSpec]:
     """The specs of the plan's device tensors from slot ``i0`` of a slab not
     yet chosen: their bytes :class:`ckpt.cuda.Pending` until the save's
     ``start`` (made once per ``i0``; specs and ``Pending`` do not change)."""
@@ -422,7 +435,7 @@ def _pending(plan: Plan, i0: int) -> List[Any]:
     return specs
 
 
-def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
+def _specs(slab: _Slab, plan: Plan, i0: int, slots: List[SlabSlot]) -> List[TensorSpec]:
     """The specs of the plan's device tensors in ``slab`` from slot ``i0`` (made once per slab)."""
     hit = plan.specs.get(id(slab))
     # (A slab laid out anew has new slot objects: the engine counts its use by them.)
@@ -433,7 +446,7 @@ def _specs(slab: Any, plan: Plan, i0: int, slots: List[Any]) -> List[Any]:
     return specs
 
 
-def _made_specs(plan: Plan, datas: List[Any]) -> List[Any]:
+def _made_specs(plan: Plan, datas: Sequence[Union[Pending, SlabSlot]]) -> List[TensorSpec]:
     """A spec for each of the plan's device tensors, as the walk made it, with its bytes from ``datas``."""
     out = []
     for (j, _), data in zip(plan.slot_of, datas):
@@ -442,7 +455,7 @@ def _made_specs(plan: Plan, datas: List[Any]) -> List[Any]:
     return out
 
 
-def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: Any) -> Optional[Plan]:
+def _plan(p: Probe, outs: List[TensorSpec], srcs: List[torch.Tensor], d0: int, tree: Tree, meta: object) -> Optional[Plan]:
     """A plan from what the walk did with the mapping (the specs it made,
     ``outs``; the device tensors it took from slot ``d0`` on, ``srcs``; the
     walked form ``tree``; the mapping's ``_metadata``), or None if its tensors
@@ -460,9 +473,9 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
     if _in_order(plan, outs, srcs, d0, vals):
         return plan
     # Tensor by tensor: tied ones, clones, DTensors in pieces, other devices.
-    viewed: Dict[int, Any] = {}  # CPU tensors the walk viewed as they are: their specs
+    viewed: Dict[int, TensorSpec] = {}  # CPU tensors the walk viewed as they are: their specs
     array = _repeat_host.ndarray()
-    specs: Dict[str, Any] = {}
+    specs: Dict[str, TensorSpec] = {}
     twice: Set[str] = set()  # (names of DTensors stored in several pieces)
     for t in outs:
         if t.name in specs:
@@ -507,7 +520,7 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
             if spec is None or not (spec.copy_now or isinstance(data, (Pending, SlabSlot))):
                 plan.walk_ptrs = True
             if spec is not None and array is not None and type(data) is array and name not in twice:
-                view: Any = data
+                view = cast("NDArray", data)
                 if view.__array_interface__["data"][0] == p._ptrs[j] and view.nbytes == vals[j].nbytes:
                     viewed[j] = spec  # (a CPU tensor viewed as it is)
     if not plan.slot_of or len(srcs) != len(nbytes):
@@ -522,7 +535,9 @@ def _plan(p: Probe, outs: List[Any], srcs: List[Any], d0: int, tree: Any, meta: 
     return plan
 
 
-def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
+def _mixed(
+    plan: Plan, p: Probe, viewed: Dict[int, TensorSpec], ndev: int
+) -> Optional[Tuple[List[int], List[int], List[int], _repeat_host.Views]]:
     """:attr:`Plan.mixed`, where every tensor the walk takes one by one was
     viewed as it is (``viewed``: their specs); ``ndev`` device specs."""
     walked = [j for pos, distinct, _, _ in plan.runs if distinct is None for j in pos]
@@ -543,16 +558,17 @@ def _mixed(plan: Plan, p: Probe, viewed: Dict[int, Any], ndev: int) -> Any:
     return distinct_all, walked, order, views
 
 
-def _names(p: Probe, tree: Any) -> Optional[List[str]]:
+def _names(p: Probe, tree: Tree) -> Optional[List[str]]:
     """The names the walk gave the probed mapping's tensors (walked form
     ``tree``), in the order of the probe's tensors; None where one is not the
     name its keys make (a name made unique, a shape not expected)."""
     prefix = p._prefix
-    items = tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree
-    refs: List[Any] = []
+    items = cast(Dict[Union[str, int], Tree], tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree)
+    refs: List[Tree] = []
     names: List[str] = []
     if p._nested:
-        for k, inner in zip(p._keys[0], p._keys[1]):
+        outer, inners = cast(Tuple[FlatKeys, Tuple[FlatKeys, ...]], p._keys)
+        for k, inner in zip(outer, inners):
             sub = items[k]
             if type(sub) is not dict or TAG in sub:
                 return None
@@ -561,7 +577,7 @@ def _names(p: Probe, tree: Any) -> Optional[List[str]]:
                 refs.append(sub[k2])
                 names.append(base + (k2 if type(k2) is str else str(k2)))
     else:
-        for k in p._keys:
+        for k in cast(FlatKeys, p._keys):
             refs.append(items[k])
             names.append(prefix + (k if type(k) is str else str(k)))
     if [getattr(r, "name", None) for r in refs] != names:
@@ -569,7 +585,7 @@ def _names(p: Probe, tree: Any) -> Optional[List[str]]:
     return names
 
 
-def _in_order(plan: Plan, outs: List[Any], srcs: List[Any], d0: int, vals: List[Any]) -> bool:
+def _in_order(plan: Plan, outs: List[TensorSpec], srcs: List[torch.Tensor], d0: int, vals: List[torch.Tensor]) -> bool:
     """Fill ``plan`` for the common case, checked in bulk: each tensor of the
     mapping (``vals``) made one spec (``outs``) and is copied from one device
     as it is, into a slot of its own, in order (``srcs``, slots from ``d0``):

@@ -31,12 +31,22 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
-from ._ckpt import HostRun
+from ._ckpt import HostRun, TensorSpec
 from .errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from .tree import LazyPtrs, Tree, _Flattener
+
+#: A probed mapping's keys (:func:`ckpt._repeat.probe`): its own, or for a
+#: mapping of dicts (an optimizer's state), its keys and each dict's.
+FlatKeys = Tuple[Union[str, int], ...]
+Keys = Union[FlatKeys, Tuple[FlatKeys, Tuple[FlatKeys, ...]]]
+#: Each tensor's dtype and shape, as a plan compares them.
+Meta = Tuple[torch.dtype, torch.Size]
 
 __all__ = ["HostPlan", "Views", "make", "emit", "take", "ndarray"]
 
@@ -47,7 +57,7 @@ _NBYTES = operator.attrgetter("nbytes")
 _STORAGE = torch.Tensor.untyped_storage
 
 
-def ndarray() -> Any:
+def ndarray() -> Optional[type]:
     """numpy's array type, where numpy is imported (the walk views CPU
     tensors through it); else None: then no spec holds an array, and no plan
     of CPU tensors is made (ckpt does not need numpy for CUDA state)."""
@@ -62,7 +72,7 @@ class Views:
 
     __slots__ = ("names", "ptrs", "copy_now", "run")
 
-    def __init__(self, names: List[str], ptrs: List[int], specs: List[Any]) -> None:
+    def __init__(self, names: List[str], ptrs: List[int], specs: List[TensorSpec]) -> None:
         """From the tensors' names, addresses and the specs the walk made of them."""
         self.names = names
         self.ptrs = ptrs
@@ -79,7 +89,9 @@ class HostPlan:
 
     __slots__ = ("keys", "meta", "layouts", "raw_meta", "tree", "views")
 
-    def __init__(self, keys: Any, meta: List[Any], layouts: Any, raw_meta: Any, tree: Any, views: Views) -> None:
+    def __init__(
+        self, keys: Keys, meta: List[Meta], layouts: Optional[List[object]], raw_meta: object, tree: Tree, views: Views
+    ) -> None:
         #: What :func:`ckpt._repeat.probe` compares: the keys, each tensor's
         #: ``(dtype, shape)`` and address (:attr:`ptrs`; a DTensor's: its local
         #: tensor's), DTensor layouts (:func:`ckpt._repeat._layout`), the
@@ -97,8 +109,8 @@ class HostPlan:
         return self.views.ptrs
 
 
-def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[torch.Tensor], names: List[str],
-         tree: Any, raw_meta: Any, outs: List[Any]) -> Optional[HostPlan]:
+def make(keys: Keys, meta: List[Meta], ptrs: List[int], layouts: Optional[List[object]], vals: List[torch.Tensor],
+         names: List[str], tree: Tree, raw_meta: object, outs: List[TensorSpec]) -> Optional[HostPlan]:
     """A plan from the specs the walk made of a mapping's tensors (``vals``,
     a DTensor's local tensor in its place): ``outs``. None unless each tensor
     made one spec, in order, under the name the plan expects, over all of its
@@ -120,7 +132,7 @@ def make(keys: Any, meta: List[Any], ptrs: List[int], layouts: Any, vals: List[t
     return HostPlan(keys, meta, layouts, raw_meta, tree, Views(names, ptrs, outs))
 
 
-def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> bool:
+def emit(fl: _Flattener, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: LazyPtrs) -> bool:
     """Add a spec per tensor of ``vals`` (the mapping the plan was made of) to
     the save's specs; False, with nothing added, where a tensor cannot be
     taken by its storage (the walk then says why)."""
@@ -132,7 +144,7 @@ def emit(fl: Any, plan: HostPlan, vals: List[torch.Tensor], lazy_ptrs: Any) -> b
     return True
 
 
-def take(fl: Any, views: Views, vals: List[torch.Tensor], lazy_ptrs: Any) -> Optional[List[Any]]:
+def take(fl: _Flattener, views: Views, vals: List[torch.Tensor], lazy_ptrs: LazyPtrs) -> Optional[List[TensorSpec]]:
     """The specs of ``vals`` (the tensors ``views`` was made of, in order, at
     the addresses it was made with), or None where a tensor's storage cannot
     be had or does not hold its bytes (the walk then says why)."""

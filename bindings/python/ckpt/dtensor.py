@@ -23,9 +23,13 @@ from __future__ import annotations
 import itertools
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeGuard, cast
 
 from .errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from torch import Size, Tensor
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["Piece", "is_dtensor", "local_pieces", "local_tensor"]
 
@@ -50,7 +54,7 @@ class Piece:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(n for _, n in self.local))
 
-    def view(self, t: Any) -> Any:
+    def view(self, t: Tensor) -> Tensor:
         """The part of local tensor ``t`` this piece covers (a view)."""
         for d, (start, n) in enumerate(self.local):
             if start != 0 or n != t.shape[d]:
@@ -58,30 +62,30 @@ class Piece:
         return t
 
 
-def _dtensor_type() -> Any:
+def _dtensor_type() -> Optional[Type[DTensor]]:
     mod = sys.modules.get("torch.distributed.tensor")
     return getattr(mod, "DTensor", None) if mod is not None else None
 
 
-def is_dtensor(obj: Any) -> bool:
+def is_dtensor(obj: object) -> TypeGuard[DTensor]:
     """True for a ``torch.distributed.tensor.DTensor``."""
     dt = _dtensor_type()
     return dt is not None and isinstance(obj, dt)
 
 
-def local_tensor(obj: Any) -> Any:
+def local_tensor(obj: Tensor) -> Tensor:
     """The rank-local tensor of a DTensor (no copy), or ``obj`` itself."""
     return local_of(obj) if is_dtensor(obj) else obj
 
 
-def local_of(dtensor: Any) -> Any:
+def local_of(dtensor: DTensor) -> Tensor:
     """The local tensor of a DTensor, the same memory ``to_local()`` views.
 
     ``to_local()`` is an autograd function (several calls per DTensor in a
     save), which a checkpoint does not need: it reads the bytes or writes
     them in place.
     """
-    t = getattr(dtensor, "_local_tensor", None)
+    t: Optional[Tensor] = getattr(dtensor, "_local_tensor", None)
     return t if t is not None else dtensor.to_local()
 
 
@@ -102,7 +106,7 @@ def _runs(index: Sequence[int]) -> List[Tuple[int, int, int]]:
     return runs
 
 
-def _index_sets(obj: Any, where: object) -> Optional[List[Optional[List[int]]]]:
+def _index_sets(obj: DTensor, where: object) -> Optional[List[Optional[List[int]]]]:
     """Per dimension, the global indices this rank holds (``None``: all of them),
     or ``None`` when this rank is not part of the mesh."""
     from torch.distributed.tensor import Partial, Replicate, Shard
@@ -134,7 +138,7 @@ def _index_sets(obj: Any, where: object) -> Optional[List[Optional[List[int]]]]:
     import torch.distributed.tensor._utils as dt_utils
 
     # Private, and not in every PyTorch version: the index set of every shard.
-    shard_indices: Optional[Callable[..., Tuple[Any, Any]]] = getattr(dt_utils, "_get_shard_size_and_offsets", None)
+    shard_indices: Optional[Callable[..., Tuple[int, Tensor]]] = getattr(dt_utils, "_get_shard_size_and_offsets", None)
     if shard_indices is None:  # pragma: no cover - other torch versions
         # Public API: the first offset only, which is exact for plain shards.
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -146,11 +150,11 @@ def _index_sets(obj: Any, where: object) -> Optional[List[Optional[List[int]]]]:
             None if (o == 0 and n == g) else list(range(o, o + n)) for o, n, g in zip(offsets, local, shape)
         ]
     local_shape = list(shape)
-    sets: Dict[int, Any] = {}
+    sets: Dict[int, Tensor] = {}
     for mesh_dim, p in enumerate(placements):
         if isinstance(p, Replicate):
             continue
-        d = p.dim
+        d = cast("Shard", p).dim  # (Shard or _StridedShard: Replicate was passed over)
         size, index = shard_indices(
             local_shape[d], mesh.size(mesh_dim), coord[mesh_dim], p, sets.get(d), shape[d], False
         )
@@ -166,17 +170,19 @@ def _index_sets(obj: Any, where: object) -> Optional[List[Optional[List[int]]]]:
 #: Pieces by layout (global shape, placements, mesh, local shape): the same
 #: parameters are saved and loaded again and again with the same layout, and
 #: working the boxes out is most of a save call's time for a sharded model.
-_LAYOUTS: Dict[Any, Any] = {}
+_LAYOUTS: Dict[_LayoutKey, Tuple[Piece, ...]] = {}
 _LAYOUTS_MAX = 1 << 16
+#: (Its key: the global shape, the placements, the mesh and the local shape.)
+_LayoutKey = Tuple[Tuple[int, ...], Tuple[object, ...], object, Tuple[int, ...]]
 #: The same by ``id`` of the DTensor's spec object: ``id -> (spec, its
 #: placements, mesh and tensor metadata, local shape, global shape, pieces)``.
 #: Tensors of one layout share a spec, so there are about as many as layouts;
 #: the entries keep their specs alive, hence the smaller cap.
-_BY_SPEC: Dict[int, Any] = {}
+_BY_SPEC: Dict[int, Tuple[object, object, object, object, Size, Tuple[int, ...], Tuple[Piece, ...]]] = {}
 _BY_SPEC_MAX = 1 << 12
 
 
-def local_pieces(obj: Any, where: object) -> Tuple[Tuple[int, ...], List[Piece]]:
+def local_pieces(obj: DTensor, where: object) -> Tuple[Tuple[int, ...], List[Piece]]:
     """The global shape of DTensor ``obj`` and the boxes its local tensor covers.
 
     An empty list means this rank holds nothing of it (an uneven split, or a
@@ -201,15 +207,15 @@ def local_pieces(obj: Any, where: object) -> Tuple[Tuple[int, ...], List[Piece]]
             return hit[5], list(hit[6])
     shape = tuple(int(s) for s in obj.shape)
     try:
-        key: Any = (shape, tuple(obj.placements), obj.device_mesh, tuple(local.shape))
+        key: Optional[_LayoutKey] = (shape, tuple(obj.placements), obj.device_mesh, tuple(local.shape))
         hash(key)
     except TypeError:  # pragma: no cover - an unhashable mesh or placement
         key = None
     if key is not None:
-        hit = _LAYOUTS.get(key)
-        if hit is not None:
-            _remember(spec, local, shape, hit)
-            return shape, list(hit)
+        known = _LAYOUTS.get(key)
+        if known is not None:
+            _remember(spec, local, shape, known)
+            return shape, list(known)
     pieces = _pieces(obj, where, shape, local)
     if key is not None:
         if len(_LAYOUTS) >= _LAYOUTS_MAX:
@@ -219,7 +225,7 @@ def local_pieces(obj: Any, where: object) -> Tuple[Tuple[int, ...], List[Piece]]
     return shape, pieces
 
 
-def _remember(spec: Any, local: Any, shape: Tuple[int, ...], pieces: Tuple[Piece, ...]) -> None:
+def _remember(spec: object, local: Tensor, shape: Tuple[int, ...], pieces: Tuple[Piece, ...]) -> None:
     """Cache a layout by spec object. The entry holds the spec, so its ``id``
     is not reused by another object while the entry exists."""
     if spec is None:
@@ -237,7 +243,7 @@ def _remember(spec: Any, local: Any, shape: Tuple[int, ...], pieces: Tuple[Piece
     )
 
 
-def _pieces(obj: Any, where: object, shape: Tuple[int, ...], local: Any) -> List[Piece]:
+def _pieces(obj: DTensor, where: object, shape: Tuple[int, ...], local: Tensor) -> List[Piece]:
     sets = _index_sets(obj, where)
     if sets is None:
         return []

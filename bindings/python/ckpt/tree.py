@@ -21,7 +21,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, AbstractSet, Callable, TypeGuard, cast, Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
+from typing import (
+    TYPE_CHECKING, AbstractSet, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple, TypeGuard, Union, cast,
+)
 
 from ._ckpt import Shard, TensorRef, TensorSpec
 from .dtensor import _dtensor_type, local_of, local_pieces
@@ -29,7 +31,7 @@ from .errors import InvalidInputError
 
 if TYPE_CHECKING:
     import torch
-
+    from torch.distributed.tensor import DTensor
     from typing_extensions import Buffer
 
     from ._numpy import NDArray
@@ -277,7 +279,7 @@ class _Flattener:
                 items[k] = leaf(cast("torch.Tensor", v), prefix + key, here, lazy_ptrs)
             elif kv is dtensor:
                 here.key = k
-                items[k] = self.dleaf(cast("torch.Tensor", v), prefix + key, here, lazy_ptrs)
+                items[k] = self.dleaf(cast("DTensor", v), prefix + key, here, lazy_ptrs)
             elif kv in _PLAIN:
                 items[k] = cast(Tree, v)
             elif kv is dict and depth < 200:
@@ -299,7 +301,7 @@ class _Flattener:
             return {TAG: "odict", "items": items, "metadata": encoded_meta}
         return items
 
-    def dleaf(self, obj: torch.Tensor, base: str, where: object, lazy_ptrs: LazyPtrs) -> TensorRef:
+    def dleaf(self, obj: DTensor, base: str, where: object, lazy_ptrs: LazyPtrs) -> TensorRef:
         """A DTensor named ``base`` (made unique): its local shard, as pieces
         of the global tensor (no gather)."""
         if isinstance(lazy_ptrs, _Later):
