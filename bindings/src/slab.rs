@@ -7,10 +7,15 @@
 //! ([`HostSlab::slot`]) as the tensor's bytes, shared, not copied; the copies
 //! still in flight are awaited through the `ready` callable ([`PyReady`])
 //! before the engine reads anything. The glue must not write a slab again
-//! while [`HostSlab::in_use`] is true.
+//! while [`HostSlab::in_use`] is true; [`HostSlab::on_release`] tells it when
+//! that ends.
 
 use std::os::raw::c_int;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Ready, Slab};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -22,6 +27,69 @@ use crate::errors::to_py;
 #[pyclass(frozen, module = "ckpt._ckpt")]
 pub struct HostSlab {
     slab: Slab,
+    release: Arc<Release>,
+}
+
+/// The slot bytes of one layout a save still holds, and what to call once it
+/// holds none.
+#[derive(Default)]
+struct Release {
+    live: AtomicUsize,
+    hook: Mutex<Option<Arc<Py<PyAny>>>>,
+}
+
+impl Release {
+    /// A fresh layout's, with the same hook.
+    fn next(&self) -> Arc<Release> {
+        Arc::new(Release {
+            live: AtomicUsize::new(0),
+            hook: Mutex::new(self.hook.lock_unpoisoned().clone()),
+        })
+    }
+
+    /// The last held bytes were let go: call the hook on a thread of its own
+    /// (this one may be the engine's, which must not wait for the GIL).
+    fn fire(&self) {
+        let Some(hook) = self.hook.lock_unpoisoned().clone() else {
+            return;
+        };
+        let call = move || {
+            Python::try_attach(|py| {
+                if let Err(e) = hook.call0(py) {
+                    e.write_unraisable(py, None);
+                }
+                drop(hook);
+            });
+        };
+        // Best effort: without a thread, the glue's wait finds the slab free later.
+        let _ = std::thread::Builder::new()
+            .name("ckpt-slab-release".into())
+            .spawn(call);
+    }
+}
+
+/// Slot bytes handed to a save: the core's, counted in their layout's
+/// [`Release`] until dropped (after the core's, so the slab is no longer in
+/// use by the time the count falls to zero).
+struct Counted {
+    bytes: Bytes,
+    _held: Held,
+}
+
+struct Held(Arc<Release>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.0.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.fire();
+        }
+    }
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// Slot `index` of a [`HostSlab`], handed to `save` as a tensor's bytes.
@@ -33,13 +101,15 @@ pub struct SlabSlot {
 
 impl SlabSlot {
     /// The slot's bytes (shared with the slab, no copy).
-    pub fn bytes(&self, py: Python<'_>) -> PyResult<bytes::Bytes> {
-        self.slab
-            .bind(py)
-            .get()
-            .slab
-            .slot(self.index)
-            .map_err(to_py)
+    pub fn bytes(&self, py: Python<'_>) -> PyResult<Bytes> {
+        let slab = self.slab.bind(py).get();
+        let bytes = slab.slab.slot(self.index).map_err(to_py)?;
+        if bytes.is_empty() {
+            return Ok(bytes); // (holds nothing of the slab)
+        }
+        slab.release.live.fetch_add(1, Ordering::AcqRel);
+        let held = Held(slab.release.clone());
+        Ok(Bytes::from_owner(Counted { bytes, _held: held }))
     }
 }
 
@@ -49,7 +119,10 @@ impl HostSlab {
     #[new]
     fn new(py: Python<'_>, lens: Vec<usize>) -> PyResult<Self> {
         let slab = py.detach(|| Slab::new(&lens)).map_err(to_py)?;
-        Ok(HostSlab { slab })
+        Ok(HostSlab {
+            slab,
+            release: Arc::default(),
+        })
     }
 
     /// Address of the first byte (for `cudaHostRegister`).
@@ -83,12 +156,22 @@ impl HostSlab {
             .slab
             .relayout(&lens)
             .map_err(to_py)?
-            .map(|slab| HostSlab { slab }))
+            .map(|slab| HostSlab {
+                slab,
+                release: self.release.next(),
+            }))
     }
 
     /// True while a save still holds bytes of this slab (do not write it).
     fn in_use(&self) -> bool {
         self.slab.in_use()
+    }
+
+    /// Call `callback()` each time the saves let go of the last bytes of this
+    /// slab they held (once `in_use` is false), on a thread of its own; a
+    /// `relayout` of it keeps it. None to call nothing.
+    fn on_release(&self, callback: Option<Py<PyAny>>) {
+        *self.release.hook.lock_unpoisoned() = callback.map(Arc::new);
     }
 
     /// Map every page now, on `threads` threads, without the GIL (a fresh

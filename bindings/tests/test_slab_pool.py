@@ -56,6 +56,34 @@ def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]]) -> 
     assert pool.take(lens, 4) is first
 
 
+def test_a_save_waiting_for_memory_wakes_when_a_save_lets_its_slab_go(
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``busy="wait"``: a save that finds the budget held blocks until the
+    engine lets go of a slab's bytes, which notifies the pool (the wait's
+    bound without a notice is set to a minute, so only the notice wakes it)."""
+    monkeypatch.setattr(slabs, "_UNANNOUNCED", 60.0)
+    lens = [1 << 20]
+    pool = cudam.SlabPool(None, "wait")
+    first = pool.take(lens, 1)
+    gate = threading.Event()
+    cp = ckpt._ckpt.Checkpointer(tmp_path.as_uri(), lazy=True)
+    spec = ckpt._ckpt.TensorSpec(name="t", dtype="U8", shape=(1 << 20,), data=first.slot_objs()[0])
+    handle = cp.save(1, [spec], {"state": None}, lambda: None if gate.wait(30) else None)
+    assert first.native.in_use(), "the engine holds its bytes until it has written them"
+    pool.take(lens, 2).owner = _Landing()  # the budget's second slab, held too
+    got: List[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.take(lens, 3)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive(), "the save waits while both slabs are held"
+    gate.set()
+    handle.wait(30)
+    waiter.join(10)
+    assert not waiter.is_alive() and got == [first], "the release woke it, into the slab let go"
+    pool.close()
+
+
 @pytest.mark.parametrize("ahead", ["reserved", "restored"])
 def test_the_default_budget_holds_a_second_slab_beside_memory_locked_ahead(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, ahead: str

@@ -213,14 +213,14 @@ def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants:
     me, world = topo.rank, topo.world_size
     failure: Optional[str] = None
     merged.path.mkdir(parents=True, exist_ok=True)
-    for key, src in links.items():
-        dst = merged.path / key
-        dst.parent.mkdir(parents=True, exist_ok=True)
+    for key, there in links.items():
+        here = merged.path / key
+        here.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(src, dst)
+            os.link(there, here)
         except OSError:
             try:
-                shutil.copyfile(src, dst)
+                shutil.copyfile(there, here)
             except OSError as e:
                 failure = failure or f"{key}: {e}"
     for k in range(1, world):

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-import time
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -233,6 +232,19 @@ class SlabPool:
         self._locked_addresses: List[int] = []
         self._launcher: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
+        #: Notified on every release of a slab (a save let go of its bytes, a
+        #: copy let its slab go, a slab dropped): what :meth:`take` waits on.
+        self._freed = threading.Condition()
+        # What each slab calls on its release: the pool held weakly (a slab
+        # must not keep its pool alive, see the finalizer below).
+        me = weakref.ref(self)
+
+        def on_release() -> None:
+            pool = me()
+            if pool is not None:
+                pool.released()
+
+        self._on_release = on_release
         #: Most bytes page-locked at once.
         self.peak_locked = 0
         #: The slot lengths of the last save (see :meth:`guess`).
@@ -381,7 +393,7 @@ class SlabPool:
                 self._drop(s)
             if new is None:
                 # Its bytes with the slots' alignment (mapped, not yet touched).
-                new = _Slab(lens)
+                new = self._watched(_Slab(lens))
             if self._budget is None:
                 self._budget = 2 * new.nbytes
             held = sum(s.nbytes for s in self._slabs)
@@ -393,7 +405,20 @@ class SlabPool:
                     f"step {step} skipped: the snapshot memory ({held} of {self._budget} bytes) is held by "
                     "saves still being written"
                 )
-            time.sleep(0.001)
+            with self._freed:
+                # Checked under the lock a release notifies with: none is missed.
+                if not any(s.free() for s in self._slabs):
+                    self._freed.wait(_UNANNOUNCED)
+
+    def released(self) -> None:
+        """A slab may be free now: wake the saves waiting for one (:meth:`take`)."""
+        with self._freed:
+            self._freed.notify_all()
+
+    def _watched(self, slab: _Slab) -> _Slab:
+        """``slab``, which calls :meth:`released` when a save lets go of its bytes."""
+        slab.native.on_release(self._on_release)  # (a relayout keeps it)
+        return slab
 
     def _first(self, slab: _Slab) -> _Slab:
         """``slab``, the default budget set from it if this is the first save
@@ -436,7 +461,7 @@ class SlabPool:
         Only into an empty pool (a job's start)."""
         if nbytes <= 0 or self._slabs:
             return
-        slab = _Slab([nbytes])
+        slab = self._watched(_Slab([nbytes]))
         self._slabs.append(slab)
         self.lock_later(slab, device)
 
@@ -560,6 +585,7 @@ class SlabPool:
                     self._locked_addresses.remove(a)
             s.locked, s.pieces = False, []
         self._slabs.remove(s)
+        self.released()  # (its bytes leave the budget)
 
     @staticmethod
     def _unlock_all(addresses: List[int]) -> None:
@@ -577,6 +603,10 @@ def _spare(lens: List[int]) -> int:
 
 
 #: Bytes page-locked per call, about (4 GiB took 0.135 s in one call).
+#: The longest :meth:`SlabPool.take` waits without a notice, for a release none
+#: announces: copies that land on the device with no save left to read them.
+_UNANNOUNCED = 0.05
+
 _LOCK_PIECE = 256 << 20
 
 

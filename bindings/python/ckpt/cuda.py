@@ -215,6 +215,7 @@ class DeviceCopy:
             self._queued_early = 0
         self._start = {}
         slab.owner = None
+        self._pool.released()
 
     def start(self, step: int) -> Optional[List[_ckpt.SlabSlot]]:
         """Choose the slab and queue the copies (or what is left of them), ordered
