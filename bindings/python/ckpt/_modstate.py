@@ -37,7 +37,7 @@ import operator
 import weakref
 from collections import OrderedDict
 from itertools import chain, repeat
-from typing import Any, FrozenSet, List, Optional, Set
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, cast
 
 import torch
 
@@ -65,7 +65,7 @@ _OWN_LOAD = ("load_state_dict", "_load_from_state_dict", "set_extra_state")
 _trees: "weakref.WeakKeyDictionary[_Module, _Tree]" = weakref.WeakKeyDictionary()
 
 
-def state_dict(module: _Module) -> Any:
+def state_dict(module: _Module) -> Dict[str, torch.Tensor]:
     """``module.state_dict()`` (see the module docs)."""
     tree = _trees.get(module)
     if tree is not None:
@@ -80,7 +80,7 @@ def state_dict(module: _Module) -> Any:
     return out
 
 
-def loaded_already(module: _Module, value: Any, live: Any) -> bool:
+def loaded_already(module: _Module, value: object, live: object) -> bool:
     """Whether ``module.load_state_dict(value)`` would change nothing, so a
     restore need not call it: ``value`` holds, key for key, the very tensors
     of ``live`` (the module's state dict, which the restore filled in place:
@@ -173,13 +173,14 @@ class _Tree:
         own = [vars(m) for m in mods]
         return not any(any(map(operator.contains, own, repeat(name))) for name in _OWN)
 
-    def make(self) -> Optional[Any]:
+    def make(self) -> Optional[Dict[str, torch.Tensor]]:
         """The root's state dict if the tree is as recorded and plain; else None."""
         if not self.plain:
             return None
-        mods: List[Any] = list(map(_DEREF, self.refs))
-        if None in mods:  # (a module of the tree has gone: a child was replaced)
+        refs: List[Optional[_Module]] = list(map(_DEREF, self.refs))
+        if None in refs:  # (a module of the tree has gone: a child was replaced)
             return None
+        mods = cast(List[_Module], refs)
         if list(map(type, mods)) != self.types or not self._plain(mods):
             return None
         ids, keys = _children(mods)
@@ -192,15 +193,15 @@ class _Tree:
             return None
         taken = self.taken
         if len(taken) == len(tensors):
-            chosen: Any = tensors
+            chosen: Sequence[Optional[torch.Tensor]] = tensors
         elif len(taken) == 1:
             chosen = [tensors[taken[0]]]
         elif taken:
             chosen = operator.itemgetter(*taken)(tensors)
         else:
             chosen = ()
-        out: Any = OrderedDict(zip(self.keys, map(_DETACH, chosen)))
-        out._metadata = OrderedDict(zip(self.meta_keys, map(dict.fromkeys, repeat(("version",)), self.versions)))
+        out: OrderedDict[str, torch.Tensor] = OrderedDict(zip(self.keys, map(_DETACH, chosen)))
+        setattr(out, "_metadata", OrderedDict(zip(self.meta_keys, map(dict.fromkeys, repeat(("version",)), self.versions))))
         return out
 
 
@@ -213,13 +214,13 @@ def _preorder(m: _Module, prefix: str, mods: List[_Module], prefixes: List[str])
             _preorder(child, prefix + name + ".", mods, prefixes)
 
 
-def _children(mods: List[_Module]) -> Any:
+def _children(mods: List[_Module]) -> Tuple[List[int], List[str]]:
     """The ids and names of every module's children (None included), in order."""
     dicts = list(map(_CHILDREN, mods))
     return list(map(id, chain.from_iterable(map(_VALUES, dicts)))), list(chain.from_iterable(map(_KEYS, dicts)))
 
 
-def _tensors(mods: List[_Module]) -> Any:
+def _tensors(mods: List[_Module]) -> Tuple[List[Optional[torch.Tensor]], List[int], List[str]]:
     """Every module's parameters then buffers (None included), in order, their ids and names."""
     dicts = list(chain.from_iterable(zip(map(_PARAMS, mods), map(_BUFFERS, mods))))
     tensors = list(chain.from_iterable(map(_VALUES, dicts)))

@@ -394,6 +394,7 @@ def _emit(fl: _Flattener, plan: Plan, vals: List[torch.Tensor], lazy_ptrs: LazyP
     got = device.fits(plan.nbytes, plan.uniq_ptrs)
     if got is None:
         return False
+    assert plan.device is not None  # (a plan's device tensors are on one device, noted as it was made)
     i0, slab, slots = got
     specs = _specs(slab, plan, i0, slots) if slab is not None else _pending(plan, i0)
     out = fl.out.tensors
@@ -435,12 +436,13 @@ def _pending(plan: Plan, i0: int) -> List[TensorSpec]:
     return specs
 
 
-def _specs(slab: _Slab, plan: Plan, i0: int, slots: List[SlabSlot]) -> List[TensorSpec]:
+def _specs(slab: _Slab, plan: Plan, i0: int, slots: Optional[List[SlabSlot]]) -> List[TensorSpec]:
     """The specs of the plan's device tensors in ``slab`` from slot ``i0`` (made once per slab)."""
     hit = plan.specs.get(id(slab))
     # (A slab laid out anew has new slot objects: the engine counts its use by them.)
     if hit is not None and hit[0]() is slab and hit[1] == (slab.layouts, i0):
         return hit[2]
+    assert slots is not None  # (a slab comes with its slots)
     specs = _made_specs(plan, [slots[i0 + f] for _, f in plan.slot_of])
     plan.specs[id(slab)] = (weakref.ref(slab), (slab.layouts, i0), specs)
     return specs

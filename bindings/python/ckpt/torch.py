@@ -12,9 +12,16 @@ Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Sized, Tuple, cast
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy
+    from typing_extensions import Buffer
+
+    from ._slabs import SlabPool
+    from .cuda import DeviceCopy
 
 from .errors import InvalidInputError, UnsupportedError
 
@@ -79,7 +86,7 @@ _STRIDED = torch.strided
 _FAST_NAMES: Dict[torch.dtype, str] = {d: _TO_NAME[d] for d in _NUMPY_DTYPES if d in _TO_NAME}
 
 
-def _byte_view(t: torch.Tensor) -> Any:
+def _byte_view(t: torch.Tensor) -> numpy.ndarray[Tuple[int], numpy.dtype[numpy.uint8]]:
     """A numpy ``uint8`` view of a contiguous, detached CPU tensor's bytes (no copy)."""
     if t.dtype in _NUMPY_DTYPES:
         return t.numpy().reshape(-1).view("u1")
@@ -97,13 +104,13 @@ class Exporter:
     the last save's plans (:class:`ckpt._repeat.PlannedExporter`).
     """
 
-    def __init__(self, slabs: Any = None, lazy: bool = True) -> None:
+    def __init__(self, slabs: Optional[SlabPool] = None, lazy: bool = True) -> None:
         self._slabs = slabs
         self._lazy = lazy
         #: The save's device-to-host copies, once a CUDA tensor was met.
-        self.device: Any = None
+        self.device: Optional[DeviceCopy] = None
 
-    def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
+    def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], object, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
         if t.is_cuda:
             # A GPU's state dict: one check each for what a CUDA tensor may be
@@ -133,7 +140,7 @@ class Exporter:
                     return name, arr.shape, arr if arr.ndim else arr.reshape(1), copy_now
         return self._export(t, path, copy_now)
 
-    def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], Any, bool]:
+    def _export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], object, bool]:
         if t.layout != torch.strided:
             raise InvalidInputError(f"{path}: {t.layout} tensors cannot be stored (convert to dense first)")
         if t.is_quantized or t.is_meta or getattr(t, "is_nested", False):
@@ -154,7 +161,7 @@ class Exporter:
             return name, shape, self._device().add(t, copy_now), False
         raise InvalidInputError(f"{path}: tensors on {t.device.type} are not supported (CPU or CUDA)")
 
-    def _device(self) -> Any:
+    def _device(self) -> DeviceCopy:
         if self.device is None:
             from .cuda import DeviceCopy, SlabPool
 
@@ -164,17 +171,17 @@ class Exporter:
         return self.device
 
 
-def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Any) -> torch.Tensor:
+def from_buffer(dtype: str, shape: Tuple[int, ...], buf: Buffer) -> torch.Tensor:
     """A CPU tensor over loaded bytes (no copy; the tensor keeps ``buf`` alive)."""
     td = torch_dtype(dtype)
-    if len(buf) == 0:
+    if len(cast(Sized, buf)) == 0:  # (a TensorBuffer or bytearray: bytes have a length)
         return torch.empty(shape, dtype=td)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # older torch warns even for writable buffers
         return torch.frombuffer(buf, dtype=td).reshape(shape)
 
 
-def lazy_safe_pointers(obj: Any) -> Tuple[Optional[Set[int]], List[torch.optim.Optimizer]]:
+def lazy_safe_pointers(obj: object) -> Tuple[Optional[Set[int]], List[torch.optim.Optimizer]]:
     """Which tensors of ``obj.state_dict()`` may be snapshotted lazily, and the
     optimizers ``obj`` holds, whose step must wait for the snapshot too (an
     optimizer met itself is guarded as such).
@@ -227,7 +234,7 @@ def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
 _HELD_ITEMS = 64
 
 
-def _held(obj: Any) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
+def _held(obj: object) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
     """The modules and optimizers among ``obj``'s attributes, and among the
     items of attributes that are lists, tuples or dicts of at most
     ``_HELD_ITEMS`` (one level)."""
