@@ -6,10 +6,9 @@ arrays), so ``import ckpt`` stays light.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Tuple, Type, cast
+from typing import TYPE_CHECKING, Dict, Tuple, Type, cast
 
 import numpy as np
-import numpy.typing as npt
 
 from .errors import InvalidInputError, UnsupportedError
 
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 #: A numpy array of any dtype and shape.
-NDArray = npt.NDArray[Any]
+NDArray = np.ndarray[Tuple[int, ...], np.dtype[np.generic]]
 
 _BY_NAME: Dict[str, Type[np.generic]] = {
     "BOOL": np.bool_,
