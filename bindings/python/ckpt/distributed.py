@@ -53,8 +53,10 @@ Into = TypeVar("Into", bytearray, memoryview)
 class Coordinator(Protocol):
     """What ckpt asks of a coordinator (see the module docs)."""
 
-    rank: int
-    world_size: int
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
 
     def all_gather(self, data: bytes) -> List[bytes]: ...
 
