@@ -40,6 +40,8 @@ import time
 import weakref
 from typing import List, Optional, Protocol, Tuple
 
+from .errors import CheckpointError
+
 __all__ = ["track_save", "track_thread", "track_tier", "say", "NOTICE_AFTER"]
 
 #: Seconds of waiting at exit before ckpt says on stderr what it waits for.
@@ -108,8 +110,6 @@ def _plural(n: int, what: str) -> str:
 
 def _wait_one(h: Save, timeout: Optional[float]) -> None:
     """Wait for one save, at most ``timeout`` seconds; its failure is said."""
-    from .errors import CheckpointError
-
     try:
         h.wait(timeout)
     except CheckpointError as e:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._slabs import SlabPool
     from .cuda import DeviceCopy
 
+from .dtensor import _dtensor_type, local_of, local_tensor
 from .errors import InvalidInputError, UnsupportedError
 
 __all__ = ["dtype_name", "torch_dtype", "Exporter", "from_buffer", "lazy_safe_pointers"]
@@ -211,8 +212,6 @@ def lazy_safe_pointers(obj: object) -> Tuple[Optional[Set[int]], List[torch.opti
 
 
 def _param_pointers(module: torch.nn.Module) -> Set[int]:
-    from .dtensor import _dtensor_type, local_of
-
     dt = _dtensor_type()
     if dt is None:
         return {p.data_ptr() for p in module.parameters()}
@@ -220,8 +219,6 @@ def _param_pointers(module: torch.nn.Module) -> Set[int]:
 
 
 def _state_pointers(opt: torch.optim.Optimizer) -> Set[int]:
-    from .dtensor import local_tensor
-
     out: Set[int] = set()
     for state in opt.state.values():
         for v in state.values():
