@@ -16,6 +16,7 @@ pub mod handle;
 pub mod host;
 pub mod results;
 pub mod runtime;
+pub mod schema;
 pub mod slab;
 pub mod value;
 pub mod wire;
@@ -166,6 +167,7 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(decode_tree, m)?)?;
     m.add_function(wrap_pyfunction!(merge_manifests, m)?)?;
+    schema::register(m)?;
     m.add_function(wrap_pyfunction!(wire::error_to_wire, m)?)?;
     m.add_function(wrap_pyfunction!(wire::error_from_wire, m)?)?;
     m.add_function(wrap_pyfunction!(wire::is_damage, m)?)?;

@@ -27,6 +27,7 @@ pub mod export;
 pub mod hdf5;
 pub mod native;
 pub mod pylayout;
+pub mod pymeta;
 pub mod safetensors;
 pub mod torch;
 

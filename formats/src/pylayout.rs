@@ -21,15 +21,18 @@ use std::collections::HashSet;
 
 use ckpt_core::{Key, Tensor, Value};
 
+use crate::pymeta;
+
 /// The top-level key of a `.pt` file under which ckpt keeps its internal state:
 /// `{"ckpt": <bookkeeping>, "rank0": {"rng": {...}}, "tensors": {...}}`. The Python
 /// package refuses this key in user state, so it never collides.
 pub const INTERNAL_KEY: &str = "__ckpt__";
 
-/// The Python package's `(bookkeeping, state)` if `meta` has its layout.
+/// The Python package's `(bookkeeping, state)` if `meta` has its layout
+/// ([`crate::pymeta`]).
 pub fn python_state(meta: &Value) -> Option<(&Value, &Value)> {
-    let info = meta.get("ckpt")?;
-    let state = meta.get("state")?;
+    let info = meta.get(pymeta::INFO_KEY)?;
+    let state = meta.get(pymeta::STATE_KEY)?;
     match (meta, info.get("version")) {
         (Value::Map(entries), Some(Value::Int(_))) if entries.len() == 2 => Some((info, state)),
         _ => None,
@@ -39,21 +42,18 @@ pub fn python_state(meta: &Value) -> Option<(&Value, &Value)> {
 /// True for the name of a tensor that holds ckpt-internal state (`__rank3__`,
 /// `__rank3__.rng.torch`), never a user's.
 pub fn is_internal(name: &str) -> bool {
-    let head = name.split('.').next().unwrap_or(name);
-    head.strip_prefix("__rank")
-        .and_then(|r| r.strip_suffix("__"))
-        .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+    pymeta::own_rank(name).is_some()
 }
 
 /// The tree with the Python type tags removed: an `OrderedDict` becomes its items
 /// (a plain dict: `load_state_dict` takes it), a numpy scalar its 0-d tensor.
 pub fn plain(v: &Value) -> Value {
     match v {
-        Value::Map(entries) => match v.get("__ckpt__") {
-            Some(Value::Str(tag)) if tag == "odict" => {
+        Value::Map(entries) => match v.get(pymeta::TYPE_TAG) {
+            Some(Value::Str(tag)) if tag == pymeta::ODICT_TAG => {
                 v.get("items").map(plain).unwrap_or(Value::Map(Vec::new()))
             }
-            Some(Value::Str(tag)) if tag == "np_scalar" => {
+            Some(Value::Str(tag)) if tag == pymeta::NP_SCALAR_TAG => {
                 v.get("value").map(plain).unwrap_or(Value::Null)
             }
             _ => Value::Map(entries.iter().map(|(k, v)| (k.clone(), plain(v))).collect()),
@@ -67,7 +67,10 @@ pub fn plain(v: &Value) -> Value {
 /// The tree of the rank-local state held in tensor `t` (`__rank<r>__`), plain.
 fn local_tree(t: &Tensor) -> Option<Value> {
     let v: Value = serde_json::from_slice(&t.data).ok()?;
-    v.get("tree").map(plain)
+    let rank = pymeta::own_rank(&t.name)?;
+    pymeta::OwnState::from_value(&v, rank)
+        .ok()
+        .map(|own| plain(&own.tree))
 }
 
 /// The object a plain-reader file holds for a state with the Python package's

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, cast
 
 from . import _ckpt, _match, _own, _wrappers
-from .errors import CheckpointError, InvalidInputError, UnsupportedError
+from .errors import CheckpointError, InvalidInputError
 from .restore import RestorePlan, live_state, restore_into
 from .rng import RNGState
 from .tree import Tree, tensor_maker, unflatten
@@ -30,11 +30,7 @@ from .tree import Tree, tensor_maker, unflatten
 if TYPE_CHECKING:
     from ._hoststage import HostStage
 
-__all__ = ["META_VERSION", "Layout", "Restore", "Loaded", "plan", "apply", "read"]
-
-#: Version of the layout of the metadata tree written by this package.
-META_VERSION = 1
-
+__all__ = ["Layout", "Restore", "Loaded", "plan", "apply", "read"]
 
 @dataclass(frozen=True)
 class Layout:
@@ -49,17 +45,11 @@ class Layout:
 
     @staticmethod
     def of(meta: object) -> "Layout":
-        """The layout of metadata written by this package; raises
-        :class:`~ckpt.UnsupportedError` for any other metadata or version."""
-        if not isinstance(meta, dict) or not isinstance(meta.get("ckpt"), dict) or not isinstance(meta.get("state"), dict):
-            raise UnsupportedError("this checkpoint was not written by the ckpt Python package")
-        info = meta["ckpt"]
-        version = info.get("version")
-        if version != META_VERSION:
-            raise UnsupportedError(f"checkpoint metadata version {version} (this ckpt reads {META_VERSION})")
-        local = info.get("local")
-        return Layout(meta["state"], set(info.get("numpy", [])), local.get("ranks") if isinstance(local, dict) else None)
-
+        """The layout of metadata written by this package (its schema is
+        ckpt-core's: ``_ckpt.read_meta``); raises :class:`~ckpt.UnsupportedError`
+        for any other metadata or version."""
+        state, numpy_names, ranks = _ckpt.read_meta(meta)
+        return Layout(cast(Dict[str, Tree], state), set(numpy_names), ranks)
 
 @dataclass
 class Restore:

@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Sequence, Union
 
 from .errors import InvalidInputError
-from .tree import TAG, Tree
+from .tree import ODICT, TAG, Tree
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -77,7 +77,7 @@ def _module(torch: ModuleType, key: str, stored: Tree, target: Module, live: obj
         return
     missing = [k for k in live if k not in items]
     unexpected = [k for k in items if k not in live]
-    versions = type(stored) is dict and stored.get(TAG) == "odict" and _items(stored.get("metadata")) is not None
+    versions = type(stored) is dict and stored.get(TAG) == ODICT and _items(stored.get("metadata")) is not None
     if not (missing or unexpected) or not _strict(torch, target, versions):
         return
     said = []
@@ -138,7 +138,7 @@ def _items(stored: Tree) -> Optional[Dict[Union[str, int], Tree]]:
     """The mapping of a stored tree's dict (an ordered dict's items), if it is one."""
     if type(stored) is not dict:
         return None
-    if stored.get(TAG) == "odict":
+    if stored.get(TAG) == ODICT:
         items = stored.get("items")
         return items if type(items) is dict else None
     return None if TAG in stored else stored

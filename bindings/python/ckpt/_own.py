@@ -1,9 +1,9 @@
 """A rank's own state (its random generators), stored beside the shared state.
 
 Only rank 0's metadata reaches a checkpoint's manifest, so each rank's own
-tree travels as a tensor of its own: a ``U8`` tensor named ``__rank{r}__``
-holding the encoded tree, whose tensors are named under the same prefix
-(``__rank{r}__.rng.torch``). A rank-specific name is never replicated, so
+tree travels as a tensor of its own: a ``U8`` tensor (named by
+``_ckpt.own_name``) holding the encoded tree, whose tensors are named under
+the same prefix. A rank-specific name is never replicated, so
 every rank's part is stored. The Rust side knows the layout too
 (``formats/src/pylayout.rs``), to leave these tensors out of exports.
 """
@@ -11,7 +11,7 @@ every rank's part is stored. The Rust side knows the layout too
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, cast
 
 from . import _ckpt
 from .errors import UnsupportedError
@@ -28,18 +28,17 @@ Loaded = Tuple[str, Sequence[int], "Buffer"]
 
 def name(rank: int) -> str:
     """Name of the tensor holding rank ``rank``'s own tree (and prefix of its tensors)."""
-    return f"__rank{rank}__"
+    return _ckpt.own_name(rank)
 
 
 def holds(tensor: str, rank: int) -> bool:
     """True for the tensors of rank ``rank``'s own state (its tree and the tensors in it)."""
-    own = name(rank)
-    return tensor == own or tensor.startswith(own + ".")
+    return _ckpt.own_rank(tensor) == rank
 
 
 def encode(tree: Tree, numpy_names: List[str], rank: int) -> _ckpt.TensorSpec:
     """The tensor that carries rank ``rank``'s own tree (its tensors are saved apart)."""
-    blob = _ckpt.encode_tree({"tree": tree, "numpy": numpy_names})
+    blob = _ckpt.encode_own(tree, numpy_names)
     return _ckpt.TensorSpec(name=name(rank), dtype="U8", shape=(len(blob),), data=blob, copy_now=True)
 
 
@@ -57,10 +56,8 @@ def decode(tensors: Mapping[str, Loaded], rank: int, framework: Optional[str] = 
         return None
     dtype, shape, buf = entry
     check(dtype, shape, rank)
-    tree = _ckpt.decode_tree(bytes(memoryview(buf)))
-    if not isinstance(tree, dict) or "tree" not in tree:
-        raise UnsupportedError(f"tensor {name(rank)!r} does not hold a rank's own state")
-    own = unflatten(tree["tree"], tensor_maker(tensors, set(tree.get("numpy", [])), framework))
+    tree, numpy_names = _ckpt.decode_own(bytes(memoryview(buf)), rank)
+    own = unflatten(cast(Tree, tree), tensor_maker(tensors, set(numpy_names), framework))
     if not isinstance(own, dict):
         raise UnsupportedError(f"tensor {name(rank)!r} does not hold a rank's own state")
     return own

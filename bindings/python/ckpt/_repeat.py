@@ -47,7 +47,7 @@ from ._ckpt import Shard, SlabSlot, TensorSpec
 from ._repeat_host import FlatKeys, HostPlan, Keys, Meta
 from .cuda import Pending
 from .torch import Exporter
-from .tree import TAG, LazyPtrs, Tree, _Flattener, _Later
+from .tree import ODICT, TAG, LazyPtrs, Tree, _Flattener, _Later
 
 if TYPE_CHECKING:
     from ._numpy import NDArray
@@ -565,7 +565,7 @@ def _names(p: Probe, tree: Tree) -> Optional[List[str]]:
     ``tree``), in the order of the probe's tensors; None where one is not the
     name its keys make (a name made unique, a shape not expected)."""
     prefix = p._prefix
-    items = cast(Dict[Union[str, int], Tree], tree["items"] if type(tree) is dict and tree.get(TAG) == "odict" else tree)
+    items = cast(Dict[Union[str, int], Tree], tree["items"] if type(tree) is dict and tree.get(TAG) == ODICT else tree)
     refs: List[Tree] = []
     names: List[str] = []
     if p._nested:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Dict, Iterable, List, Optional, Union, cast
 
-from .tree import TAG, Tree
+from .tree import ODICT, TAG, Tree
 
 __all__ = ["PREFIXES", "fit"]
 
@@ -44,7 +44,7 @@ def fit(stored: Tree, target: object, state: object) -> Tree:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(target, torch.nn.Module) or not isinstance(state, Mapping):
         return stored
-    if type(stored) is not dict or stored.get(TAG) != "odict" or type(stored.get("items")) is not dict:
+    if type(stored) is not dict or stored.get(TAG) != ODICT or type(stored.get("items")) is not dict:
         return stored
     items = cast(Dict[Union[str, int], Tree], stored["items"])
     keys: List[object] = list(items)
@@ -103,7 +103,7 @@ def _metadata(meta: Tree, old: str, new: str, live: object) -> Tree:
     module's entry is kept."""
     if type(meta) is not dict:
         return meta
-    odict = meta.get(TAG) == "odict"
+    odict = meta.get(TAG) == ODICT
     items = meta.get("items") if odict else meta
     if type(items) is not dict:
         return meta

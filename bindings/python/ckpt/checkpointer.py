@@ -15,7 +15,6 @@ from . import _ahead, _ckpt, _exit, _load, _own
 from ._gc import collector_paused
 from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ._ckpt import GcReport
-from ._load import META_VERSION
 from .distributed import _agree, _resolve
 from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
 from .rng import RNGState
@@ -263,15 +262,15 @@ class Checkpointer:
         local = {"rng": RNGState()} if self._rng else None
         t0 = time.perf_counter()
         flat = flatten(entries, self.lazy, exporter, local, prefix)
-        info: Dict[str, object] = {"version": META_VERSION, "numpy": flat.numpy_names}
+        own_ranks: Optional[int] = None
         if local is not None:
             # Only rank 0's metadata reaches the manifest: each rank's own tree
             # travels as a tensor of its own (see ckpt._own).
             if prefix in flat.names:
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
-            info["local"] = {"ranks": ranks}
-        meta = {"ckpt": self._tagged(info), "state": flat.tree}
+            own_ranks = ranks
+        meta = _ckpt.meta(flat.tree, flat.numpy_names, own_ranks, self._acting_for)
         device = flat.device
         t1 = time.perf_counter()
         ready = None
@@ -301,7 +300,7 @@ class Checkpointer:
             # The snapshot's own bytes: CPU tensors are copied once, CUDA
             # tensors land once in one slab. Eager: taken already. Lazy: once
             # this save's background copy has taken them.
-            tag = {"ckpt": also._tagged(info)}
+            tag = _ckpt.meta(None, flat.numpy_names, own_ranks, also._acting_for)
             try:
                 also._reap()
                 if self.lazy:
@@ -309,7 +308,8 @@ class Checkpointer:
                     # it converted it (converting it again cost about 1.5 ms).
                     native = also._native.save_after(step, native, tag)
                 else:
-                    native = also._native.save(step, native.snapshot_specs() or flat.tensors, dict(tag, state=flat.tree))
+                    meta = _ckpt.meta(flat.tree, flat.numpy_names, own_ranks, also._acting_for)
+                    native = also._native.save(step, native.snapshot_specs() or flat.tensors, meta)
             except Exception as e:  # noqa: BLE001 - returned: this save has started
                 failure = e
             else:
@@ -317,14 +317,6 @@ class Checkpointer:
                 second._host_lazy = host_lazy
         handle._marks = (t0, t1, t2, time.perf_counter())
         return handle, flat, second, failure
-
-    def _tagged(self, info: Dict[str, object]) -> Dict[str, object]:
-        """The manifest's ``ckpt`` metadata as this checkpointer records it: a
-        memory-tier root also records which rank of how many saved it."""
-        if self._acting_for is None:
-            return info
-        rank, ranks = self._acting_for
-        return dict(info, memory={"rank": rank, "ranks": ranks})
 
     def wait_snapshot(self, timeout: Optional[float] = None) -> None:
         """Block until every snapshot in progress is copied (lazy mode): call it

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple, Ty
 from ._ckpt import HostSpan, LoadTarget, Shard, TensorInfo, TensorRef
 from .dtensor import is_dtensor, local_of, local_pieces
 from .errors import CorruptError, InvalidInputError, UnsupportedError
-from .tree import TAG, Tree, is_stateful
+from .tree import NP_SCALAR, ODICT, TAG, Tree, is_stateful
 
 if TYPE_CHECKING:
     import torch
@@ -132,12 +132,12 @@ class RestorePlan:
             return self._tensor(saved.name, live, where, hint(path))
         if type(saved) is dict:
             tag = saved.get(TAG)
-            if tag == "odict":
+            if tag == ODICT:
                 out = OrderedDict(self._items(cast(_Items, saved["items"]), live, where, path, hint))
                 if saved.get("metadata") is not None:
                     setattr(out, "_metadata", self._walk(saved["metadata"], None, where, path + ["_metadata"], hint))
                 return out
-            if tag == "np_scalar":
+            if tag == NP_SCALAR:
                 arr = cast("NDArray", self._walk(saved["value"], None, where, path, hint))
                 self._deferred = True
                 return _Deferred(lambda: arr[()])

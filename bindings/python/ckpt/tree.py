@@ -25,6 +25,7 @@ from typing import (
     TYPE_CHECKING, AbstractSet, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple, TypeGuard, Union, cast,
 )
 
+from . import _ckpt
 from ._ckpt import Shard, TensorRef, TensorSpec
 from .dtensor import _dtensor_type, local_of, local_pieces
 from .errors import InvalidInputError
@@ -37,10 +38,13 @@ if TYPE_CHECKING:
     from ._numpy import NDArray
     from .cuda import DeviceCopy
 
-__all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG"]
+__all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG", "ODICT", "NP_SCALAR"]
 
-#: Key that marks a dict in the stored tree as an encoded Python type.
-TAG = "__ckpt__"
+#: Key that marks a dict in the stored tree as an encoded Python type, and
+#: its values (the schema is ckpt-core's: ``formats/src/pymeta.rs``).
+TAG: str = _ckpt.TYPE_TAG
+ODICT: str = _ckpt.ODICT_TAG
+NP_SCALAR: str = _ckpt.NP_SCALAR_TAG
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
 
@@ -220,7 +224,7 @@ class _Flattener:
             self.out.numpy_names.append(name)
             return TensorRef(name)
         if np is not None and isinstance(obj, np.generic):
-            return {TAG: "np_scalar", "value": self.walk(np.asarray(obj), path, lazy_ptrs, depth + 1)}
+            return {TAG: NP_SCALAR, "value": self.walk(np.asarray(obj), path, lazy_ptrs, depth + 1)}
         if is_stateful(obj):
             self.out.stateful.append(obj)
             ptrs, guarded = _stateful_lazy_ptrs(obj)
@@ -298,7 +302,7 @@ class _Flattener:
         meta = getattr(obj, "_metadata", None)
         if isinstance(obj, OrderedDict) or meta is not None:
             encoded_meta = self.walk(meta, path + ["_metadata"], set(), depth + 1) if meta is not None else None
-            return {TAG: "odict", "items": items, "metadata": encoded_meta}
+            return {TAG: ODICT, "items": items, "metadata": encoded_meta}
         return items
 
     def dleaf(self, obj: DTensor, base: str, where: object, lazy_ptrs: LazyPtrs) -> TensorRef:
@@ -430,12 +434,12 @@ def unflatten(tree: object, make_tensor: Callable[[str], object]) -> object:
         return make_tensor(tree.name)
     if type(tree) is dict:
         tag = tree.get(TAG)
-        if tag == "odict":
+        if tag == ODICT:
             out = OrderedDict((k, unflatten(v, make_tensor)) for k, v in tree["items"].items())
             if tree.get("metadata") is not None:
                 setattr(out, "_metadata", unflatten(tree["metadata"], make_tensor))
             return out
-        if tag == "np_scalar":
+        if tag == NP_SCALAR:
             return cast("NDArray", unflatten(tree["value"], make_tensor))[()]
         if tag is not None:
             raise InvalidInputError(f"unknown encoded type {tag!r} in checkpoint (written by a newer ckpt?)")
