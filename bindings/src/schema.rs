@@ -1,9 +1,9 @@
 //! The schema of the metadata the Python package writes, for the package:
-//! `ckpt_formats::pymeta` defines it (keys, version, tags, own-state names);
+//! `ckpt_core::layout::pymeta` defines it (keys, version, tags, own-state names);
 //! these functions build and read it without converting the state tree, which
 //! passes through as the Python object it is.
 
-use ckpt_formats::pymeta::{self, Bookkeeping, OwnState};
+use ckpt_core::layout::pymeta::{self, Bookkeeping, OwnState};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 

@@ -27,7 +27,6 @@ pub mod export;
 pub mod hdf5;
 pub mod native;
 pub mod pylayout;
-pub mod pymeta;
 pub mod safetensors;
 pub mod torch;
 

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 
 use ckpt_core::{Key, Tensor, Value};
 
-use crate::pymeta;
+use ckpt_core::layout::pymeta;
 
 /// The top-level key of a `.pt` file under which ckpt keeps its internal state:
 /// `{"ckpt": <bookkeeping>, "rank0": {"rng": {...}}, "tensors": {...}}`. The Python
@@ -29,7 +29,7 @@ use crate::pymeta;
 pub const INTERNAL_KEY: &str = "__ckpt__";
 
 /// The Python package's `(bookkeeping, state)` if `meta` has its layout
-/// ([`crate::pymeta`]).
+/// ([`ckpt_core::layout::pymeta`]).
 pub fn python_state(meta: &Value) -> Option<(&Value, &Value)> {
     let info = meta.get(pymeta::INFO_KEY)?;
     let state = meta.get(pymeta::STATE_KEY)?;

@@ -20,6 +20,7 @@ pub mod epoch;
 pub mod local_root;
 pub(crate) mod manifest;
 pub mod merge;
+pub mod pymeta;
 pub(crate) mod paths;
 pub(crate) mod retention;
 

@@ -17,7 +17,8 @@
 //! [`TYPE_TAG`]: an `OrderedDict` is `{"__ckpt__": "odict", "items": {...},
 //! "metadata": ...}`, a numpy scalar `{"__ckpt__": "np_scalar", "value": ...}`.
 
-use ckpt_core::{Error, Key, Result, Value};
+use crate::error::{Error, Result};
+use crate::model::{Key, Value};
 
 /// The version of this schema, written into every checkpoint's metadata; a
 /// checkpoint with another one is [`Error::Unsupported`] here.
