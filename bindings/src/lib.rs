@@ -14,6 +14,7 @@ pub mod errors;
 pub mod export;
 pub mod handle;
 pub mod host;
+pub mod memroot;
 pub mod results;
 pub mod runtime;
 pub mod schema;
@@ -159,6 +160,7 @@ fn _ckpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<slab::SlabSlot>()?;
     m.add_class::<host::HostRun>()?;
     m.add_class::<host::HostSpan>()?;
+    m.add_class::<memroot::MemoryRoot>()?;
     m.add_function(wrap_pyfunction!(_after_fork_child, m)?)?;
     m.add_function(wrap_pyfunction!(_mimalloc_purge_delay, m)?)?;
     m.add_function(wrap_pyfunction!(dtypes, m)?)?;
