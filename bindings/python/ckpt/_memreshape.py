@@ -33,7 +33,6 @@ the common case (same shape, own copy in memory).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import warnings
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NotRequired, Optional, Protoc
 
 from . import _ckpt
 from . import _memwire as wire
-from ._memtier import MemoryRoot, Topology, chunk_objects, load_outcome, manifest_body, message, write_object
+from ._memtier import MemoryRoot, Topology, load_outcome, message
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -143,7 +142,7 @@ def _merge_and_load(
         if server[r] == me:
             root = MemoryRoot(mc.node_dir / held[(step, n, r)][me], mc.own.incoming)
             attempt = root.committed()[step]
-            mine[str(r)] = root.read(root.manifest_key(step, attempt)).hex()
+            mine[str(r)] = (root.read(root.manifest_key(step, attempt)) or b"").hex()
     manifests: Dict[int, bytes] = {}
     for part in mc._gather(mine):
         manifests.update({int(r): bytes.fromhex(h) for r, h in part.items()})
@@ -154,27 +153,28 @@ def _merge_and_load(
         warnings.warn(f"ckpt: the memory checkpoints of step {step} cannot be merged ({e}); trying older ones",
                       stacklevel=4)
         return False
-    bodies = {r: manifest_body(manifests[r]) for r in range(n)}  # verified by the merge
+    refs = {r: MemoryRoot.references(manifests[r]) for r in range(n)}  # verified by the merge
     # What each object is and who serves it; what this node lacks.
     here = topo.node()
     local_roots = [MemoryRoot(mc.node_dir / name, mc.own.incoming) for name in
                    sorted({name for r in range(n) for q, name in held[(step, n, r)].items() if topo.node(q) == here})]
-    wants: Dict[int, List[Tuple[str, int]]] = {}
-    links: Dict[str, Path] = {}
+    wants: Dict[int, List[Tuple[str, Optional[int]]]] = {}
+    links: Dict[str, MemoryRoot] = {}
     taken: Set[str] = set()
     for r in range(n):
-        for key, size in chunk_objects(bodies[r]):
+        for key, size in refs[r]:
             if key in taken:
                 continue
             taken.add(key)
             holder = _find(local_roots, key)  # this old rank's copy, or another's
             if holder is not None:
-                links[key] = holder.path / key
+                links[key] = holder
                 continue
             if server[r] != me:  # else it is lost here too: the load finds it damaged
                 wants.setdefault(server[r], []).append((key, size))
     gathered = mc._gather({str(q): w for q, w in wants.items()})
-    everyone_wants = [{int(q): [(str(k), int(z)) for k, z in w] for q, w in d.items()} for d in gathered]
+    everyone_wants = [{int(q): [(str(k), None if z is None else int(z)) for k, z in w] for q, w in d.items()}
+                      for d in gathered]
     merged = MemoryRoot(mc.node_dir / f".merged{me}", mc.own.incoming)
     shutil.rmtree(merged.path, ignore_errors=True)
     try:
@@ -201,10 +201,11 @@ def _merge_and_load(
 
 def _find(roots: List[MemoryRoot], key: str) -> Optional[MemoryRoot]:
     """The first of ``roots`` that holds ``key``."""
-    return next((root for root in roots if (root.path / key).is_file()), None)
+    return next((root for root in roots if root.size(key) is not None), None)
 
 
-def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants: List[Dict[int, List[Tuple[str, int]]]],
+def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, MemoryRoot],
+           everyone_wants: List[Dict[int, List[Tuple[str, Optional[int]]]]],
            manifest: bytes, step: int, local_roots: List[MemoryRoot]) -> Optional[str]:
     """Fill ``merged`` (links, then fetched objects, the manifest last); the
     failure, described, or ``None``. The ring runs to its end on every rank,
@@ -213,16 +214,11 @@ def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants:
     me, world = topo.rank, topo.world_size
     failure: Optional[str] = None
     merged.path.mkdir(parents=True, exist_ok=True)
-    for key, there in links.items():
-        here = merged.path / key
-        here.parent.mkdir(parents=True, exist_ok=True)
+    for key, holder in links.items():
         try:
-            os.link(there, here)
-        except OSError:
-            try:
-                shutil.copyfile(there, here)
-            except OSError as e:
-                failure = failure or f"{key}: {e}"
+            merged.link_from(holder, key)
+        except CheckpointError as e:
+            failure = failure or f"{key}: {e}"
     for k in range(1, world):
         link = mc._link
         assert link is not None  # (a job of several ranks has one)
@@ -239,7 +235,7 @@ def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants:
                 if i >= len(incoming) or failure is not None:
                     continue
                 key, size = incoming[i]
-                if size >= 0 and len(got) != size:
+                if size is not None and len(got) != size:
                     failure = f"{key}: {len(got)} bytes arrived from rank {src}, {size} expected"
                     continue
                 err = receiving.write(merged, key, got)
@@ -251,9 +247,11 @@ def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, Path], everyone_wants:
                 failure = message(err)
     if failure is not None:
         return failure
-    attempt = manifest_body(manifest)["attempt"]
-    err = write_object(merged, MemoryRoot.manifest_key(step, attempt), manifest)
-    return None if err is None else message(err)
+    try:
+        merged.write_manifest(manifest)
+    except CheckpointError as e:
+        return str(e)
+    return None
 
 
 def _load_merged(

@@ -24,7 +24,6 @@ memory tier".
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union, cast
 
@@ -61,23 +60,13 @@ class Outgoing:
             return bytearray()
         root, key = self._items[self._i]
         self._i += 1
-        if root is None:
+        size = None if root is None else root.size(key)
+        if root is None or size is None:
             return bytearray()
-        try:
-            with open(root.path / key, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > len(self._buf):
-                    self._buf = bytearray(size)
-                view = memoryview(self._buf)[:size]
-                got = 0
-                while got < size:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        return bytearray()
-                    got += n
-                return view
-        except OSError:
-            return bytearray()
+        if size > len(self._buf):
+            self._buf = bytearray(size)
+        view = memoryview(self._buf)[:size]
+        return view if root.read_into(key, view) else bytearray()
 
 
 class Incoming:

@@ -551,7 +551,7 @@ class MemoryCheckpointer:
         if topo.source() in need:
             try:
                 outgoing = self.replica.objects(step, self.replica.committed()[step])
-            except (OSError, ValueError, KeyError):
+            except (CheckpointError, KeyError):
                 outgoing = []
         lists = [[tuple(x) for x in lst] for lst in self._gather(outgoing)]
         incoming = lists[topo.holder()] if me in need else []
