@@ -76,7 +76,7 @@ impl MemoryRoot {
 
     /// Which rank of how many saved a checkpoint (as the memory tier's saves
     /// record it); `None` when unreadable or not recorded.
-    fn identity(&self, py: Python<'_>, step: u64, attempt: &str) -> PyResult<Option<(u32, u32)>> {
+    fn identity(&self, py: Python<'_>, step: u64, attempt: &str) -> PyResult<Option<(u64, u64)>> {
         let id = checkpoint_id(step, attempt).py()?;
         Ok(py.detach(|| self.root.identity(&id)))
     }

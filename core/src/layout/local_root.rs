@@ -17,6 +17,7 @@ use object_store::path::Path;
 use crate::error::{Error, Result};
 use crate::layout::manifest::{check_key, is_hash, Layout, Manifest, MAX_MANIFEST_BYTES};
 use crate::layout::paths::{self, MANIFESTS};
+use crate::layout::pymeta::{self, Bookkeeping};
 use crate::model::CheckpointId;
 
 mod writes;
@@ -219,14 +220,12 @@ impl LocalRoot {
     }
 
     /// Which rank of how many saved checkpoint `id`, as the memory tier's
-    /// saves record it (`meta.ckpt.memory.{rank, ranks}`); `None` when the
-    /// manifest cannot be read or does not say.
-    pub fn identity(&self, id: &CheckpointId) -> Option<(u32, u32)> {
+    /// saves record it in the package's bookkeeping ([`pymeta`]); `None` when
+    /// the manifest cannot be read or does not say.
+    pub fn identity(&self, id: &CheckpointId) -> Option<(u64, u64)> {
         let m = self.manifest(id).ok()?;
-        let info = m.meta.get("ckpt")?.get("memory")?;
-        let rank = u32::try_from(info.get("rank")?.as_int()?).ok()?;
-        let ranks = u32::try_from(info.get("ranks")?.as_int()?).ok()?;
-        (rank < ranks).then_some((rank, ranks))
+        let info = Bookkeeping::from_value(m.meta.get(pymeta::INFO_KEY)?).ok()?;
+        info.memory.filter(|(rank, ranks)| rank < ranks)
     }
 
     /// The stored length of `key`; `None` when it is not there (or cannot be seen).

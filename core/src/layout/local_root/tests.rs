@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use super::*;
 use crate::layout::manifest::{ChunkRef, TensorRecord, MANIFEST_VERSION};
+use crate::layout::pymeta::{self, Bookkeeping};
 use crate::model::dtype::DType;
 use crate::model::value::Value;
 
@@ -16,7 +17,7 @@ fn id(step: u64, attempt: &str) -> CheckpointId {
 
 /// A checkpoint of one tensor over `hashes` (8 bytes each, stored in 24),
 /// saved by `rank` of `ranks`, listing `objects`.
-fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: i64, ranks: i64) -> Manifest {
+fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: u64, ranks: u64) -> Manifest {
     let chunks: Vec<ChunkRef> = hashes
         .iter()
         .map(|h| ChunkRef {
@@ -26,7 +27,10 @@ fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: i64, ranks: i64)
             offset: None,
         })
         .collect();
-    let memory = Value::map([("rank", Value::Int(rank)), ("ranks", Value::Int(ranks))]);
+    let info = Bookkeeping {
+        memory: Some((rank, ranks)),
+        ..Bookkeeping::default()
+    };
     Manifest {
         version: MANIFEST_VERSION,
         library: "ckpt test".into(),
@@ -43,7 +47,7 @@ fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: i64, ranks: i64)
             shard: None,
             layout: Layout::Chunks { chunks },
         }],
-        meta: Value::map([("ckpt", Value::map([("memory", memory)]))]),
+        meta: pymeta::meta(&info, Value::Map(Vec::new())),
         objects: objects.iter().map(|o| o.to_string()).collect(),
     }
 }
@@ -123,6 +127,8 @@ fn objects_list_what_the_manifest_references_and_the_manifest_last() {
     assert_eq!(references(&m).unwrap()[2].1, None);
     assert_eq!(root.identity(&ckpt), Some((2, 4)));
     assert_eq!(root.identity(&id(6, "a1")), None);
+    let odd = commit(&root, &manifest(7, &["a"], &[], 4, 4));
+    assert_eq!(root.identity(&odd), None);
 }
 
 #[test]
