@@ -6,7 +6,7 @@ Checked against the built extension by ``python -m mypy.stubtest ckpt._ckpt``
 
 from os import PathLike
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypedDict, Union, final
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypedDict, Union, final
 
 from typing_extensions import Buffer, Self
 
