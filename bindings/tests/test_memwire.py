@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ckpt._memtier import MemoryRoot
+import ckpt
+from ckpt._memtier import MemoryRoot, rebuild
 from ckpt._memwire import Incoming, Outgoing
 
 
@@ -77,7 +78,7 @@ def test_a_write_that_fails_is_reported_at_the_next_object(tmp_path: Path) -> No
     assert receiving.write(dst, "../escape", got) is None  # (its failure comes next)
     got = receiving.swap(link, b"2" * 100, 0, 0)
     failure = receiving.write(dst, "fine", got)
-    assert failure is not None and failure["cls"] == "InvalidInputError", failure
+    assert failure is not None and isinstance(rebuild(0, failure, "write"), ckpt.InvalidInputError), failure
     assert receiving.close() is None
     assert (dst.path / "fine").read_bytes() == b"2" * 100
     assert not (tmp_path / "escape").exists()
