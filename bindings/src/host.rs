@@ -6,7 +6,7 @@
 //! microsecond for `Tensor.numpy()` in Python, and a boxed `Py_buffer` (with
 //! numpy's shape and format info) in the engine, freed by the copy thread.
 //!
-//! A loop's later saves of the same mapping (`ckpt._repeat_host`) know each
+//! A loop's later saves of the same mapping (`ckpt._save.repeat_host`) know each
 //! tensor's name, dtype, shape and address already. A [`HostRun`] keeps the
 //! first three, made once from the specs of the save that walked the mapping;
 //! each later save gives it the tensors' storages (`Tensor.untyped_storage()`,

@@ -86,16 +86,16 @@ def record_results(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> L
 @pytest.fixture
 def bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
     """One entry per mapping a save's walk tried to take in bulk from its plan
-    (:mod:`ckpt._repeat`): whether it did."""
-    import ckpt._repeat as rp
+    (:mod:`ckpt._save.repeat`): whether it did."""
+    import ckpt._save.repeat as rp
 
     return record_results(monkeypatch, rp, "_emit")
 
 
 @pytest.fixture
 def host_bulk(monkeypatch: pytest.MonkeyPatch) -> List[bool]:
-    """The same for mappings of CPU tensors (:mod:`ckpt._repeat_host`)."""
-    import ckpt._repeat_host as rh
+    """The same for mappings of CPU tensors (:mod:`ckpt._save.repeat_host`)."""
+    import ckpt._save.repeat_host as rh
 
     return record_results(monkeypatch, rh, "emit")
 

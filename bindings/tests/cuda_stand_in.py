@@ -1,5 +1,5 @@
 """A test double for CUDA, used where this machine has no GPU: CPU tensors
-take ckpt's CUDA path (``ckpt._slabs``' slabs, ``ckpt.cuda``'s device
+take ckpt's CUDA path (``ckpt._device.slabs``' slabs, ``ckpt._device.cuda``'s device
 copies, repeated-save plans), with ``torch.cuda``'s streams and events
 replaced by stand-ins (streams that run each copy at once, events that are
 always complete) and page-locking skipped. What it cannot show (the copies'
@@ -17,11 +17,11 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
-import ckpt._ahead as ahead
+import ckpt._save.ahead as ahead
 import ckpt.checkpointer as cpm
-import ckpt._slabs as slabs
-import ckpt.cuda as cudam
-from ckpt.torch import Exporter, dtype_name
+import ckpt._device.slabs as slabs
+import ckpt._device.cuda as cudam
+from ckpt._state.tensors import Exporter, dtype_name
 
 
 class Event:

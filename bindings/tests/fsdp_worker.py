@@ -156,15 +156,15 @@ def main() -> None:
         setattr(module, name, emit)
 
     if a.stand_in:
-        import ckpt._repeat as rp
+        import ckpt._save.repeat as rp
         import cuda_stand_in
 
         cuda_stand_in.install(setattr)
         record(rp, "_emit")
         # Its state counts as CUDA state (a fresh start readies the first save for it).
-        ckpt._ahead.cuda_device_in = lambda objs: torch.device("cpu")
+        ckpt._save.ahead.cuda_device_in = lambda objs: torch.device("cpu")
     else:
-        import ckpt._repeat_host as rh
+        import ckpt._save.repeat_host as rh
 
         record(rh, "emit")
     save_at = {int(x) for x in a.save_at.split(",")}

@@ -153,4 +153,5 @@ def test_the_package_exports_what_users_call() -> None:
     for private in ("resolve", "agree"):
         assert not hasattr(ckpt.distributed, private)
         assert private not in ckpt.distributed.__all__
-    assert set(ckpt.distributed.__all__) == {"TorchCoordinator", "MPICoordinator", "mpi_world_size"}
+    # The two coordinators, and the protocols a coordinator of your own follows.
+    assert set(ckpt.distributed.__all__) == {"TorchCoordinator", "MPICoordinator", "mpi_world_size", "Coordinator", "Link"}

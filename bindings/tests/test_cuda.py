@@ -336,7 +336,7 @@ def test_a_restore_locks_its_new_slab_and_its_first_save_takes_it(
     page-locks it while the read fills it (the default), or copies out of it
     pageable and locks it in the background; the next save takes that
     memory. Values bitwise both ways; ``last_restore`` times the copies."""
-    from ckpt.cuda import HostStage
+    from ckpt._device.cuda import HostStage
 
     if way != HostStage.lock:
         monkeypatch.setattr(HostStage, "lock", way)
@@ -387,8 +387,8 @@ def test_a_restore_in_groups_copies_each_group_bitwise_every_way(
     the next is read, on the caller's stream), a restore into a model and
     its fused AdamW is bitwise, whichever way its new slab is locked; a
     kernel the caller queued before the restore on its stream comes first."""
-    import ckpt._hoststage as hs
-    from ckpt.cuda import HostStage
+    import ckpt._device.hoststage as hs
+    from ckpt._device.cuda import HostStage
 
     monkeypatch.setattr(hs, "TAIL_BYTES", 1 << 20)
     monkeypatch.setattr(HostStage, "lock", way)
@@ -479,13 +479,13 @@ def test_a_sigkill_while_copies_are_in_flight_leaves_the_last_checkpoint_loadabl
 @needs_cuda
 def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -> None:
     # Repeated lazy saves, training going on after each: the later ones take
-    # the DTensor state dicts in bulk (ckpt._repeat), which the script checks.
+    # the DTensor state dicts in bulk (ckpt._save.repeat), which the script checks.
     script = tmp_path / "fsdp_nccl.py"
     script.write_text(textwrap.dedent("""
         import sys, torch, torch.distributed as dist
         from torch.distributed.fsdp import fully_shard
         import ckpt
-        import ckpt._repeat as rp
+        import ckpt._save.repeat as rp
         taken = []
         real_emit = rp._emit
         def emit(*args):
@@ -532,7 +532,7 @@ def test_fsdp2_on_nccl_saves_and_loads_into_a_plain_cuda_model(tmp_path: Path) -
 
 
 def test_a_slab_is_locked_in_pieces_that_split_no_page_and_no_slot() -> None:
-    from ckpt import _slabs
+    from ckpt._device import slabs as _slabs
 
     big = 100 << 20
     lens = [12, big, 7, 300, big, big, 64, big + 5, 3]

@@ -1,4 +1,4 @@
-"""The bookkeeping of CUDA snapshots (``ckpt.cuda``): which host slab a save
+"""The bookkeeping of CUDA snapshots (``ckpt._device.cuda``): which host slab a save
 uses, when its slots are handed out, when its copies are queued, what a
 changed state or a failed save does to the pool.
 
@@ -40,7 +40,7 @@ class Net(nn.Module):
 def as_cuda_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpointer takes the (CPU) state it is given for CUDA state, as
     ``load_latest`` decides whether to ready the first save."""
-    monkeypatch.setattr(ckpt._ahead, "cuda_device_in", lambda objs: torch.device("cpu"))
+    monkeypatch.setattr(ckpt._save.ahead, "cuda_device_in", lambda objs: torch.device("cpu"))
 
 
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Tuple[Net, torch.optim.Optimizer]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ckpt
-import ckpt.cuda as cudam
+import ckpt._device.cuda as cudam
 from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
 
 

@@ -429,7 +429,7 @@ def test_ranks_that_meet_unsupported_data_and_damage_on_one_checkpoint_all_raise
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    import ckpt._load as load_mod
+    import ckpt._restore.load as load_mod
 
     w = torch.arange(4.0)
     assert save_as_ranks(url, [{"w": w}] * 2, step=1) == [None, None]

@@ -1,4 +1,4 @@
-"""What a process that exits without waiting leaves (ckpt._exit): the saves it
+"""What a process that exits without waiting leaves (ckpt._runtime.exit): the saves it
 started are committed, a failed one is said on stderr, and no ckpt thread is
 still running when the interpreter finalizes."""
 

@@ -1,5 +1,5 @@
 """A save, a restore and a read hold off Python's cyclic garbage collector
-(``ckpt._gc``).
+(``ckpt._runtime.gc``).
 
 The walk of a state makes thousands of short-lived tracked objects; each few
 hundred would start a collection inside the save's stall. These tests lower

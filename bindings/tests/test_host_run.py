@@ -126,7 +126,7 @@ class _NoStorage(torch.Tensor):
 
 
 def test_a_restore_into_a_tensor_without_a_storage_goes_through_its_byte_view(tmp_path: Any) -> None:
-    from ckpt.restore import _bytes_of
+    from ckpt._restore.plan import _bytes_of
 
     cp = ckpt.Checkpointer(tmp_path.as_uri(), coordinate="none", rng=False)
     cp.save(1, {"w": torch.arange(6, dtype=torch.float32)}).wait()

@@ -1,5 +1,5 @@
 """A restore's CUDA destinations filled through a host slab
-(``ckpt.cuda.HostStage``): the groups its read comes in, the copies of each
+(``ckpt._device.cuda.HostStage``): the groups its read comes in, the copies of each
 group started while the next is read, how its new slab is page-locked (during
 the read, by default; in the background once copied; after the read), and a
 restore through ``load_latest`` that falls back from a checkpoint damaged in
@@ -23,10 +23,10 @@ import pytest
 import torch
 
 import ckpt
-import ckpt._hoststage as hs
-import ckpt._slabs as slabs
-import ckpt.cuda as cudam
-import ckpt.restore as restore_mod
+import ckpt._device.hoststage as hs
+import ckpt._device.slabs as slabs
+import ckpt._device.cuda as cudam
+import ckpt._restore.plan as restore_mod
 from test_device_copy import fake_cuda  # noqa: F401 - the fixture is used by name
 from test_slab_pool import _counting_locks
 

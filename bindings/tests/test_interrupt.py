@@ -45,7 +45,7 @@ def test_ctrl_c_interrupts_wait(url: str) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.stdout.readline().startswith("interrupted done=False")
     # The script ends; at exit ckpt finishes the save still in progress
-    # (ckpt._exit), says so once it takes a while, and a second Ctrl-C abandons it.
+    # (ckpt._runtime.exit), says so once it takes a while, and a second Ctrl-C abandons it.
     note = proc.stdout.readline()
     assert note.startswith("ckpt: finishing 1 save still in progress before exiting (Ctrl-C abandons)"), note
     proc.send_signal(signal.SIGINT)

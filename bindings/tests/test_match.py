@@ -1,6 +1,6 @@
 """A restore asked for what the checkpoint does not hold is refused with
 ``InvalidInputError`` before anything is written, and no checkpoint is taken
-for damaged because of it (``ckpt/_match.py``).
+for damaged because of it (``ckpt/_state/match.py``).
 
 Before, a misnamed entry made ``load_latest`` skip every checkpoint as
 damaged and start afresh: the job's next saves took the old steps and

@@ -1,4 +1,4 @@
-"""The memory tier's objects on the wire (ckpt._memwire): buffers reused from
+"""The memory tier's objects on the wire (ckpt._memtier.wire): buffers reused from
 object to object, each object written while the next arrives, every one
 landing byte for byte. The multi-rank tests (test_memory_tier.py) send them
 between processes; here a rank sends to itself, through a link that copies
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ckpt
-from ckpt._memtier import MemoryRoot, rebuild
-from ckpt._memwire import Incoming, Outgoing
+from ckpt._memtier.root import MemoryRoot, rebuild
+from ckpt._memtier.wire import Incoming, Outgoing
 
 
 class SelfLink:

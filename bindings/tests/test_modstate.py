@@ -1,5 +1,5 @@
 """A module's state dict made in bulk while its tree is as before
-(ckpt._modstate): always what ``module.state_dict()`` returns, whatever
+(ckpt._state.modstate): always what ``module.state_dict()`` returns, whatever
 changed in between, and the saves that use it store the live tensors."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt import _modstate
+from ckpt._state import modstate as _modstate
 
 
 def net() -> nn.Module:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt.restore import _Ids, _indexed_groups
+from ckpt._restore.plan import _Ids, _indexed_groups
 
 
 def job() -> "tuple[nn.Module, torch.optim.Optimizer]":

@@ -1,6 +1,6 @@
 """A CPU job's first save readied ahead of it, as later saves find theirs:
 the walk's plans made, and the staging memory its copies go to mapped and
-faulted in (``ckpt._ahead.rehearse``): on a fresh start from
+faulted in (``ckpt._save.ahead.rehearse``): on a fresh start from
 ``load_latest`` on (the optimizer state to come included, by the
 optimizer's kind), after a restore from the optimizer's next step."""
 
@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt import _ahead, _ckpt
+from ckpt import _ckpt
+from ckpt._save import ahead as _ahead
 
 
 class Tied(nn.Module):

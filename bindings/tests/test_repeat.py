@@ -1,4 +1,4 @@
-"""Repeated saves walked in bulk (``ckpt._repeat``): a later save of the same
+"""Repeated saves walked in bulk (``ckpt._save.repeat``): a later save of the same
 state dicts takes each mapping of CUDA tensors at once, as its plan says, and
 anything that differs goes through the walk again.
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import ckpt
-import ckpt._repeat as rp
-import ckpt.cuda as cudam
+import ckpt._save.repeat as rp
+import ckpt._device.cuda as cudam
 from test_device_copy import (  # noqa: F401 - the fixture is used by name
     Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
 )
@@ -78,7 +78,7 @@ def test_an_adams_cpu_steps_go_in_bulk_with_its_cuda_moments(
     # its moments on the GPU (unless fused or capturable): the optimizer's
     # state is a mapping of both, which later saves take in bulk all the same.
     import cuda_stand_in
-    import ckpt.tree as tree
+    import ckpt._state.tree as tree
 
     cuda_stand_in.install(monkeypatch.setattr, cpu_scalars=True)
     leaves: List[str] = []
@@ -166,7 +166,7 @@ def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
     # walking its parameters, a good part of a lazy save's stall. A save whose
     # plan holds needs no such walk: its parameters are those of the plan, and
     # its buffer is copied at once as the last time.
-    import ckpt.torch as ct
+    import ckpt._state.tensors as ct
 
     looked_up: List[int] = []
     real = ct.lazy_safe_pointers
@@ -392,7 +392,7 @@ def test_a_fresh_starts_first_save_goes_in_bulk_into_a_slab_laid_out_for_it(
     # the reserved slab laid out for it, whose slots its walk hands out.
     model, opt = fresh(monkeypatch)
     collections: List[int] = []
-    monkeypatch.setattr(ckpt._ahead, "collect_now", lambda: collections.append(1))
+    monkeypatch.setattr(ckpt._save.ahead, "collect_now", lambda: collections.append(1))
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=True)
     assert cp.load_latest(model=model, optimizer=opt) is None
     assert not collections
@@ -500,11 +500,11 @@ def test_a_walk_ahead_queues_no_copies_and_a_failing_one_only_warns(
     train(model, opt)  # readied: a slab laid out, which the next save would guess
     assert cp._slabs is not None and cp._slabs._layout is not None
     copies = len(fake_cuda["copies"])
-    ckpt._ahead.rehearse(cp, None, {"model": model, "optimizer": opt})  # (as a later restore would)
+    ckpt._save.ahead.rehearse(cp, None, {"model": model, "optimizer": opt})  # (as a later restore would)
     assert len(fake_cuda["copies"]) == copies, "an eager walk ahead queued copies into the guessed slab"
     monkeypatch.setattr(cudam.SlabPool, "lay_out_ahead", lambda self, lens: 1 / 0)
     with pytest.warns(RuntimeWarning, match="could not be readied .*ZeroDivisionError"):
-        ckpt._ahead.rehearse(cp, None, {"model": model, "optimizer": opt})
+        ckpt._save.ahead.rehearse(cp, None, {"model": model, "optimizer": opt})
     expected = {1: snapshot(model, opt)}
     cp.save(1, model=model, optimizer=opt)
     cp.close()

@@ -1,4 +1,4 @@
-"""A loop's repeated saves of the same CPU tensors, taken in bulk (ckpt._repeat_host)."""
+"""A loop's repeated saves of the same CPU tensors, taken in bulk (ckpt._save.repeat_host)."""
 
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ def test_a_plan_keeps_no_tensor_memory_alive(url: str, host_bulk: List[bool]) ->
             kinds.add(type(o))
             if isinstance(o, (list, tuple, dict, set, frozenset)):
                 held.extend(gc.get_referents(o))
-            elif type(o).__module__ == "ckpt._repeat_host":  # (the plan's parts)
+            elif type(o).__module__ == "ckpt._save.repeat_host":  # (the plan's parts)
                 held.extend(getattr(o, k) for k in type(o).__slots__)
     assert not kinds & {np.ndarray, torch.Tensor, torch.UntypedStorage}, kinds
     del state
@@ -231,8 +231,8 @@ def test_the_plans_need_no_numpy_where_none_is_installed() -> None:
 
     code = (
         "import sys; sys.modules['numpy'] = None\n"
-        "import torch, ckpt, ckpt.torch, ckpt._repeat, ckpt._repeat_host\n"
-        "assert ckpt._repeat_host.ndarray() is None\n"
+        "import torch, ckpt, ckpt._state.tensors, ckpt._save.repeat, ckpt._save.repeat_host\n"
+        "assert ckpt._save.repeat_host.ndarray() is None\n"
         "print('imported')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -82,7 +82,7 @@ def test_cuda_states_device_copies_start_is_its_own_phase(
 ) -> None:
     # CPU tensors through the CUDA path (the stand-in of test_device_copy.py);
     # the copies' start is made to take a known time.
-    import ckpt.cuda as cudam
+    import ckpt._device.cuda as cudam
 
     real = cudam.DeviceCopy.start
 

@@ -106,7 +106,7 @@ def test_fsdp2_saved_by_2_loads_into_3_1_and_2_bitwise(tmp_path: Path) -> None:
 def test_fsdp2_saved_compiled_loads_uncompiled_and_the_other_way(tmp_path: Path) -> None:
     """torch.compile's wrapper prefixes every key (``_orig_mod.``): a job
     trained compiled restores into the bare sharded model and one process,
-    and a bare model's checkpoint into a compiled job (ckpt._wrappers)."""
+    and a bare model's checkpoint into a compiled job (ckpt._state.wrappers)."""
     out = tmp_path / "out"
     compiled, bare = (tmp_path / "compiled").as_uri(), (tmp_path / "bare").as_uri()
     torchrun(2, "train", compiled, str(out / "a"), "--steps", "4", "--save-at", "2", "--compile")
@@ -331,7 +331,7 @@ def test_layout_cache_follows_a_spec_whose_mesh_or_placements_change() -> None:
 
     from torch.distributed.tensor import Shard
 
-    from ckpt.dtensor import local_pieces
+    from ckpt._sharded.dtensor import local_pieces
 
     class Mesh:
         def __init__(self, coord: int) -> None:
@@ -371,7 +371,7 @@ def test_dcp_stateful_app_state_saves_lazily_and_loads(url: str, mesh) -> None:
     from torch.distributed.checkpoint.stateful import Stateful
     from torch.distributed.fsdp import fully_shard
 
-    from ckpt.tree import flatten
+    from ckpt._state.tree import flatten
 
     class AppState(Stateful):
         def __init__(self, model, optimizer) -> None:

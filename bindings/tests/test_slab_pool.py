@@ -1,4 +1,4 @@
-"""The slab pool of CUDA snapshots (``ckpt.cuda.SlabPool``): its default
+"""The slab pool of CUDA snapshots (``ckpt._device.cuda.SlabPool``): its default
 budget, its collection when a checkpointer is never closed, where a restore
 lays its buffers out in a slab a save left, and which device ckpt's own
 threads make current for their CUDA calls.
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 import ckpt
-import ckpt._ahead as _ahead
-import ckpt._slabs as slabs
-import ckpt.cuda as cudam
+import ckpt._save.ahead as _ahead
+import ckpt._device.slabs as slabs
+import ckpt._device.cuda as cudam
 from cuda_stand_in import Event as _Event
 from test_device_copy import (  # noqa: F401 - the fixture is used by name
     Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
@@ -334,7 +334,7 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
     train(model, opt)
     assert len(pool._slabs) == 1, "reserved once"
     expected = {1: snapshot(model, opt)}
-    assert len(opt._optimizer_step_post_hooks) == 1, "fired, and left in place (see ckpt._ahead)"
+    assert len(opt._optimizer_step_post_hooks) == 1, "fired, and left in place (see ckpt._save.ahead)"
     cp.save(1, model=model, optimizer=opt)
     assert not opt._optimizer_step_post_hooks, "the first save takes the hook off"
     assert [s.native.address for s in pool._slabs] == [address], "the save took the reserved memory"

@@ -1,4 +1,4 @@
-"""``ckpt.restore.Spans``, the ranges of memory a restore's plan has taken as
+"""``ckpt._restore.plan.Spans``, the ranges of memory a restore's plan has taken as
 destinations in place: the same answers as a scan of every earlier range,
 which it replaced (the scan made a plan of thousands of tensors quadratic)."""
 
@@ -10,7 +10,7 @@ from typing import List, Tuple
 import torch
 
 import ckpt
-from ckpt.restore import Spans
+from ckpt._restore.plan import Spans
 
 
 def _scan(taken: List[Tuple[int, int]], start: int, end: int) -> bool:

@@ -13,7 +13,7 @@ from torch import nn
 
 import ckpt
 from ckpt._ckpt import TensorRef
-from ckpt.tree import TAG, flatten
+from ckpt._state.tree import TAG, flatten
 
 
 def names(state: dict, lazy: bool = False) -> list[str]:

@@ -1,6 +1,6 @@
 """A module saved through wrappers (torch.compile of the whole or of each
 block, DataParallel, both) and restored without them, or through others
-(ckpt._wrappers): the keys differ by the wrappers' parts, and the values
+(ckpt._state.wrappers): the keys differ by the wrappers' parts, and the values
 come back all the same."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ckpt
-from ckpt import _wrappers
+from ckpt._state import wrappers as _wrappers
 
 
 def net() -> nn.Module:
@@ -86,7 +86,7 @@ def test_keys_that_differ_otherwise_are_still_refused(tmp_path) -> None:
 
 
 def test_fit_renames_keys_and_module_versions_and_leaves_the_rest() -> None:
-    tag = ckpt.tree.TAG
+    tag = ckpt._state.tree.TAG
     inner = net()
     stored = {
         tag: "odict",

@@ -40,7 +40,7 @@ restarted process does; its cold restore has the disk's page cache dropped.
   checkpointing's staging future.
 - **First step**: one step before the rounds, with what it left in the
   background (``first_step_s``): after a fresh start's ``load_latest``, ckpt
-  readies its first save there (``ckpt._ahead``), once per job.
+  readies its first save there (``ckpt._save.ahead``), once per job.
 - **Stall**: how long ``save`` blocked the loop, the first of the method in this
   process (pools and stagers start cold) and the median of the later ones;
   **durable**: median time from ``save`` to its data being on disk (fsync),
@@ -508,7 +508,7 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
     ckpt_steps: List[List[float]] = []
     # One step before the windows: after a fresh start's load_latest, ckpt
     # readies its first save at the first optimizer step (memory locked in the
-    # background, the state walked once: ckpt._ahead), once per job; timed
+    # background, the state walked once: ckpt._save.ahead), once per job; timed
     # with what it left in the background, against the control's.
     tr.sync()
     t0 = time.perf_counter()
@@ -632,15 +632,15 @@ def run_method(m: Method, tr: Trainer, a: argparse.Namespace, step0: int) -> dic
 
 def default_lock() -> str:
     """How ckpt's restores page-lock a new host slab by default."""
-    from ckpt.cuda import HostStage
+    from ckpt._device.cuda import HostStage
 
     return str(HostStage.lock)
 
 
 @contextlib.contextmanager
 def _restore_lock(way: str) -> Iterator[None]:
-    """A restore's new host slab page-locked ``way`` (``ckpt.cuda.HostStage.lock``)."""
-    from ckpt.cuda import HostStage
+    """A restore's new host slab page-locked ``way`` (``ckpt._device.cuda.HostStage.lock``)."""
+    from ckpt._device.cuda import HostStage
 
     was, HostStage.lock = HostStage.lock, way
     try:

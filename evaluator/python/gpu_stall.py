@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt  # noqa: E402
 import ckpt.checkpointer as cpm  # noqa: E402
-import ckpt.cuda as cudam  # noqa: E402
+import ckpt._device.cuda as cudam  # noqa: E402
 from gpu_bench import Trainer, model_args, restore_phases  # noqa: E402
 
 

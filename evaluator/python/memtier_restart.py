@@ -29,7 +29,7 @@ checkpointer is opened before) reported beside it. Sources:
   replica its peer node keeps;
 - ``memory, fewer ranks``: a job of one rank fewer (one node fewer) restarts
   from the memory tier: the saved ranks' memory checkpoints merged
-  (``ckpt._memreshape``), what its nodes lack fetched; the memory tier is put
+  (``ckpt._memtier.reshape``), what its nodes lack fetched; the memory tier is put
   back as saved afterwards (untimed), since the merged restart removes the
   old job's roots;
 - ``disk cold``: ``ckpt.Checkpointer(<local disk>).load_latest``, page cache dropped;

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _ckpt, distributed
-from ._ckpt import cpu_threads, set_cpu_threads
-from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
-from .checkpointer import Checkpointer
-from .errors import (
+from ckpt import _ckpt, distributed
+from ckpt._ckpt import cpu_threads, set_cpu_threads
+from ckpt.handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
+from ckpt.checkpointer import Checkpointer
+from ckpt.errors import (
     CheckpointError,
     CheckpointIOError,
     CheckpointTimeoutError,
@@ -39,9 +39,9 @@ from .errors import (
     StorageError,
     UnsupportedError,
 )
-from .export import export
-from .memory import MemoryCheckpointer
-from .rng import RNGState
+from ckpt.export import export
+from ckpt.memory import MemoryCheckpointer
+from ckpt.rng import RNGState
 
 __version__: str = _ckpt.__version__
 

@@ -1,5 +1,5 @@
 """``python -m ckpt``: the ``ckpt`` command (see :mod:`ckpt.cli`)."""
 
-from .cli import main
+from ckpt.cli import main
 
 main()

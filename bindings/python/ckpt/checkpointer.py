@@ -11,25 +11,29 @@ import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sized
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Tuple, Type, Union, cast, overload
 
-from . import _ahead, _ckpt, _exit, _load, _own
-from ._gc import collector_paused
-from ._handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
-from ._ckpt import GcReport
-from .distributed import _agree, _resolve
-from .errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
-from .rng import RNGState
-from .tree import Flattened, flatten
+from ckpt import _ckpt
+from ckpt._save import ahead as _ahead
+from ckpt._runtime import exit as _exit
+from ckpt._restore import load as _load
+from ckpt._state import own as _own
+from ckpt._runtime.gc import collector_paused
+from ckpt.handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
+from ckpt._ckpt import GcReport
+from ckpt.distributed import _agree, _resolve
+from ckpt.errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
+from ckpt.rng import RNGState
+from ckpt._state.tree import Flattened, flatten
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.optim import Optimizer
     from torch.utils.hooks import RemovableHandle
 
-    from ._ckpt import _Listed
-    from ._repeat import PlannedExporter
-    from ._repeat_host import HostPlan
-    from .cuda import HostStage, SlabPool
-    from .distributed import Coordinator
+    from ckpt._ckpt import _Listed
+    from ckpt._save.repeat import PlannedExporter
+    from ckpt._save.repeat_host import HostPlan
+    from ckpt._device.cuda import HostStage, SlabPool
+    from ckpt.distributed import Coordinator
 
 #: A state restored in place, as the caller holds it: any mapping of names
 #: (invariant in its values, so a ``Dict[str, torch.nn.Module]`` is one too).
@@ -137,12 +141,12 @@ class Checkpointer:
         #: Where the last restore's time went (:meth:`load_latest` or :meth:`load`
         #: that restored a checkpoint); None before one.
         self.last_restore: Optional[RestorePhases] = None
-        #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._ahead`).
+        #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._save.ahead`).
         self._ahead_hooks_off: Callable[[], None] = _ahead.nothing
         self._slabs: Optional[SlabPool] = None  # host slabs of CUDA snapshots
-        #: The thread readying the first save's staging memory, while it runs (:func:`ckpt._ahead.rehearse`).
+        #: The thread readying the first save's staging memory, while it runs (:func:`ckpt._save.ahead.rehearse`).
         self._readying: Optional[threading.Thread] = None
-        #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._repeat_host`).
+        #: What the last save made of each mapping of CPU tensors (:mod:`ckpt._save.repeat_host`).
         self._host_plans: Dict[str, HostPlan] = {}
         # Another checkpointer whose slab pool this one uses (the memory tier's
         # roots use its durable checkpointer's: one pool, one budget).
@@ -188,7 +192,7 @@ class Checkpointer:
         torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
 
         A save still in progress when the interpreter exits normally is
-        finished then (see :mod:`ckpt._exit`); :meth:`wait` is where its
+        finished then (see :mod:`ckpt._runtime.exit`); :meth:`wait` is where its
         failure raises.
 
         Raises :class:`~ckpt.ConflictError` if ``step`` is already committed
@@ -199,7 +203,7 @@ class Checkpointer:
         :class:`~ckpt.ConflictError`.
         """
         t0 = time.perf_counter()
-        with collector_paused():  # see ckpt._gc: a save's objects die young
+        with collector_paused():  # see ckpt._runtime.gc: a save's objects die young
             handle, _, _ = self._save_shared(step, self._entries(state, named), None)
         return handle._finish(t0)
 
@@ -265,7 +269,7 @@ class Checkpointer:
         own_ranks: Optional[int] = None
         if local is not None:
             # Only rank 0's metadata reaches the manifest: each rank's own tree
-            # travels as a tensor of its own (see ckpt._own).
+            # travels as a tensor of its own (see ckpt._state.own).
             if prefix in flat.names:
                 raise InvalidInputError(f"the tensor name {prefix!r} is reserved by ckpt")
             flat.tensors.append(_own.encode(flat.local_tree, flat.local_numpy_names, me))
@@ -344,7 +348,7 @@ class Checkpointer:
                 h.wait(timeout)
         pool = self._pool(False)
         if pool is not None:
-            pool.drain()  # (the plans of repeated saves, ckpt._repeat)
+            pool.drain()  # (the plans of repeated saves, ckpt._save.repeat)
 
     def close(self) -> None:
         """Wait for every save, then remove the optimizer hooks."""
@@ -396,7 +400,7 @@ class Checkpointer:
         that loads its own way is left to its ``load_state_dict``), an
         optimizer over other parameters, a tensor of another shape or dtype
         or on the meta device. That is the caller's mistake, not damage: no checkpoint is skipped
-        for it (see :mod:`ckpt._match`).
+        for it (see :mod:`ckpt._state.match`).
 
         :attr:`last_restore` then says where the call's time went.
         """
@@ -405,7 +409,7 @@ class Checkpointer:
         wrote = False
         restored: Optional[int] = None
         damaged = 0.0
-        with collector_paused():  # see ckpt._gc: a restore's plan and walk make as many objects as a save's
+        with collector_paused():  # see ckpt._runtime.gc: a restore's plan and walk make as many objects as a save's
             targets = self._targets(state, named)
             self._native.flush(None)  # no save of ours is using the coordinator now
             for step, attempt in reversed(self._candidates()):
@@ -460,7 +464,7 @@ class Checkpointer:
         Tensors come back as they were saved (torch tensors as torch, numpy
         arrays as numpy) unless ``framework`` is ``"np"`` or ``"pt"``.
         """
-        with collector_paused():  # see ckpt._gc: thousands of objects made at once, few of them cyclic
+        with collector_paused():  # see ckpt._runtime.gc: thousands of objects made at once, few of them cyclic
             loaded = self._native.load_latest()
             return None if loaded is None else self._checkpoint(loaded, framework)
 
@@ -584,7 +588,7 @@ class Checkpointer:
     def _attempt(
         self, step: int, attempt: str, state: Optional[LiveState], targets: List[Tuple[str, object]]
     ) -> Tuple[Optional[CheckpointError], bool, "_AttemptTimes"]:
-        """Restore one checkpoint: plan, load, agree, apply (see :mod:`ckpt._load`).
+        """Restore one checkpoint: plan, load, agree, apply (see :mod:`ckpt._restore.load`).
 
         Returns ``(error, wrote, times)``: ``error`` is None when restored, the
         damage when the checkpoint is damaged on any rank; ``wrote`` whether
@@ -660,7 +664,7 @@ class Checkpointer:
         own, or the one of ``_pool_of``), made now if ``create``."""
         owner = self._pool_of or self
         if owner._slabs is None and create:
-            from .cuda import SlabPool
+            from ckpt._device.cuda import SlabPool
 
             owner._slabs = SlabPool(owner._staging_budget, owner._busy, owner._device_staging)
         return owner._slabs
@@ -670,7 +674,7 @@ class Checkpointer:
         checkpointer's pool (page-locked, reused by later saves and restores)."""
         if not _ahead.cuda_ready():
             return None
-        from .cuda import HostStage
+        from ckpt._device.cuda import HostStage
 
         return HostStage(self._pool(True), keep=not self._read_only)
 
@@ -717,12 +721,12 @@ _EXPORTER: Optional[Type[PlannedExporter]] = None
 
 
 def _exporter_class() -> Type[PlannedExporter]:
-    """:class:`ckpt._repeat.PlannedExporter`, imported once (torch is imported):
+    """:class:`ckpt._save.repeat.PlannedExporter`, imported once (torch is imported):
     an import statement in every save's stall went through the import
     machinery each time, tens of microseconds."""
     global _EXPORTER
     if _EXPORTER is None:
-        from ._repeat import PlannedExporter
+        from ckpt._save.repeat import PlannedExporter
 
         _EXPORTER = PlannedExporter
     return _EXPORTER
@@ -737,7 +741,7 @@ _SMALL = 64 << 10
 def _small_now(tensors: List[_ckpt.TensorSpec]) -> bool:
     """Mark CPU tensors under ``_SMALL`` bytes to be copied at once; returns
     whether a CPU tensor is still left to copy in the background."""
-    from .cuda import Pending
+    from ckpt._device.cuda import Pending
 
     deferred = False
     for i, t in enumerate(tensors):
@@ -762,7 +766,7 @@ def _nbytes(buf: object) -> int:
 def _into_slots(tensors: List[_ckpt.TensorSpec], slots: List[_ckpt.SlabSlot]) -> List[_ckpt.TensorSpec]:
     """The tensors with their CUDA bytes (pending, or a slot of a guessed slab
     that turned out not to fit) replaced by the slots they land in."""
-    from .cuda import Pending
+    from ckpt._device.cuda import Pending
 
     out = []
     for t in tensors:

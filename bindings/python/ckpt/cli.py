@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from . import _ckpt
+from ckpt import _ckpt
 
 __all__ = ["main"]
 

@@ -34,8 +34,8 @@ from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, TypeVar, Union
 
-from . import _ckpt
-from .errors import InvalidInputError, UnsupportedError
+from ckpt import _ckpt
+from ckpt.errors import InvalidInputError, UnsupportedError
 
 if TYPE_CHECKING:
     from mpi4py.MPI import Comm as MPIComm
@@ -171,7 +171,7 @@ class TorchCoordinator:
     def sendrecv_into(self, data: Data, dst: int, src: int, buffer_for: Callable[[int], Into]) -> Into:
         """:meth:`sendrecv`, received into ``buffer_for(length)`` (a writable
         buffer of that length: the memory tier reuses its buffers, see
-        :mod:`ckpt._memwire`), which is returned."""
+        :mod:`ckpt._memtier.wire`), which is returned."""
         torch, dist = self._torch, self._live()
         gdst = dist.get_global_rank(self.group, dst)
         gsrc = dist.get_global_rank(self.group, src)

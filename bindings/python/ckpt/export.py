@@ -7,11 +7,11 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Optional, Union
 
-from . import _ckpt
-from .errors import InvalidInputError
+from ckpt import _ckpt
+from ckpt.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from ._ckpt import _Exported
+    from ckpt._ckpt import _Exported
 
 __all__ = ["export"]
 

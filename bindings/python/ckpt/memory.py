@@ -32,7 +32,7 @@ resumed step are dropped.
 **Another job shape.** A job restarted with another number of ranks, or on
 other nodes, merges the old job's per-rank checkpoints of the newest step
 every old rank still has somewhere and loads that, resharding sharded state
-(:mod:`ckpt._memreshape`; :attr:`last_source` is ``"memory, merged"``).
+(:mod:`ckpt._memtier.reshape`; :attr:`last_source` is ``"memory, merged"``).
 
 A full memory tier (ENOSPC on tmpfs) fails that memory save on every rank
 (:meth:`wait` raises :class:`~ckpt.StorageError`); durable saves go on.
@@ -54,25 +54,25 @@ from pathlib import Path
 from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple, Union, cast
 
-from . import _exit
-from . import _memwire as wire
-from . import errors as errs
-from . import _memreshape as reshape
-from ._ckpt import GcReport
-from ._gc import collector_paused
-from ._memtier import MemoryRoot, Topology, describe, load_outcome, message, rebuild, write_object
-from ._handles import RestorePhases, SaveHandle
-from .checkpointer import Checkpointer
-from .distributed import MPICoordinator, TorchCoordinator, _agree
-from .errors import CheckpointError, InvalidInputError, StorageError
+from ckpt._runtime import exit as _exit
+from ckpt._memtier import wire as wire
+from ckpt import errors as errs
+from ckpt._memtier import reshape as reshape
+from ckpt._ckpt import GcReport
+from ckpt._runtime.gc import collector_paused
+from ckpt._memtier.root import MemoryRoot, Topology, describe, load_outcome, message, rebuild, write_object
+from ckpt.handles import RestorePhases, SaveHandle
+from ckpt.checkpointer import Checkpointer
+from ckpt.distributed import MPICoordinator, TorchCoordinator, _agree
+from ckpt.errors import CheckpointError, InvalidInputError, StorageError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from ._memreshape import Holdings
-    from ._memwire import Failure
-    from .checkpointer import LiveState
-    from .distributed import Coordinator, Link
+    from ckpt._memtier.reshape import Holdings
+    from ckpt._memtier.wire import Failure
+    from ckpt.checkpointer import LiveState
+    from ckpt.distributed import Coordinator, Link
 
 __all__ = ["MemoryCheckpointer", "Topology"]
 
@@ -243,7 +243,7 @@ class MemoryCheckpointer:
         slab of one pool; in lazy mode the optimizer's step pre-hook waits for
         both saves)."""
         t0 = time.perf_counter()
-        with collector_paused():  # see ckpt._gc: a save's objects die young
+        with collector_paused():  # see ckpt._runtime.gc: a save's objects die young
             handle = self._save(step, state, named)
         return handle._finish(t0) if handle is not None else None
 
@@ -304,7 +304,7 @@ class MemoryCheckpointer:
             self.durable.close()  # last: it owns the slabs
 
     def _at_exit(self) -> None:
-        """At the interpreter's exit (:mod:`ckpt._exit`), unless closed: the
+        """At the interpreter's exit (:mod:`ckpt._runtime.exit`), unless closed: the
         replications queued finish (each waits for its save), the thread
         stops, and their failures are said on stderr (nobody waits for them)."""
         if not self._thread.is_alive():
@@ -665,7 +665,7 @@ class MemoryCheckpointer:
         rounds = max((len(w) for w in everyone), default=0)
         failure: Optional[Failure] = None
         manifest: Optional[bytes] = None
-        # Buffers reused, each object written while the next one arrives (ckpt._memwire).
+        # Buffers reused, each object written while the next one arrives (ckpt._memtier.wire).
         sending = wire.Outgoing([(out_root, key) for key, _ in outgoing])
         receiving = wire.Incoming()
         try:

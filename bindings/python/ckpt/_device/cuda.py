@@ -26,7 +26,7 @@ one trip over PCIe, no copy through the CPU.
   save's step does not wait for that either. A device without room for it
   warns, and its saves copy straight to the host from then on.
 - **Slabs.** The host memory, its page locking and its budget are
-  :mod:`ckpt._slabs`' (:class:`SlabPool`, one per checkpointer): a new
+  :mod:`ckpt._device.slabs`' (:class:`SlabPool`, one per checkpointer): a new
   slab is page-locked before its first copies, on a background thread in
   lazy mode, so that ``save`` returns at once; memory is locked ahead where
   it can be (a restore's read, a fresh start's first step).
@@ -44,9 +44,10 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
-from . import _ckpt, _slabs
-from ._hoststage import HostStage
-from ._slabs import SlabPool, _Slab
+from ckpt import _ckpt
+from ckpt._device import slabs as _slabs
+from ckpt._device.hoststage import HostStage
+from ckpt._device.slabs import SlabPool, _Slab
 
 __all__ = ["SlabPool", "DeviceCopy", "Pending", "HostStage"]
 
@@ -144,7 +145,7 @@ class DeviceCopy:
         self, nbytes: Tuple[int, ...], ptrs: List[int]
     ) -> Optional[Tuple[int, Optional[_Slab], Optional[List[_ckpt.SlabSlot]]]]:
         """Where the next ``len(nbytes)`` tensors go, if no tensor at ``ptrs``
-        was met before in this save (:mod:`ckpt._repeat` checks a mapping
+        was met before in this save (:mod:`ckpt._save.repeat` checks a mapping
         before it takes it in bulk): ``(index of the next slot, slab, its
         slots)`` when the next slots of the guessed slab have these lengths;
         ``(index, None, None)`` when there is no guessed slab (the previous

@@ -39,14 +39,14 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, NotRequired, Optional, Protocol, Set, Tuple, TypedDict
 
-from . import _ckpt
-from . import _memwire as wire
-from ._memtier import MemoryRoot, Topology, load_outcome, message
-from .errors import CheckpointError
+from ckpt import _ckpt
+from ckpt._memtier import wire as wire
+from ckpt._memtier.root import MemoryRoot, Topology, load_outcome, message
+from ckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from .checkpointer import Checkpointer, LiveState
-    from .distributed import Link
+    from ckpt.checkpointer import Checkpointer, LiveState
+    from ckpt.distributed import Link
 
 #: ``(old rank, old world size, step, root name)``; the saver ``None`` for a
 #: checkpoint saved before the tier recorded it.
@@ -226,7 +226,7 @@ def _build(mc: Tier, merged: MemoryRoot, links: Dict[str, MemoryRoot],
         outgoing = everyone_wants[dst].get(me, [])
         incoming = everyone_wants[me].get(src, [])
         rounds = max((len(everyone_wants[q].get((q - k) % world, [])) for q in range(world)), default=0)
-        # Buffers reused, each object written while the next one arrives (ckpt._memwire).
+        # Buffers reused, each object written while the next one arrives (ckpt._memtier.wire).
         sending = wire.Outgoing([(_find(local_roots, key), key) for key, _ in outgoing])
         receiving = wire.Incoming()
         try:

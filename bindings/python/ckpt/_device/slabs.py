@@ -1,7 +1,7 @@
 """Host slabs for CUDA snapshots: host memory with a slot per tensor
 (:class:`~ckpt._ckpt.HostSlab`), page-locked with the CUDA runtime, and the
 pool (:class:`SlabPool`) that keeps a checkpointer's slabs under a budget and
-reuses them by layout. :mod:`ckpt.cuda` copies into them.
+reuses them by layout. :mod:`ckpt._device.cuda` copies into them.
 
 - **Page locking.** A new slab is populated (its pages mapped, on several
   threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
@@ -12,10 +12,10 @@ reuses them by layout. :mod:`ckpt.cuda` copies into them.
   is much faster for pages already mapped, and the CUDA driver takes no
   other call from the process meanwhile (docs/perf.md, "CUDA"). So memory is
   locked ahead where it can be: a restore's slab while its read fills it by
-  default (:class:`~ckpt.cuda.HostStage`, :meth:`SlabPool.lock_while_filled`;
+  default (:class:`~ckpt._device.cuda.HostStage`, :meth:`SlabPool.lock_while_filled`;
   or after its copies, :meth:`SlabPool.lock_later`), and a fresh start
   reserves the first save's in the background
-  (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._ahead`). Both are locked
+  (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._save.ahead`). Both are locked
   in one piece, and the first save lays such memory out anew for its own
   tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
 - **Budget.** Slabs are reused by layout; the pool holds at most
@@ -26,7 +26,7 @@ reuses them by layout. :mod:`ckpt.cuda` copies into them.
   by saves being written, ``busy="wait"`` waits and ``busy="skip"`` raises
   :class:`~ckpt.SkippedError`.
 - **Threads.** The pool's launcher thread (locking, and the lazy copies
-  :mod:`ckpt.cuda` queues there) runs each CUDA call with the tensors'
+  :mod:`ckpt._device.cuda` queues there) runs each CUDA call with the tensors'
   device current (:func:`_on`): a thread starts on device 0.
 """
 
@@ -42,8 +42,8 @@ from typing import Any, ContextManager, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
-from . import _ckpt
-from .errors import SkippedError
+from ckpt import _ckpt
+from ckpt.errors import SkippedError
 
 __all__ = ["SlabPool"]
 
@@ -52,7 +52,7 @@ _Layout = Tuple[Tuple[torch.dtype, Tuple[int, ...], int], ...]
 
 
 class Filler(Protocol):
-    """The copy that fills a slab (a :class:`ckpt.cuda.DeviceCopy`, which
+    """The copy that fills a slab (a :class:`ckpt._device.cuda.DeviceCopy`, which
     sits above this module): all a slab asks of it is whether it landed."""
 
     def landed(self) -> bool: ...
@@ -249,7 +249,7 @@ class SlabPool:
         self.peak_locked = 0
         #: The slot lengths of the last save (see :meth:`guess`).
         self._layout: Optional[Tuple[int, ...]] = None
-        #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._repeat`).
+        #: What the walk made of each mapping of tensors, by path (:mod:`ckpt._save.repeat`).
         self.plans: Dict[str, Any] = {}
         #: How each restore's slab came to be page-locked (:class:`HostStage`):
         #: "held" (locked already: by a save, or by an earlier attempt of the
@@ -356,7 +356,7 @@ class SlabPool:
 
     def lay_out_ahead(self, lens: List[int]) -> None:
         """The first save's slot lengths, known from a walk ahead of it
-        (:func:`ckpt._ahead.rehearse`): a free slab locked (or being locked)
+        (:func:`ckpt._save.ahead.rehearse`): a free slab locked (or being locked)
         in one piece, reserved or left by a restore, is laid out for them
         now, and that save guesses it (:meth:`guess`) as a loop's later saves
         guess theirs: its walk hands out the slots themselves."""
@@ -468,7 +468,7 @@ class SlabPool:
     def lock_later(self, slab: _Slab, device: Optional[torch.device]) -> bool:
         """Page-lock ``slab`` in the background, in one piece, on the launcher
         thread: a reservation (:meth:`reserve`), or a restore's new slab once
-        its copies have landed (:class:`~ckpt._hoststage.HostStage`), so that
+        its copies have landed (:class:`~ckpt._device.hoststage.HostStage`), so that
         the job's first save finds it locked. Whether it was queued (not for
         a slab locked, or tried, already)."""
         if slab.locked or slab.prepared or slab.nbytes == 0 or slab.preparing is not None:

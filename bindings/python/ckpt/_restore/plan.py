@@ -32,18 +32,18 @@ from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union, cast
 
-from ._ckpt import HostSpan, LoadTarget, Shard, TensorInfo, TensorRef
-from .dtensor import is_dtensor, local_of, local_pieces
-from .errors import CorruptError, InvalidInputError, UnsupportedError
-from .tree import NP_SCALAR, ODICT, TAG, Tree, is_stateful
+from ckpt._ckpt import HostSpan, LoadTarget, Shard, TensorInfo, TensorRef
+from ckpt._sharded.dtensor import is_dtensor, local_of, local_pieces
+from ckpt.errors import CorruptError, InvalidInputError, UnsupportedError
+from ckpt._state.tree import NP_SCALAR, ODICT, TAG, Tree, is_stateful
 
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
     from typing_extensions import Buffer
 
-    from ._hoststage import HostStage
-    from ._numpy import NDArray
+    from ckpt._device.hoststage import HostStage
+    from ckpt._state.arrays import NDArray
 
 #: Where a value sits in the stored tree: its keys and indices from the entry's root.
 Path = List[Union[str, int]]
@@ -102,7 +102,7 @@ class RestorePlan:
     Args:
         table: the checkpoint's tensors (``Checkpointer.contents`` of the native module).
         numpy_names: tensors saved as numpy arrays.
-        stage: CUDA destinations go through this host slab (:class:`ckpt.cuda.HostStage`), if given.
+        stage: CUDA destinations go through this host slab (:class:`ckpt._device.cuda.HostStage`), if given.
     """
 
     def __init__(self, table: Dict[str, TensorInfo], numpy_names: Set[str], stage: Optional[HostStage] = None) -> None:
@@ -187,19 +187,19 @@ class RestorePlan:
             self._fill_torch(name, dtype, shape, live)
             return live
         if np is not None and isinstance(live, np.ndarray):
-            from . import _numpy as npg
+            from ckpt._state import arrays as npg
 
             self._check(where, name, dtype, shape, npg.dtype_name(live.dtype), tuple(live.shape))
             self._fill_numpy(name, dtype, shape, live)
             return live
         # Nothing live to fill: make the tensor (with its parameter's layout, if any).
         if name in self.numpy_names or torch is None:
-            from . import _numpy as npg
+            from ckpt._state import arrays as npg
 
             arr = npg.empty(dtype, shape)
             self._fill_numpy(name, dtype, shape, arr)
             return arr
-        from .torch import torch_dtype
+        from ckpt._state.tensors import torch_dtype
 
         td = torch_dtype(dtype)
         if hint is not None and isinstance(hint, torch.Tensor) and tuple(hint.shape) == shape:
@@ -269,7 +269,7 @@ class RestorePlan:
         np = sys.modules["numpy"]
         if arr.nbytes == 0:
             return
-        from . import _numpy as npg
+        from ckpt._state import arrays as npg
 
         direct = arr.flags.c_contiguous and arr.flags.writeable and arr.dtype.byteorder != ">"
         ptr = arr.__array_interface__["data"][0]
@@ -309,7 +309,7 @@ class RestorePlan:
         """Run the load with ``read`` (the engine's load of a list of
         requests). With CUDA destinations, the stage reads their slots group
         by group and starts each group's copies to the device once it is read
-        (:meth:`ckpt.cuda.HostStage.fill`)."""
+        (:meth:`ckpt._device.cuda.HostStage.fill`)."""
         if not self._staged:
             read(self.requests)
             return
@@ -385,7 +385,7 @@ def restore_into(target: object, value: object, where: str, live: object = None)
     Objects with ``load_state_dict`` get their state dict (``live``: the
     target's live state the restore walked, see :func:`live_state`; a
     module whose every tensor was filled in place needs no more, see
-    :func:`ckpt._modstate.loaded_already`), tensors and arrays are copied
+    :func:`ckpt._state.modstate.loaded_already`), tensors and arrays are copied
     into, dicts and lists are updated in place (their items replaced where
     they cannot be restored in place)."""
     torch = sys.modules.get("torch")
@@ -394,7 +394,7 @@ def restore_into(target: object, value: object, where: str, live: object = None)
         return True  # filled in place by the load
     if is_stateful(target):
         if live is not None and torch is not None and isinstance(target, torch.nn.Module):
-            from ._modstate import loaded_already
+            from ckpt._state.modstate import loaded_already
 
             if loaded_already(target, value, live):
                 return True
@@ -504,7 +504,7 @@ def _resolve(v: object) -> object:
 def _torch_dtype_name(t: Tensor) -> str:
     global _DTYPE_NAME
     if _DTYPE_NAME is None:  # (imported once, not by an import statement per tensor)
-        from .torch import dtype_name
+        from ckpt._state.tensors import dtype_name
 
         _DTYPE_NAME = dtype_name
     return _DTYPE_NAME(t.dtype)
@@ -520,7 +520,7 @@ def live_state(target: object) -> Tuple[object, Hint]:
         return target, _no_hint
     torch = _torch()
     if torch is not None and isinstance(target, torch.nn.Module):
-        from ._modstate import state_dict
+        from ckpt._state.modstate import state_dict
 
         return state_dict(target), _no_hint
     live = target.state_dict()

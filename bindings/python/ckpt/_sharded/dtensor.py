@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeGuard, cast
 
-from .errors import UnsupportedError
+from ckpt.errors import UnsupportedError
 
 if TYPE_CHECKING:
     from torch import Size, Tensor

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from typing import Dict, Iterable, List, Optional, Union, cast
 
-from .tree import ODICT, TAG, Tree
+from ckpt._state.tree import ODICT, TAG, Tree
 
 __all__ = ["PREFIXES", "fit"]
 

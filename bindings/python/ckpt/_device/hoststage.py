@@ -17,7 +17,7 @@ read, while the engine reads the next.
 
   * ``"during"`` (the default): mapped on several threads and locked on the
     launcher thread while the read fills the slab
-    (:meth:`~ckpt._slabs.SlabPool.lock_while_filled`); the copies of each
+    (:meth:`~ckpt._device.slabs.SlabPool.lock_while_filled`); the copies of each
     group queue behind the lock, from locked memory, at the link's speed.
     Where the runtime refuses to lock pages the read is writing, the slab
     is locked after the read, as ``"after"`` does. The slab stays locked
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 import torch
 
-from . import _slabs
-from ._ckpt import LoadTarget
-from ._slabs import SlabPool, _Slab
-from .errors import InvalidInputError
+from ckpt._device import slabs as _slabs
+from ckpt._ckpt import LoadTarget
+from ckpt._device.slabs import SlabPool, _Slab
+from ckpt.errors import InvalidInputError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, cast
 
-from . import _ckpt
-from .errors import UnsupportedError
-from .tree import Tree, tensor_maker, unflatten
+from ckpt import _ckpt
+from ckpt.errors import UnsupportedError
+from ckpt._state.tree import Tree, tensor_maker, unflatten
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

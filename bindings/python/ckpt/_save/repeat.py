@@ -3,17 +3,17 @@
 A training loop saves the same state dicts every time: the same keys, and
 under each key a tensor of the same dtype and shape at the same address (a
 module's parameters; an optimizer's state, a dict of tensors per parameter).
-The walk of :mod:`ckpt.tree` spends a few microseconds of Python on each
+The walk of :mod:`ckpt._state.tree` spends a few microseconds of Python on each
 tensor, in the stall of a lazy save. So the walk of such a mapping records
 what it made of it (a :class:`Plan`: the tree, names, dtypes, shapes, which
 tensors are tied), and a later save checks the mapping against the plan with
 a handful of calls that each run over all of its tensors in C (``map`` of
 attribute getters, list comparisons), then hands out the guessed slab's slots
-for all of them at once (:meth:`ckpt.cuda.DeviceCopy.add_many`), with the
+for all of them at once (:meth:`ckpt._device.cuda.DeviceCopy.add_many`), with the
 ``TensorSpec`` objects made for that slab the last time it was used. Without
 a guessed slab (the last one of this layout still being written, as when a
 save's write takes about as long as the interval between saves), they are
-handed out as :class:`ckpt.cuda.Pending`, as the walk would, and the save's
+handed out as :class:`ckpt._device.cuda.Pending`, as the walk would, and the save's
 ``start`` puts them in the slab it chooses.
 
 Two shapes of mapping are taken: tensors by key (a module's state dict), and
@@ -26,7 +26,7 @@ conjugate or negative bit set, a name already taken, a tensor this save
 met before) sends the mapping through the walk, which records a new plan. Tensors
 the walk copies at once (module buffers in lazy mode) are taken by the walk
 one by one, as always. A mapping of CPU tensors alone gets a plan of its own
-(:mod:`ckpt._repeat_host`), checked here as these are.
+(:mod:`ckpt._save.repeat_host`), checked here as these are.
 """
 
 from __future__ import annotations
@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Mapping, Opti
 
 import torch
 
-from . import _repeat_host
-from ._ckpt import Shard, SlabSlot, TensorSpec
-from ._repeat_host import FlatKeys, HostPlan, Keys, Meta
-from .cuda import Pending
-from .torch import Exporter
-from .tree import ODICT, TAG, LazyPtrs, Tree, _Flattener, _Later
+from ckpt._save import repeat_host as _repeat_host
+from ckpt._ckpt import Shard, SlabSlot, TensorSpec
+from ckpt._save.repeat_host import FlatKeys, HostPlan, Keys, Meta
+from ckpt._device.cuda import Pending
+from ckpt._state.tensors import Exporter
+from ckpt._state.tree import ODICT, TAG, LazyPtrs, Tree, _Flattener, _Later
 
 if TYPE_CHECKING:
-    from ._numpy import NDArray
-    from ._slabs import SlabPool, _Slab
-    from .cuda import DeviceCopy
+    from ckpt._state.arrays import NDArray
+    from ckpt._device.slabs import SlabPool, _Slab
+    from ckpt._device.cuda import DeviceCopy
 
 __all__ = ["Plan", "Probe", "probe", "PlannedExporter"]
 
@@ -81,7 +81,7 @@ def _layout(v: object) -> object:
     """What fixes a DTensor's pieces besides its local tensor's shape: its spec
     and the spec's placements, mesh and global metadata, compared by identity
     (FSDP2 and TP keep one spec per parameter and optimizer state), as
-    :func:`ckpt.dtensor.local_pieces` caches them."""
+    :func:`ckpt._sharded.dtensor.local_pieces` caches them."""
     spec = getattr(v, "_spec", None)
     if spec is None:
         return object()  # (equal to nothing, a plan's included: the walk decides)
@@ -162,7 +162,7 @@ class Probe:
     ) -> None:
         self.tree: Tree = None
         #: The plans of mappings of CUDA tensors (the slab pool's), and of CPU
-        #: tensors (:mod:`ckpt._repeat_host`), where kept.
+        #: tensors (:mod:`ckpt._save.repeat_host`), where kept.
         self._plans = plans
         self._host = host
         self._prefix = prefix
@@ -290,7 +290,7 @@ def probe(
         return None
     vals = p._vals
     if dtensor is not None and dtensor in types:
-        from .dtensor import local_of
+        from ckpt._sharded.dtensor import local_of
 
         p._layouts = [_layout(v) if type(v) is dtensor else None for v in vals]
         vals = p._vals = [local_of(v) if type(v) is dtensor else v for v in vals]
@@ -322,7 +322,7 @@ def probe(
 
 
 class PlannedExporter(Exporter):
-    """A checkpointer's exporter (:class:`ckpt.torch.Exporter`): its walk
+    """A checkpointer's exporter (:class:`ckpt._state.tensors.Exporter`): its walk
     takes mappings of tensors in bulk by the last save's plans (the pool's,
     of CUDA tensors, and ``host_plans``, of CPU tensors), and records them."""
 
@@ -330,7 +330,7 @@ class PlannedExporter(Exporter):
         self, slabs: Optional[SlabPool] = None, lazy: bool = True, host_plans: Optional[Dict[str, HostPlan]] = None
     ) -> None:
         super().__init__(slabs, lazy)
-        #: The plans of mappings of CPU tensors (:mod:`ckpt._repeat_host`), where kept.
+        #: The plans of mappings of CPU tensors (:mod:`ckpt._save.repeat_host`), where kept.
         self._host_plans = host_plans
         #: The makings of the plans the walk recorded, made by
         #: :meth:`make_plans` once the save has started.
@@ -373,7 +373,7 @@ def _copied(meta: object) -> object:
 
 def _holds(plan: Union[Plan, HostPlan], p: Probe, obj: Mapping[Union[str, int], object]) -> bool:
     """Whether the mapping ``obj`` (probed as ``p``) is the one ``plan`` (a
-    :class:`Plan` or a :class:`ckpt._repeat_host.HostPlan`) was made of."""
+    :class:`Plan` or a :class:`ckpt._save.repeat_host.HostPlan`) was made of."""
     if plan.keys != p._keys or plan.meta != p._meta or plan.ptrs != p._ptrs:
         return False
     if plan.layouts != p._layouts:  # (identical objects compare equal without __eq__)
@@ -426,7 +426,7 @@ def _emit(fl: _Flattener, plan: Plan, vals: List[torch.Tensor], lazy_ptrs: LazyP
 
 def _pending(plan: Plan, i0: int) -> List[TensorSpec]:
     """The specs of the plan's device tensors from slot ``i0`` of a slab not
-    yet chosen: their bytes :class:`ckpt.cuda.Pending` until the save's
+    yet chosen: their bytes :class:`ckpt._device.cuda.Pending` until the save's
     ``start`` (made once per ``i0``; specs and ``Pending`` do not change)."""
     hit = plan.pending
     if hit is not None and hit[0] == i0:

@@ -27,12 +27,12 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union, cast
 
-from ._memtier import MemoryRoot, write_object
+from ckpt._memtier.root import MemoryRoot, write_object
 
 if TYPE_CHECKING:
-    from .distributed import Data, Link
+    from ckpt.distributed import Data, Link
 
-#: A failure as it crosses ranks (:func:`ckpt._memtier.describe`).
+#: A failure as it crosses ranks (:func:`ckpt._memtier.root.describe`).
 Failure = Dict[str, object]
 #: A link's ``sendrecv_into`` (:meth:`ckpt.distributed.TorchCoordinator.sendrecv_into`).
 _Into = Callable[["Data", int, int, Callable[[int], memoryview]], memoryview]

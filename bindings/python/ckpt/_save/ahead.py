@@ -9,7 +9,7 @@ optimizer state to come foreseen by :func:`state_lens`).
 A new host slab is mapped and page-locked before its first copies, which in
 an eager first save is in its stall (docs/perf.md, "CUDA"). Where the
 state's size is known ahead, ``load_latest`` on a fresh start reserves the
-first save's slab in the background (:meth:`ckpt._slabs.SlabPool.reserve`):
+first save's slab in the background (:meth:`ckpt._device.slabs.SlabPool.reserve`):
 
 - with a ``staging_budget``, half of it (the budget is twice the state);
 - without one, the CUDA bytes of the state it was given, counted once each of
@@ -34,11 +34,13 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Protocol, Sequence, Set, Tuple, Type, overload
 
-from . import _ckpt, _exit, _own
-from ._gc import collect_now, collector_paused
-from .dtensor import local_tensor
-from .rng import RNGState
-from .tree import flatten
+from ckpt import _ckpt
+from ckpt._runtime import exit as _exit
+from ckpt._state import own as _own
+from ckpt._runtime.gc import collect_now, collector_paused
+from ckpt._sharded.dtensor import local_tensor
+from ckpt.rng import RNGState
+from ckpt._state.tree import flatten
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -47,8 +49,8 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
     from torch.utils.hooks import RemovableHandle
 
-    from ._repeat import PlannedExporter
-    from .cuda import SlabPool
+    from ckpt._save.repeat import PlannedExporter
+    from ckpt._device.cuda import SlabPool
 
 
 class Owner(Protocol):
@@ -172,8 +174,8 @@ def _when_stepped(cp: Owner, objs: List[object], ready: Callable[[Owner], None])
 def rehearse(cp: Owner, state: Optional[Mapping[str, object]], named: Dict[str, object], also: Sequence[int] = ()) -> None:
     """Walk the state as a save would, saving nothing, so that the first
     save is like a loop's later ones: it takes its mappings in bulk
-    (:mod:`ckpt._repeat`; the plans are made on the pool's thread) into a
-    slab already laid out for it (:meth:`ckpt._slabs.SlabPool.lay_out_ahead`),
+    (:mod:`ckpt._save.repeat`; the plans are made on the pool's thread) into a
+    slab already laid out for it (:meth:`ckpt._device.slabs.SlabPool.lay_out_ahead`),
     and finds the staging memory for its CPU tensors' copies mapped (by a
     thread of its own, :func:`_ready_staging`): without it, a first save's
     stall is mostly the walk without plans and, on the CPU, page faults
@@ -181,7 +183,7 @@ def rehearse(cp: Owner, state: Optional[Mapping[str, object]], named: Dict[str, 
     out of any save: after a restore, and after a fresh start's first
     optimizer steps. Then, with CUDA state, a full collection of the garbage
     collector, which the new plans could otherwise bring due inside the first
-    save (:func:`ckpt._gc.collect_now`; costly with torch loaded, so not
+    save (:func:`ckpt._runtime.gc.collect_now`; costly with torch loaded, so not
     for CPU state, whose first save made as many plans before). ``also``:
     the byte lengths of CPU tensors the first save copies that do not exist
     yet, readied with the others. Best effort: the save itself reports what
@@ -222,7 +224,7 @@ def _walk(
             flat = flatten(cp._entries(state, named), cp.lazy, exporter, local, _own.name(cp._own_identity()[0]))
         if exporter.device is None:
             return [], flat.tensors
-        from .cuda import Pending
+        from ckpt._device.cuda import Pending
 
         host = [t for t in flat.tensors if not isinstance(t.data, (Pending, _ckpt.SlabSlot))]
         return exporter.device.lens(), host
@@ -257,7 +259,7 @@ def _ready_staging(cp: Owner, specs: List[_ckpt.TensorSpec], also: Sequence[int]
     t = threading.Thread(target=run, name="ckpt-ready-staging", daemon=True)
     cp._readying = t
     t.start()
-    _exit.track_thread(t)  # joined at exit: it holds tensors (see ckpt._exit)
+    _exit.track_thread(t)  # joined at exit: it holds tensors (see ckpt._runtime.exit)
 
 
 def cuda_ready() -> bool:
@@ -375,9 +377,9 @@ def cuda_bytes(objs: Sequence[object], device: Device, depth: int = 6) -> Tuple[
 def optimizers_in(objs: Sequence[object], depth: int = 3) -> List[Optimizer]:
     """The optimizers among ``objs``: themselves, in mappings and sequences,
     and those other objects with a ``state_dict`` hold as a save's lazy mode
-    finds them (DCP's ``AppState``: ``ckpt.torch._held``)."""
+    finds them (DCP's ``AppState``: ``ckpt._state.tensors._held``)."""
     tensor, module, optimizer = _classes(sys.modules["torch"])
-    from .torch import _held
+    from ckpt._state.tensors import _held
 
     found: List[Optimizer] = []
 

@@ -4,7 +4,7 @@
 
 1. :func:`plan`: read the checkpoint's metadata and tensor table (no tensor
    data), check them against the live objects, and choose a destination for
-   every tensor (:class:`~ckpt.restore.RestorePlan`). Nothing is written yet.
+   every tensor (:class:`~ckpt._restore.plan.RestorePlan`). Nothing is written yet.
 2. the load (``load_into`` of the native module) fills the destinations; the
    ranks then agree on the outcome (a checkpoint is intact only if every rank
    read its part intact);
@@ -21,14 +21,17 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple, cast
 
-from . import _ckpt, _match, _own, _wrappers
-from .errors import CheckpointError, InvalidInputError
-from .restore import RestorePlan, live_state, restore_into
-from .rng import RNGState
-from .tree import Tree, tensor_maker, unflatten
+from ckpt import _ckpt
+from ckpt._state import match as _match
+from ckpt._state import own as _own
+from ckpt._state import wrappers as _wrappers
+from ckpt.errors import CheckpointError, InvalidInputError
+from ckpt._restore.plan import RestorePlan, live_state, restore_into
+from ckpt.rng import RNGState
+from ckpt._state.tree import Tree, tensor_maker, unflatten
 
 if TYPE_CHECKING:
-    from ._hoststage import HostStage
+    from ckpt._device.hoststage import HostStage
 
 __all__ = ["Layout", "Restore", "Loaded", "plan", "apply", "read"]
 
@@ -61,7 +64,7 @@ class Restore:
     plan: RestorePlan
     #: Each target's value, its tensors placed in or beside the live ones.
     values: Dict[str, object]
-    #: Each target's live state as the plan walked it (:func:`~ckpt.restore.live_state`).
+    #: Each target's live state as the plan walked it (:func:`~ckpt._restore.plan.live_state`).
     lives: Dict[str, object]
     #: This rank's own tensors (its tree and RNG), read in the same load into
     #: fresh buffers, as ``{name: (dtype, shape, buffer)}``; None when the
@@ -86,7 +89,7 @@ def plan(
     """Step 1: destinations for every tensor the targets (and, with ``rng``,
     this rank's own state) need, checked against the checkpoint's table.
 
-    ``stage``: where CUDA tensors land on the host (:class:`ckpt.cuda.HostStage`);
+    ``stage``: where CUDA tensors land on the host (:class:`ckpt._device.cuda.HostStage`);
     ``rank``: whose own state to read (default: the checkpointer's rank)."""
     meta, table = native.contents(step, attempt)
     layout = Layout.of(meta)

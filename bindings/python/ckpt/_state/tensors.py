@@ -3,7 +3,7 @@
 Tensors cross into the engine as CPU byte buffers, so the native module never
 links libtorch: a CPU tensor is viewed as ``uint8`` and exported through numpy's
 buffer protocol (no copy); a CUDA tensor is copied into a slot of a host slab
-by a device-to-host copy on a side stream (:mod:`ckpt.cuda`), and the engine
+by a device-to-host copy on a side stream (:mod:`ckpt._device.cuda`), and the engine
 takes the slot as the tensor's bytes once the copy has landed.
 
 Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
     import numpy
     from typing_extensions import Buffer
 
-    from ._slabs import SlabPool
-    from .cuda import DeviceCopy
+    from ckpt._device.slabs import SlabPool
+    from ckpt._device.cuda import DeviceCopy
 
-from .dtensor import _dtensor_type, local_of, local_tensor
-from .errors import InvalidInputError, UnsupportedError
+from ckpt._sharded.dtensor import _dtensor_type, local_of, local_tensor
+from ckpt.errors import InvalidInputError, UnsupportedError
 
 __all__ = ["dtype_name", "torch_dtype", "Exporter", "from_buffer", "lazy_safe_pointers"]
 
@@ -98,11 +98,11 @@ class Exporter:
     """Turns the tensors of one save into ``(dtype, shape, buffer, copy_now)``.
 
     CPU tensors are viewed as bytes without a copy. CUDA tensors are queued
-    for a device-to-host copy (:class:`ckpt.cuda.DeviceCopy`): their buffer is
-    a slot of a host slab, or a :class:`ckpt.cuda.Pending` until the save
+    for a device-to-host copy (:class:`ckpt._device.cuda.DeviceCopy`): their buffer is
+    a slot of a host slab, or a :class:`ckpt._device.cuda.Pending` until the save
     starts the copies and puts the slab's slots in their place. It walks
     every tensor one by one; a checkpointer's saves walk mappings in bulk by
-    the last save's plans (:class:`ckpt._repeat.PlannedExporter`).
+    the last save's plans (:class:`ckpt._save.repeat.PlannedExporter`).
     """
 
     def __init__(self, slabs: Optional[SlabPool] = None, lazy: bool = True) -> None:
@@ -164,7 +164,7 @@ class Exporter:
 
     def _device(self) -> DeviceCopy:
         if self.device is None:
-            from .cuda import DeviceCopy, SlabPool
+            from ckpt._device.cuda import DeviceCopy, SlabPool
 
             if self._slabs is None:
                 self._slabs = SlabPool(None, "wait")

@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from . import _ckpt
-from . import errors as errs
-from ._ckpt import MemoryRoot as MemoryRoot
-from .errors import CheckpointError, InvalidInputError
+from ckpt import _ckpt
+from ckpt import errors as errs
+from ckpt._ckpt import MemoryRoot as MemoryRoot
+from ckpt.errors import CheckpointError, InvalidInputError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

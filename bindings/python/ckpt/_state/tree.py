@@ -25,18 +25,18 @@ from typing import (
     TYPE_CHECKING, AbstractSet, Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple, TypeGuard, Union, cast,
 )
 
-from . import _ckpt
-from ._ckpt import Shard, TensorRef, TensorSpec
-from .dtensor import _dtensor_type, local_of, local_pieces
-from .errors import InvalidInputError
+from ckpt import _ckpt
+from ckpt._ckpt import Shard, TensorRef, TensorSpec
+from ckpt._sharded.dtensor import _dtensor_type, local_of, local_pieces
+from ckpt.errors import InvalidInputError
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor import DTensor
     from typing_extensions import Buffer
 
-    from ._numpy import NDArray
-    from .cuda import DeviceCopy
+    from ckpt._state.arrays import NDArray
+    from ckpt._device.cuda import DeviceCopy
 
 __all__ = ["Flattened", "flatten", "unflatten", "is_stateful", "TAG", "ODICT", "NP_SCALAR"]
 
@@ -60,7 +60,7 @@ LazyPtrs = Union[AbstractSet[int], None, "_Later"]
 
 
 class Exporter(Protocol):
-    """What :func:`flatten` needs of an exporter (:class:`ckpt.torch.Exporter`)."""
+    """What :func:`flatten` needs of an exporter (:class:`ckpt._state.tensors.Exporter`)."""
 
     @property
     def device(self) -> Optional[DeviceCopy]: ...
@@ -69,7 +69,7 @@ class Exporter(Protocol):
 
 
 class Probe(Protocol):
-    """A mapping checked against the last save's plan (:class:`ckpt._repeat.Probe`)."""
+    """A mapping checked against the last save's plan (:class:`ckpt._save.repeat.Probe`)."""
 
     @property
     def tree(self) -> Tree: ...
@@ -114,8 +114,8 @@ class Flattened:
     #: Objects with ``state_dict`` met on the way, and the optimizers they hold
     #: (the lazy-mode hook goes on optimizers).
     stateful: List[object] = field(default_factory=list)
-    #: The device-to-host copies of the CUDA tensors (:class:`ckpt.cuda.DeviceCopy`),
-    #: not yet started: their entries' buffers are :class:`ckpt.cuda.Pending`.
+    #: The device-to-host copies of the CUDA tensors (:class:`ckpt._device.cuda.DeviceCopy`),
+    #: not yet started: their entries' buffers are :class:`ckpt._device.cuda.Pending`.
     device: Optional[DeviceCopy] = None
     #: The tree of the rank-local part (see :func:`flatten`), or None.
     local_tree: Tree = None
@@ -151,7 +151,7 @@ class _Flattener:
         self.lazy = lazy
         self.exporter = exporter
         self.export = exporter.export
-        #: Mappings of CUDA tensors walked in bulk (:mod:`ckpt._repeat`), if the exporter can.
+        #: Mappings of CUDA tensors walked in bulk (:mod:`ckpt._save.repeat`), if the exporter can.
         self.probe: Optional[Callable[[_Flattener, Mapping[Union[str, int], object], str, LazyPtrs], Optional[Probe]]] = getattr(
             exporter, "probe", None
         )
@@ -216,7 +216,7 @@ class _Flattener:
             return self.walk_sequence(cast(Sequence[object], obj), path, lazy_ptrs, depth)
         np = _numpy()
         if np is not None and isinstance(obj, np.ndarray):
-            from . import _numpy as npg
+            from ckpt._state import arrays as npg
 
             dtype, shape, arr = npg.export(obj, _Where(path))
             name = self.name_for(path)
@@ -329,9 +329,9 @@ class _Flattener:
 
 
 class _Later:
-    """A module's lazy-safe pointers (:func:`ckpt.torch.lazy_safe_pointers`),
+    """A module's lazy-safe pointers (:func:`ckpt._state.tensors.lazy_safe_pointers`),
     found when the walk first needs them: a state dict that the plan of the
-    last save takes in bulk (:mod:`ckpt._repeat`) does not, and walking a
+    last save takes in bulk (:mod:`ckpt._save.repeat`) does not, and walking a
     module's parameters to find them costs a good part of a lazy save's stall."""
 
     __slots__ = ("obj", "ptrs")
@@ -342,14 +342,14 @@ class _Later:
 
     def get(self) -> Optional[Set[int]]:
         if self.ptrs is None:
-            from .torch import lazy_safe_pointers
+            from ckpt._state.tensors import lazy_safe_pointers
 
             self.ptrs = lazy_safe_pointers(self.obj)[0]
         return self.ptrs
 
 
 def _stateful_lazy_ptrs(obj: object) -> Tuple[LazyPtrs, Sequence[object]]:
-    """See :func:`ckpt.torch.lazy_safe_pointers`; a module's come later (:class:`_Later`)."""
+    """See :func:`ckpt._state.tensors.lazy_safe_pointers`; a module's come later (:class:`_Later`)."""
     torch = _torch()
     if torch is None:
         return set(), []
@@ -357,7 +357,7 @@ def _stateful_lazy_ptrs(obj: object) -> Tuple[LazyPtrs, Sequence[object]]:
         return _Later(obj), []
     global _LAZY_SAFE
     if _LAZY_SAFE is None:  # (imported once, not by an import statement in every save)
-        from .torch import lazy_safe_pointers
+        from ckpt._state.tensors import lazy_safe_pointers
 
         _LAZY_SAFE = lazy_safe_pointers
     return _LAZY_SAFE(obj)
@@ -368,12 +368,12 @@ _LAZY_SAFE: Optional[Callable[[object], Tuple[Optional[Set[int]], List[torch.opt
 
 def _state_of(obj: Stateful) -> object:
     """``obj.state_dict()``; a module's made in bulk where its tree is as at
-    the last save (:mod:`ckpt._modstate`)."""
+    the last save (:mod:`ckpt._state.modstate`)."""
     torch = _torch()
     if torch is not None and isinstance(obj, torch.nn.Module):
         global _MODULE_STATE
         if _MODULE_STATE is None:
-            from ._modstate import state_dict
+            from ckpt._state.modstate import state_dict
 
             _MODULE_STATE = state_dict
         return _MODULE_STATE(obj)
@@ -411,7 +411,7 @@ def flatten(
     """
     if exporter is None:
         if _torch() is not None:
-            from .torch import Exporter
+            from ckpt._state.tensors import Exporter
 
             exporter = Exporter()
         else:
@@ -460,11 +460,11 @@ def tensor_maker(
         dtype, shape, buf = tensors[name]
         kind = framework or ("np" if name in numpy_names else "pt")
         if kind == "np":
-            from . import _numpy as npg
+            from ckpt._state import arrays as npg
 
             return npg.from_buffer(dtype, tuple(shape), buf)
         if kind == "pt":
-            from . import torch as ptg
+            from ckpt._state import tensors as ptg
 
             return ptg.from_buffer(dtype, tuple(shape), buf)
         raise InvalidInputError(f'framework must be "np", "pt" or None, not {framework!r}')

@@ -53,7 +53,7 @@ def collect_now() -> None:
     """A full collection now, if the collector is on: once per process, where a
     checkpointer readies its first save out of any stall (after a restore, or
     a fresh start's first step). Readying it leaves thousands of long-lived
-    objects (the plans of ``ckpt._repeat``), and a full collection comes due
+    objects (the plans of ``ckpt._save.repeat``), and a full collection comes due
     when they are a quarter of the heap's long-lived objects, which put one
     inside a first save now and then (docs/perf.md, "The garbage
     collector"). Collected now, the next full collection is as far

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Dict, Iterable, Optional, Sequence, Union
 
-from .errors import InvalidInputError
-from .tree import ODICT, TAG, Tree
+from ckpt.errors import InvalidInputError
+from ckpt._state.tree import ODICT, TAG, Tree
 
 if TYPE_CHECKING:
     from torch.nn import Module

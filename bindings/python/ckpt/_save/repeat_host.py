@@ -1,12 +1,12 @@
 """A loop's repeated saves of the same CPU tensors, taken in bulk.
 
-The CPU half of :mod:`ckpt._repeat`. A CPU training loop saves the same state
-dicts every time, and the walk of :mod:`ckpt.tree` spends a few microseconds
+The CPU half of :mod:`ckpt._save.repeat`. A CPU training loop saves the same state
+dicts every time, and the walk of :mod:`ckpt._state.tree` spends a few microseconds
 of Python on each tensor (its view as bytes, its name made unique, its spec),
 in the stall of a lazy save: most of that stall on a model of a hundred
 tensors or more. So the walk of a mapping of CPU tensors records a
 :class:`HostPlan` (names, dtypes, shapes, which tensors were copied at once,
-the walked form), and a later save whose mapping :func:`ckpt._repeat.probe`
+the walked form), and a later save whose mapping :func:`ckpt._save.repeat.probe`
 finds the same (keys, dtypes, shapes and addresses, checked in bulk) takes
 its tensors with two calls that each run over all of them in C: their
 storages (``Tensor.untyped_storage``), then every spec at once over them
@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, List, Optional, Tuple, Union
 
 import torch
 
-from ._ckpt import HostRun, TensorSpec
-from .errors import InvalidInputError
+from ckpt._ckpt import HostRun, TensorSpec
+from ckpt.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from .tree import LazyPtrs, Tree, _Flattener
+    from ckpt._state.tree import LazyPtrs, Tree, _Flattener
 
-#: A probed mapping's keys (:func:`ckpt._repeat.probe`): its own, or for a
+#: A probed mapping's keys (:func:`ckpt._save.repeat.probe`): its own, or for a
 #: mapping of dicts (an optimizer's state), its keys and each dict's.
 FlatKeys = Tuple[Union[str, int], ...]
 Keys = Union[FlatKeys, Tuple[FlatKeys, Tuple[FlatKeys, ...]]]
@@ -68,7 +68,7 @@ def ndarray() -> Optional[type]:
 class Views:
     """How a save takes a run of CPU tensors that the walk viewed as they are:
     the whole of a :class:`HostPlan`'s mapping, or the CPU tensors of a
-    mapping of CUDA tensors (:attr:`ckpt._repeat.Plan.mixed`)."""
+    mapping of CUDA tensors (:attr:`ckpt._save.repeat.Plan.mixed`)."""
 
     __slots__ = ("names", "ptrs", "copy_now", "run")
 
@@ -92,9 +92,9 @@ class HostPlan:
     def __init__(
         self, keys: Keys, meta: List[Meta], layouts: Optional[List[object]], raw_meta: object, tree: Tree, views: Views
     ) -> None:
-        #: What :func:`ckpt._repeat.probe` compares: the keys, each tensor's
+        #: What :func:`ckpt._save.repeat.probe` compares: the keys, each tensor's
         #: ``(dtype, shape)`` and address (:attr:`ptrs`; a DTensor's: its local
-        #: tensor's), DTensor layouts (:func:`ckpt._repeat._layout`), the
+        #: tensor's), DTensor layouts (:func:`ckpt._save.repeat._layout`), the
         #: module's ``_metadata``.
         self.keys = keys
         self.meta = meta
@@ -119,7 +119,7 @@ def make(keys: Keys, meta: List[Meta], ptrs: List[int], layouts: Optional[List[o
     (Made in the stall of the save that walked the mapping, so each check is
     one bulk call. A view of as many bytes is a view of the tensor's own: the
     walk copies only tensors that are not contiguous or have their conjugate
-    or negative bit set, which :func:`ckpt._repeat.probe` keeps out of plans.)"""
+    or negative bit set, which :func:`ckpt._save.repeat.probe` keeps out of plans.)"""
     n = len(names)
     if len(outs) != n or list(map(_NAME, outs)) != names:
         return None

@@ -9,17 +9,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Tuple
 
-from . import _ckpt
-from .errors import CheckpointError
+from ckpt import _ckpt
+from ckpt.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from ._ckpt import _SaveReport
+    from ckpt._ckpt import _SaveReport
 
 __all__ = ["SavePhases", "RestorePhases", "SaveHandle", "Checkpoint"]
 
 
 class Fenced(Protocol):
-    """A save's device-to-host copies (a :class:`ckpt.cuda.DeviceCopy`, which
+    """A save's device-to-host copies (a :class:`ckpt._device.cuda.DeviceCopy`, which
     sits above this module): all a handle asks of them is a fence."""
 
     def fence(self) -> None: ...
@@ -70,7 +70,7 @@ class RestorePhases:
     plan: float
     #: The engine's read into those destinations: the storage's reads, checksums
     #: and decompression (with CUDA tensors, the copies to the device of the
-    #: groups read first run meanwhile, see :mod:`ckpt._hoststage`).
+    #: groups read first run meanwhile, see :mod:`ckpt._device.hoststage`).
     read: float
     #: Every rank's outcome agreed on (0 with one process).
     agree: float
@@ -118,7 +118,7 @@ class SaveHandle:
 
     def __init__(self, native: _ckpt.SaveHandle, device: Optional[Fenced] = None) -> None:
         self._native = native
-        #: The save's device-to-host copies (:class:`ckpt.cuda.DeviceCopy`), if any.
+        #: The save's device-to-host copies (:class:`ckpt._device.cuda.DeviceCopy`), if any.
         self._device = device
         #: Lazy mode: CPU tensors are still being copied on a background thread.
         self._host_lazy = False

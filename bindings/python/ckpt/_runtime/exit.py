@@ -16,7 +16,7 @@ joined the program's own threads) ckpt:
    last committed one stays whole). A save that failed is reported there
    too, since nobody else will;
 3. joins the threads that still hold tensors (a restore readies the first
-   save's staging memory on one, :func:`ckpt._ahead.rehearse`).
+   save's staging memory on one, :func:`ckpt._save.ahead.rehearse`).
 
 The third is about more than the checkpoint. A thread that is inside ckpt's
 native code, or that drops the last reference to a torch tensor, when the
@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import List, Optional, Protocol, Tuple
 
-from .errors import CheckpointError
+from ckpt.errors import CheckpointError
 
 __all__ = ["track_save", "track_thread", "track_tier", "say", "NOTICE_AFTER"]
 

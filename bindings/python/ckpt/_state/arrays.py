@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Dict, Tuple, Type, cast
 
 import numpy as np
 
-from .errors import InvalidInputError, UnsupportedError
+from ckpt.errors import InvalidInputError, UnsupportedError
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -1,0 +1,1 @@
+"""Sharded state: DTensor placements as the boxes ckpt stores (dtensor)."""
