@@ -101,7 +101,7 @@ impl CopySource for PySource {
 
 /// Copy the `len` bytes at `ptr` into `dst`, which must be as long: what a
 /// snapshot does with each source of CPU memory ([`PySource`], and
-/// [`HostSource`](crate::host::HostSource)).
+/// `HostSource` in the `host` module).
 ///
 /// # Safety
 /// `ptr..ptr + len` is readable memory that nobody writes meanwhile.
