@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Ty
 
 from typing_extensions import Buffer, Self
 
+from ckpt.distributed import Coordinator
 from ckpt.errors import CheckpointError
 
 __version__: str
@@ -108,15 +109,6 @@ class _Storage(Protocol):
     def data_ptr(self) -> int: ...
     def nbytes(self) -> int: ...
 
-class _Coordinator(Protocol):
-    """What ``Checkpointer(coordinator=...)`` calls, from a thread of its own (see ``ckpt.distributed``)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    def all_gather(self, data: bytes) -> List[bytes]: ...
-    def broadcast(self, data: bytes, root: int) -> bytes: ...
 
 @final
 class TensorRef:
@@ -354,7 +346,7 @@ class Checkpointer:
         staging_budget: Optional[int] = None,
         busy: str = "wait",
         format: str = "native",
-        coordinator: Optional[_Coordinator] = None,
+        coordinator: Optional[Coordinator] = None,
         collective_timeout: float = 600.0,
         read_only: bool = False,
         fencing: bool = True,
