@@ -11,8 +11,7 @@ use pyo3::types::PyBytes;
 
 use crate::errors::{
     to_py, CheckpointIOError, CheckpointTimeoutError, ConflictError, CorruptError, FencedError,
-    InternalError, InvalidInputError, NotFoundError, SkippedError, StorageError,
-    UnsupportedError,
+    InternalError, InvalidInputError, NotFoundError, SkippedError, StorageError, UnsupportedError,
 };
 
 /// The prefix `Error`'s `Display` puts before a message it wraps: stripped

@@ -20,8 +20,8 @@ pub mod epoch;
 pub mod local_root;
 pub(crate) mod manifest;
 pub mod merge;
-pub mod pymeta;
 pub(crate) mod paths;
+pub mod pymeta;
 pub(crate) mod retention;
 
 pub use catalog::{committed, incomplete, read_manifest};
