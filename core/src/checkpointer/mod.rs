@@ -129,6 +129,25 @@ impl Checkpointer {
         crate::budget::run_cpu(move || pool.ready_ahead(&lens)).await?
     }
 
+    /// Charge `bytes` of host memory the engine does not map (a slab a GPU
+    /// copies a snapshot into) to the staging budget, under the busy policy
+    /// (see [`StagingPool::charge`]): CPU staging and slabs share one budget.
+    /// Also the pool charged, for its [`returns`](StagingPool::returns).
+    pub async fn charge_staging(
+        &self,
+        bytes: u64,
+        step: u64,
+        since: Option<u64>,
+    ) -> Result<(StagingPool, Option<crate::staging::Charge>)> {
+        // Whole pages, as the pool counts them (a default budget fits twice).
+        let bytes = crate::staging::staged_bytes(&[bytes as usize]);
+        let pool = self.staging_for(bytes);
+        let charge = pool
+            .charge(bytes, self.inner.opts.busy, step, since)
+            .await?;
+        Ok((pool, charge))
+    }
+
     /// Bytes of staging memory held idle between saves (see [`ready_staging`](Self::ready_staging)).
     pub fn staging_idle_bytes(&self) -> u64 {
         self.staging().map_or(0, |p| p.idle_bytes())

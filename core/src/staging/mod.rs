@@ -73,6 +73,16 @@ struct PoolState {
     /// Saves that mapped buffers of their own so far ([`StagingPool::acquire`]):
     /// a readying ahead stops when it changes (see [`StagingPool::ready_ahead`]).
     acquires: AtomicU64,
+    /// Times budget came back or memory came free ([`StagingPool::returns`]).
+    returns: AtomicU64,
+}
+
+impl PoolState {
+    /// Budget came back, or memory came free: wake the waiters.
+    fn note_return(&self) {
+        self.returns.fetch_add(1, Ordering::SeqCst);
+        self.returned.notify_waiters();
+    }
 }
 
 /// A pool of staging buffers with a byte budget.
@@ -114,6 +124,7 @@ impl StagingPool {
                 returned: Notify::new(),
                 idle: Mutex::new(HashMap::new()),
                 acquires: AtomicU64::new(0),
+                returns: AtomicU64::new(0),
             }),
         }
     }
@@ -165,7 +176,8 @@ impl StagingPool {
             // next piece (see `ready_ahead`). One whose buffers were all
             // idle (a loop's later saves, or none at all) lets it go on.
             self.inner.acquires.fetch_add(1, Ordering::SeqCst);
-            Some(self.permits(missing as u32, policy, step).await?)
+            let got = self.permits(missing as u32, policy, step, None).await?;
+            Some(got.ok_or_else(|| Error::Internal("staging wait ended early".into()))?)
         };
         let mut permit = permit;
         for (slot, &len) in out.iter_mut().zip(lens) {
@@ -261,14 +273,62 @@ impl StagingPool {
         })
     }
 
-    async fn permits(&self, n: u32, policy: BusyPolicy, step: u64) -> Result<OwnedSemaphorePermit> {
+    /// Charge `bytes` (whole pages) of host memory the pool does not map
+    /// itself (a slab a GPU copies a snapshot into) to the budget, until the
+    /// [`Charge`] drops; one larger than the budget takes all of it. Idle
+    /// buffers are freed first to make room. When the rest is held, `policy`
+    /// decides: `Skip` fails with [`Error::Skipped`] at once; `Wait` blocks
+    /// until it fits, or, given `since` (a [`returns`](Self::returns)
+    /// reading), returns `None` once anything came back after it, so that
+    /// the caller can look again for memory of its own to reuse.
+    pub async fn charge(
+        &self,
+        bytes: u64,
+        policy: BusyPolicy,
+        step: u64,
+        since: Option<u64>,
+    ) -> Result<Option<Charge>> {
+        let n = pages(bytes)
+            .min(pages(self.inner.budget))
+            .min(Semaphore::MAX_PERMITS as u64) as u32;
+        let permit = self.permits(n, policy, step, since).await?;
+        Ok(permit.map(|p| Charge {
+            permit: Some(p),
+            pool: Arc::downgrade(&self.inner),
+        }))
+    }
+
+    /// How many times budget came back or memory came free so far (see
+    /// [`charge`](Self::charge) and [`nudge`](Self::nudge)).
+    pub fn returns(&self) -> u64 {
+        self.inner.returns.load(Ordering::SeqCst)
+    }
+
+    /// Memory charged to this pool came free for reuse without its charge
+    /// coming back (a slab a save let go of): wake the waiting charges.
+    pub fn nudge(&self) {
+        self.inner.note_return();
+    }
+
+    /// Bytes of the budget free now.
+    pub fn free_bytes(&self) -> u64 {
+        (self.inner.sem.available_permits() as u64 * PAGE).min(self.inner.budget)
+    }
+
+    async fn permits(
+        &self,
+        n: u32,
+        policy: BusyPolicy,
+        step: u64,
+        since: Option<u64>,
+    ) -> Result<Option<OwnedSemaphorePermit>> {
         loop {
             // Register for "a buffer came back" before looking, so no wake-up is lost.
             let returned = self.inner.returned.notified();
             tokio::pin!(returned);
             returned.as_mut().enable();
             if let Ok(p) = self.inner.sem.clone().try_acquire_many_owned(n) {
-                return Ok(p);
+                return Ok(Some(p));
             }
             // Idle buffers hold budget: free them (their permits go back) and retry.
             let freed = {
@@ -281,6 +341,7 @@ impl StagingPool {
                 continue;
             }
             match policy {
+                BusyPolicy::Wait if since.is_some_and(|s| s != self.returns()) => return Ok(None),
                 BusyPolicy::Wait => returned.await,
                 BusyPolicy::Skip => {
                     return Err(Error::Skipped {
@@ -289,6 +350,32 @@ impl StagingPool {
                     })
                 }
             }
+        }
+    }
+}
+
+/// Budget held for memory outside the pool's buffers ([`StagingPool::charge`]),
+/// given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    permit: Option<OwnedSemaphorePermit>,
+    pool: Weak<PoolState>,
+}
+
+impl Charge {
+    /// Bytes of the budget held (whole pages).
+    pub fn bytes(&self) -> u64 {
+        self.permit
+            .as_ref()
+            .map_or(0, |p| p.num_permits() as u64 * PAGE)
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        if let Some(pool) = self.pool.upgrade() {
+            pool.note_return();
         }
     }
 }
@@ -330,7 +417,7 @@ impl Drop for StagingBuf {
             .entry(data.len())
             .or_default()
             .push((data, permit));
-        pool.returned.notify_waiters();
+        pool.note_return();
     }
 }
 
@@ -434,6 +521,64 @@ mod tests {
         drop((none, idle_one));
         pool.ready_ahead(&[32 << 10; 8000]).unwrap();
         assert_eq!(pool.inner.idle.lock_unpoisoned()[&(32 << 10)].len(), 8000);
+    }
+
+    /// A charge (a host slab) and staging buffers take from one budget: a
+    /// charge frees idle buffers to fit, a buffer waits for a charge to go,
+    /// and a charge that waits with `since` comes back empty on a nudge.
+    #[tokio::test]
+    async fn charges_and_buffers_share_one_budget() {
+        let pool = StagingPool::new(1 << 20);
+        drop(
+            pool.acquire(&[512 << 10], BusyPolicy::Skip, 1)
+                .await
+                .unwrap(),
+        );
+        assert!(pool.idle_bytes() >= 512 << 10);
+        let slab = pool.charge(768 << 10, BusyPolicy::Skip, 2, None).await;
+        let slab = slab.unwrap().expect("charged");
+        assert_eq!(slab.bytes(), 768 << 10);
+        assert_eq!(pool.idle_bytes(), 0, "the idle buffer was freed to fit it");
+        let err = pool.acquire(&[512 << 10], BusyPolicy::Skip, 3).await;
+        assert!(matches!(err, Err(Error::Skipped { step: 3, .. })));
+        let err = pool.charge(512 << 10, BusyPolicy::Skip, 4, None).await;
+        assert!(matches!(err, Err(Error::Skipped { step: 4, .. })));
+        let since = pool.returns();
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let got = pool
+                    .charge(512 << 10, BusyPolicy::Wait, 5, Some(since))
+                    .await;
+                got.map(|c| c.is_none())
+            })
+        };
+        tokio::task::yield_now().await;
+        pool.nudge();
+        assert!(
+            waiter.await.unwrap().unwrap(),
+            "woken without room: nothing charged"
+        );
+        let buf = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire(&[512 << 10], BusyPolicy::Wait, 6).await })
+        };
+        tokio::task::yield_now().await;
+        drop(slab);
+        assert_eq!(
+            buf.await.unwrap().unwrap().len(),
+            1,
+            "the charge's budget went to the save"
+        );
+        let whole = pool
+            .charge(4 << 20, BusyPolicy::Skip, 7, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            whole.map(|c| c.bytes()),
+            Some(1 << 20),
+            "more than the budget takes all of it"
+        );
     }
 
     #[tokio::test]
