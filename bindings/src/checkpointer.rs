@@ -28,7 +28,7 @@ use crate::handle::SaveHandle;
 use crate::host::HostSpan;
 use crate::results::{GcReport, TensorInfo};
 use crate::runtime::{self, check_pid};
-use crate::slab::{PyReady, SlabSlot};
+use crate::slab::{HostSlab, PyReady, SlabSlot};
 use crate::value::{from_value, to_value};
 use ckpt_core::store::CountingStore;
 
@@ -328,6 +328,49 @@ impl Checkpointer {
         lens.extend(also);
         runtime::wait(py, move || async move { cp.ready_staging(&lens).await })
             .and_then(IntoPyResult::py)
+    }
+
+    /// A zeroed host slab with a slot of each of `lens`, holding its size of
+    /// the staging budget while it exists (see `HostSlab`), for the save of
+    /// `step`. When the budget is held: with `busy="skip"`, `SkippedError`;
+    /// with `"wait"`, blocks (GIL released) until it fits, or, given `since`
+    /// (a `staging_returns` reading), returns None once memory came back or a
+    /// slab came free after it without room (look for one to reuse), or
+    /// after `timeout` seconds.
+    #[pyo3(signature = (lens, step, since=None, timeout=None))]
+    fn new_slab(
+        &self,
+        py: Python<'_>,
+        lens: Vec<usize>,
+        step: u64,
+        since: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<HostSlab>> {
+        let cp = self.core()?.clone();
+        let limit = crate::handle::timeout_of(timeout)?;
+        let slab = py.detach(|| ckpt_core::Slab::new(&lens)).map_err(to_py)?;
+        let bytes = slab.len() as u64;
+        let got = runtime::block_on(py, limit, move || async move {
+            cp.charge_staging(bytes, step, since).await
+        })?;
+        let Some((pool, charge)) = got.map(IntoPyResult::py).transpose()? else {
+            return Ok(None);
+        };
+        Ok(charge.map(|c| HostSlab::charged_to(slab, pool, c)))
+    }
+
+    /// How many times staging memory came back so far (for `new_slab`'s `since`).
+    fn staging_returns(&self) -> PyResult<u64> {
+        Ok(self.core()?.staging().map_or(0, |p| p.returns()))
+    }
+
+    /// Wake the saves waiting in `new_slab`: a slab came free that no save's
+    /// release announced (copies let go without a save).
+    fn staging_nudge(&self) -> PyResult<()> {
+        if let Some(pool) = self.core()?.staging() {
+            pool.nudge();
+        }
+        Ok(())
     }
 
     /// Bytes of staging memory held idle between saves (reused by the next).

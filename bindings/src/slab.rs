@@ -8,13 +8,17 @@
 //! still in flight are awaited through the `ready` callable ([`PyReady`])
 //! before the engine reads anything. The glue must not write a slab again
 //! while [`HostSlab::in_use`] is true; [`HostSlab::on_release`] tells it when
-//! that ends.
+//! that ends. A slab made by `Checkpointer.new_slab` holds its size of the
+//! checkpointer's staging budget ([`ckpt_core::staging::Charge`]) for as
+//! long as it exists (a relayout keeps it), as the engine's idle staging
+//! buffers do: CPU staging and slabs share one budget.
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use ckpt_core::staging::{Charge, StagingPool};
 use ckpt_core::sync::MutexExt;
 use ckpt_core::{Error, Ready, Slab};
 use pyo3::ffi;
@@ -28,6 +32,8 @@ use crate::errors::to_py;
 pub struct HostSlab {
     slab: Slab,
     release: Arc<Release>,
+    /// The staging budget this slab holds; `None` when uncharged.
+    charge: Mutex<Option<Charge>>,
 }
 
 /// The slot bytes of one layout a save still holds, and what to call once it
@@ -36,6 +42,8 @@ pub struct HostSlab {
 struct Release {
     live: AtomicUsize,
     hook: Mutex<Option<Arc<Py<PyAny>>>>,
+    /// The pool the slab is charged to: told when it is free for reuse.
+    pool: Option<StagingPool>,
 }
 
 impl Release {
@@ -44,12 +52,17 @@ impl Release {
         Arc::new(Release {
             live: AtomicUsize::new(0),
             hook: Mutex::new(self.hook.lock_unpoisoned().clone()),
+            pool: self.pool.clone(),
         })
     }
 
-    /// The last held bytes were let go: call the hook on a thread of its own
-    /// (this one may be the engine's, which must not wait for the GIL).
+    /// The last held bytes were let go: wake saves waiting for staging
+    /// memory (they may reuse this slab), and call the hook on a thread of
+    /// its own (this one may be the engine's, which must not wait for the GIL).
     fn fire(&self) {
+        if let Some(pool) = &self.pool {
+            pool.nudge();
+        }
         let Some(hook) = self.hook.lock_unpoisoned().clone() else {
             return;
         };
@@ -99,6 +112,20 @@ pub struct SlabSlot {
     index: usize,
 }
 
+impl HostSlab {
+    /// A slab of `slab`'s memory holding `charge` of `pool`'s budget.
+    pub fn charged_to(slab: Slab, pool: StagingPool, charge: Charge) -> Self {
+        HostSlab {
+            slab,
+            release: Arc::new(Release {
+                pool: Some(pool),
+                ..Release::default()
+            }),
+            charge: Mutex::new(Some(charge)),
+        }
+    }
+}
+
 impl SlabSlot {
     /// The slot's bytes (shared with the slab, no copy).
     pub fn bytes(&self, py: Python<'_>) -> PyResult<Bytes> {
@@ -115,14 +142,30 @@ impl SlabSlot {
 
 #[pymethods]
 impl HostSlab {
-    /// A zeroed slab with a slot of each length (bytes), in order.
+    /// A zeroed slab with a slot of each length (bytes), in order, charged
+    /// to no budget.
     #[new]
     fn new(py: Python<'_>, lens: Vec<usize>) -> PyResult<Self> {
         let slab = py.detach(|| Slab::new(&lens)).map_err(to_py)?;
         Ok(HostSlab {
             slab,
             release: Arc::default(),
+            charge: Mutex::new(None),
         })
+    }
+
+    /// Bytes of a staging budget this slab holds (0: none).
+    #[getter]
+    fn charged(&self) -> u64 {
+        self.charge
+            .lock_unpoisoned()
+            .as_ref()
+            .map_or(0, Charge::bytes)
+    }
+
+    /// Give the slab's budget back now (it is being dropped: write it no more).
+    fn discharge(&self) {
+        drop(self.charge.lock_unpoisoned().take());
     }
 
     /// Address of the first byte (for `cudaHostRegister`).
@@ -159,6 +202,7 @@ impl HostSlab {
             .map(|slab| HostSlab {
                 slab,
                 release: self.release.next(),
+                charge: Mutex::new(self.charge.lock_unpoisoned().take()),
             }))
     }
 
