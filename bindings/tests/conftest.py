@@ -69,6 +69,28 @@ def walks(monkeypatch: pytest.MonkeyPatch) -> List[int]:
     return out
 
 
+@pytest.fixture
+def cpu_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The tests' device in use (``cpu_device.CpuDevice``): CPU tensors take
+    the device path, and its copy calls are counted (``calls["copies"]``).
+    So are the slots handed out after the walk (``calls["into_slots"]``):
+    no device sees those, so the checkpointer's ``_into_slots`` is wrapped."""
+    import ckpt.checkpointer as cpm
+    from ckpt._device.device import using
+    from cpu_device import CpuDevice
+
+    device = CpuDevice()
+    real_into = cpm._into_slots
+
+    def into_slots(tensors: Any, slots: List[Any]) -> Any:
+        device.calls["into_slots"].append(len(slots))
+        return real_into(tensors, slots)
+
+    monkeypatch.setattr(cpm, "_into_slots", into_slots)
+    with using(device):
+        yield device
+
+
 def record_results(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> List[Any]:
     """What each call of ``module.name`` returns, in order, from now on."""
     out: List[Any] = []

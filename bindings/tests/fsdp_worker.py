@@ -20,8 +20,8 @@ model's own names (DCP's ``get_state_dict`` takes the wrapper off).
 
 ``--depth D`` (every mode) builds a narrower MLP of D hidden layers instead,
 with enough tensors per mapping for repeated saves to be taken in bulk.
-``--stand-in`` routes the CPU tensors through ckpt's CUDA path
-(``cuda_stand_in``, a test double). Each save records how many mappings were
+``--stand-in`` routes the CPU tensors through ckpt's device path (the tests'
+own device, ``cpu_device.CpuDevice``, in use). Each save records how many mappings were
 taken in bulk (``bulk``): by the CUDA path's plans with ``--stand-in``, else
 by the plans of CPU tensors.
 """
@@ -157,9 +157,10 @@ def main() -> None:
 
     if a.stand_in:
         import ckpt._save.repeat as rp
-        import cuda_stand_in
+        from ckpt._device.device import use
+        from cpu_device import CpuDevice
 
-        cuda_stand_in.install(setattr)
+        use(CpuDevice())
         record(rp, "_emit")
         # Its state counts as CUDA state (a fresh start readies the first save for it).
         ckpt._save.ahead.cuda_device_in = lambda objs: torch.device("cpu")

@@ -3,10 +3,10 @@ uses, when its slots are handed out, when its copies are queued, what a
 changed state or a failed save does to the pool.
 
 This machine may have no GPU, so these tests run the real ``Checkpointer``
-and ``DeviceCopy`` on CPU tensors routed through the CUDA path, with
-``torch.cuda``'s streams and events replaced by stand-ins (a test double:
-streams that run each copy at once, events that are always complete). The
-copies' ordering on a real device is checked by ``test_cuda.py`` on a GPU.
+and ``DeviceCopy`` on CPU tensors through the device path, with a device of
+the tests' own in use (``cpu_device.CpuDevice``: streams that run each copy
+at once, events that are always complete). The copies' ordering on a real
+device is checked by ``test_cuda.py`` on a GPU.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 import ckpt
-import cuda_stand_in
+from cpu_device import CpuDevice
 
 
 @pytest.fixture()
-def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[int]]:
-    """CPU tensors take the CUDA path; the calls that queue copies are counted."""
-    return cuda_stand_in.install(monkeypatch.setattr)
+def fake_cuda(cpu_device: CpuDevice) -> Dict[str, List[int]]:
+    """The tests' device in use (conftest's ``cpu_device``): its counts."""
+    return cpu_device.calls
 
 
 class Net(nn.Module):

@@ -3,53 +3,55 @@ memory, the optimizer's step waits only for that copy, and the copy to the
 host goes on from there.
 
 This machine may have no GPU: as in ``test_device_copy.py``, CPU tensors take
-the CUDA path with ``torch.cuda``'s streams and events replaced by stand-ins
-(a test double: copies run at once). Here the stand-in events also remember
-how many copy calls were queued before them, so the tests see which copies
-the step was made to wait for. ``test_cuda.py`` checks the same on a GPU.
+the device path on the tests' own device (``cpu_device.CpuDevice``: copies
+run at once). Here its events also remember how many copy calls were queued
+before them, so the tests see which copies the step was made to wait for.
+``test_cuda.py`` checks the same on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
 import torch
 
 import ckpt
 import ckpt._device.cuda as cudam
+from ckpt._device.device import Event, Stream, using
+from cpu_device import CpuDevice, CpuEvent, CpuStream
 from test_device_copy import Net, check_stored, fake_cuda, snapshot, train  # noqa: F401 - the fixture is used by name
 
 
 @pytest.fixture()
-def waits(monkeypatch: pytest.MonkeyPatch, fake_cuda: Dict[str, List[int]]) -> List[int]:
+def waits(cpu_device: CpuDevice) -> Iterator[List[int]]:
     """For each event the current stream (the training's) was made to wait
     for, the number of copy calls queued before the event was recorded."""
     waited: List[int] = []
 
-    class Event:
-        def __init__(self, blocking: bool = False) -> None:
-            self.at = -1
+    class Recorded(CpuEvent):
+        def __init__(self, at: int) -> None:
+            self.at = at
 
-        def record(self, stream: Any = None) -> None:
-            self.at = len(fake_cuda["copies"])
+    class Current(CpuStream):
+        pass
 
-        def query(self) -> bool:
-            return True
+    class Waits(CpuDevice):
+        def record(self, stream: Stream, blocking: bool = False) -> Event:
+            return Recorded(len(self.calls["copies"]))
 
-        def synchronize(self) -> None:
-            pass
+        def current_stream(self, device: torch.device) -> Stream:
+            return Current()
 
-    class Current:
-        def wait_event(self, ev: Event) -> None:
-            waited.append(ev.at)
+        def wait(self, stream: Stream, event: Event) -> None:
+            if isinstance(stream, Current):
+                assert isinstance(event, Recorded)
+                waited.append(event.at)
 
-        def synchronize(self) -> None:
-            pass
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Current())
-    return waited
+    device = Waits()
+    device.calls = cpu_device.calls  # (counted as the fixture's)
+    with using(device):
+        yield waited
 
 
 def _loop(url: str, device_staging: int, saves: int = 4) -> ckpt.Checkpointer:

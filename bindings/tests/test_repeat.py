@@ -2,9 +2,8 @@
 state dicts takes each mapping of CUDA tensors at once, as its plan says, and
 anything that differs goes through the walk again.
 
-Run on CPU tensors routed through the CUDA path, with ``torch.cuda``'s streams
-and events replaced by stand-ins (the ``fake_cuda`` test double of
-``test_device_copy.py``, which says why).
+Run on CPU tensors through the device path, on the tests' own device
+(``cpu_device.CpuDevice``; ``test_device_copy.py`` says why).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import torch
 import ckpt
 import ckpt._save.repeat as rp
 import ckpt._device.cuda as cudam
+from cpu_device import CpuDevice
 from test_device_copy import (  # noqa: F401 - the fixture is used by name
     Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
 )
@@ -72,15 +72,14 @@ def test_later_saves_take_the_model_and_the_optimizer_state_in_bulk(
 
 @pytest.mark.parametrize("lazy", [False, True])
 def test_an_adams_cpu_steps_go_in_bulk_with_its_cuda_moments(
-    url: str, monkeypatch: pytest.MonkeyPatch, emitted: List[str], lazy: bool
+    url: str, cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch, emitted: List[str], lazy: bool
 ) -> None:
     # PyTorch's Adam and AdamW keep each parameter's step on the CPU beside
     # its moments on the GPU (unless fused or capturable): the optimizer's
     # state is a mapping of both, which later saves take in bulk all the same.
-    import cuda_stand_in
     import ckpt._state.tree as tree
 
-    cuda_stand_in.install(monkeypatch.setattr, cpu_scalars=True)
+    cpu_device.cpu_scalars = True
     leaves: List[str] = []
     real_leaf = tree._Flattener.leaf
 
@@ -160,7 +159,7 @@ def test_a_parameter_in_new_memory_or_of_a_new_shape_is_walked_again(
 
 
 def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
-    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+    url: str, cpu_device: CpuDevice, emitted: List[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Which tensors of a module may wait for the background copy is known by
     # walking its parameters, a good part of a lazy save's stall. A save whose
@@ -180,13 +179,11 @@ def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
     # The background copies wait until the buffer has changed: a buffer left
     # to them would be stored as it is after the save.
     gate = threading.Event()
-    real_copy = cudam._copy_all
 
-    def gated(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
+    def gated() -> None:
         assert gate.wait(10)
-        real_copy(dst, src)
 
-    monkeypatch.setattr(cudam, "_copy_all", gated)
+    cpu_device.before_copy = gated
     model, opt = trained()  # with a buffer
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     expected = {}
@@ -205,7 +202,7 @@ def test_later_lazy_saves_leave_the_modules_parameters_unlooked_up(
 
 
 def test_a_save_while_the_last_slab_is_still_being_written_takes_the_state_in_bulk(
-    url: str, fake_cuda: Dict[str, List[int]], emitted: List[str], monkeypatch: pytest.MonkeyPatch
+    url: str, cpu_device: CpuDevice, emitted: List[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # When writing a save takes about as long as the interval between saves,
     # the next save finds the last slab still busy: there is no slab to guess,
@@ -213,13 +210,11 @@ def test_a_save_while_the_last_slab_is_still_being_written_takes_the_state_in_bu
     # go in bulk, their bytes pending until that start.
     gate = threading.Event()
     gate.set()
-    real_copy = cudam._copy_all
 
-    def gated(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
+    def gated() -> None:
         assert gate.wait(10)
-        real_copy(dst, src)
 
-    monkeypatch.setattr(cudam, "_copy_all", gated)
+    cpu_device.before_copy = gated
     model, opt = trained()
     cp = ckpt.Checkpointer(url, lazy=True, rng=False)
     expected = {1: snapshot(model, opt)}

@@ -126,7 +126,7 @@ def test_fsdp2_repeated_lazy_saves_through_the_cuda_path_take_the_shards_in_bulk
     # A loop's later saves take a mapping of DTensors (the model's state dict,
     # the optimizer's state) in bulk, as the last save's plan says, with each
     # local shard's piece of the global tensor. The CUDA path runs on CPU
-    # tensors with the worker's CUDA stand-in (see cuda_stand_in.py).
+    # tensors on the worker's own device (see cpu_device.py).
     root, out = tmp_path / "ck", tmp_path / "out"
     url = root.as_uri()
     deep = ("--depth", "6")

@@ -45,7 +45,7 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 import torch
 
 from ckpt import _ckpt
-from ckpt._device import slabs as _slabs
+from ckpt._device.device import Event, Stream, current
 from ckpt._device.hoststage import HostStage
 from ckpt._device.slabs import SlabPool, _Slab
 
@@ -85,11 +85,11 @@ class DeviceCopy:
         #: Index of the first tensor at each address (tied weights are copied once).
         self._seen: Dict[int, int] = {}
         self.slab: Optional[_Slab] = None
-        self._start: Dict[torch.device, torch.cuda.Event] = {}
-        self._events: List[Tuple[torch.device, torch.cuda.Event]] = []
+        self._start: Dict[torch.device, Event] = {}
+        self._events: List[Tuple[torch.device, Event]] = []
         #: Lazy, with device staging: events after which the sources were read
         #: (the step may change them), before the staged copies to the host.
-        self._read: List[Tuple[torch.device, torch.cuda.Event]] = []
+        self._read: List[Tuple[torch.device, Event]] = []
         self._launch: Optional[Future[None]] = None
         #: Lazy: done once ``_read`` (or ``_events``) is set, which ``fence`` needs.
         self._readable: Optional[Future[None]] = None
@@ -196,11 +196,11 @@ class DeviceCopy:
         ev = _now_on(device)
         self._start.setdefault(device, ev)
         side = self._pool.stream(device)
-        side.wait_event(ev)
+        current().wait(side, ev)
         src = [self._srcs[i] for i in idx]
         dst = [slab.view(i, t.dtype, t.shape) for i, t in zip(idx, src)]
-        with torch.no_grad(), torch.cuda.stream(side):
-            _copy_all(dst, src)
+        with torch.no_grad(), current().on_stream(side):
+            current().copy_all(dst, src)
         self._queued_early += len(idx)
 
     def _drop_guess(self) -> None:
@@ -259,7 +259,7 @@ class DeviceCopy:
 
         def run() -> None:
             try:
-                with _slabs._on(device):
+                with current().on(device):
                     self._queue()
             except BaseException as e:  # noqa: BLE001 - the save's gate raises it
                 if not readable.done():
@@ -323,9 +323,9 @@ class DeviceCopy:
                     continue
                 which = [idx[j] for j in picked]
                 side = self._pool.stream(device)
-                side.wait_event(self._start[device])
-                with torch.cuda.stream(side):
-                    _copy_all(views, [self._srcs[i] for i in which])
+                current().wait(side, self._start[device])
+                with current().on_stream(side):
+                    current().copy_all(views, [self._srcs[i] for i in which])
                 staged[device] = (which, views)
         if staged and every:
             self._read = [(device, _recorded(self._pool.stream(device))) for device in staged]
@@ -336,7 +336,7 @@ class DeviceCopy:
     def _queue_copies(self, slab: _Slab, staged: Dict[torch.device, Tuple[List[int], List[torch.Tensor]]]) -> None:
         events = []
         #: By device: an event after which its sources are read, when some are staged.
-        read: Dict[torch.device, torch.cuda.Event] = {}
+        read: Dict[torch.device, Event] = {}
         with torch.no_grad():
             if self._queued_early or self._batch:
                 # Eager into the guessed slab: most copies were queued during the walk.
@@ -353,21 +353,20 @@ class DeviceCopy:
                         src.append(t)
                 for device, (dst, src) in by_device.items():
                     side = self._pool.stream(device)
-                    side.wait_event(self._start[device])
-                    with torch.cuda.stream(side):
+                    current().wait(side, self._start[device])
+                    with current().on_stream(side):
                         if dst:
-                            _copy_all(dst, src)
+                            current().copy_all(dst, src)
                         if device in staged:
                             # The sources are read (the step may go on); the
                             # staged copies then go on to the host.
                             read[device] = _recorded(side)
                             which, views = staged[device]
-                            _copy_all([slab.view(i, v.dtype, v.shape) for i, v in zip(which, views)], views)
+                            current().copy_all([slab.view(i, v.dtype, v.shape) for i, v in zip(which, views)], views)
                 devices = list(by_device)
             for device in devices:
                 # Blocking: a thread that waits for it sleeps instead of spinning a core.
-                ev = torch.cuda.Event(blocking=True)
-                ev.record(self._pool.stream(device))
+                ev = current().record(self._pool.stream(device), blocking=True)
                 events.append((device, ev))
         if staged and not self._read:
             # Some tensors went straight to the host: the step waits for those
@@ -382,7 +381,7 @@ class DeviceCopy:
         if self._launch is not None and not self._launch.done():
             return False
         for device, ev in self._events:
-            with _slabs._on(device):
+            with current().on(device):
                 if not ev.query():
                     return False
         return True
@@ -393,7 +392,7 @@ class DeviceCopy:
         if self._launch is not None:
             self._launch.result()
         for device, ev in self._events:
-            with _slabs._on(device):  # also from the engine's threads
+            with current().on(device):  # also from the engine's threads
                 ev.synchronize()
         self._srcs = []
 
@@ -406,7 +405,8 @@ class DeviceCopy:
         if self._readable is not None:
             self._readable.result()
         for device, ev in self._read or self._events:
-            torch.cuda.current_stream(device).wait_event(ev)
+            dev = current()
+            dev.wait(dev.current_stream(device), ev)
         self._fenced = True
 
 
@@ -414,29 +414,14 @@ class DeviceCopy:
 _BATCH = 64
 
 
-def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
+def _recorded(stream: Stream) -> Event:
     """An event recorded on ``stream`` now."""
-    ev = torch.cuda.Event()
-    ev.record(stream)
-    return ev
+    return current().record(stream)
 
 
-def _now_on(device: torch.device) -> torch.cuda.Event:
+def _now_on(device: torch.device) -> Event:
     """An event recorded on this thread's current stream of ``device``: what
     is queued there so far comes before whatever waits for it."""
-    ev = torch.cuda.Event()
-    ev.record(torch.cuda.current_stream(device))
-    return ev
+    dev = current()
+    return dev.record(dev.current_stream(device))
 
-
-def _copy_all(dst: List[torch.Tensor], src: List[torch.Tensor]) -> None:
-    """``dst[i].copy_(src[i], non_blocking=True)`` for all ``i``, in one call where torch has it."""
-    foreach = getattr(torch, "_foreach_copy_", None)
-    if foreach is not None:
-        try:
-            foreach(dst, src, non_blocking=True)
-            return
-        except (RuntimeError, TypeError):
-            pass
-    for d, s in zip(dst, src):
-        d.copy_(s, non_blocking=True)

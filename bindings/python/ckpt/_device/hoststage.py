@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 import torch
 
-from ckpt._device import slabs as _slabs
 from ckpt._ckpt import LoadTarget
+from ckpt._device.device import Stream, current
 from ckpt._device.slabs import SlabPool, _Slab
 from ckpt.errors import InvalidInputError
 
@@ -108,7 +108,7 @@ class HostStage:
         self._copies: List["Future[None]"] = []
         self._copied = 0
         #: The streams the copies go on: current on the caller's thread when the fill began.
-        self._streams: Dict[torch.device, torch.cuda.Stream] = {}
+        self._streams: Dict[torch.device, Stream] = {}
         #: Seconds :meth:`copy_back` spent locking a new slab, and copying to the device (or waiting for the copies).
         self.lock_s = 0.0
         self.to_device_s = 0.0
@@ -219,9 +219,10 @@ class HostStage:
         except Exception:  # noqa: BLE001 - as above
             pass
 
-    def _current_streams(self) -> Dict[torch.device, torch.cuda.Stream]:
+    def _current_streams(self) -> Dict[torch.device, Stream]:
         """This thread's current stream on each destination's device (the caller's)."""
-        return {d: torch.cuda.current_stream(d) for d in {t.device for t in self._dst}}
+        dev = current()
+        return {d: dev.current_stream(d) for d in {t.device for t in self._dst}}
 
     def _wait_copies(self) -> None:
         copies, self._copies = self._copies, []
@@ -233,10 +234,11 @@ class HostStage:
             s.synchronize()
 
 
-def _copy(pairs: List[Tuple[torch.Tensor, torch.Tensor]], streams: Dict[torch.device, torch.cuda.Stream]) -> None:
+def _copy(pairs: List[Tuple[torch.Tensor, torch.Tensor]], streams: Dict[torch.device, Stream]) -> None:
     """Each slot's bytes into its live tensor, on that device's stream (the
     restore's caller's), from the launcher thread."""
+    dev = current()
     with torch.no_grad():
         for t, v in pairs:
-            with _slabs._on(t.device), torch.cuda.stream(streams[t.device]):
+            with dev.on(t.device), dev.on_stream(streams[t.device]):
                 t.copy_(v.view(t.dtype).view(t.shape), non_blocking=True)

@@ -346,7 +346,9 @@ class RestorePlan:
         for f in self._after:
             f()
         if self._cuda:
-            _loaded_torch().cuda.synchronize()
+            from ckpt._device.device import current  # (torch is imported: a CUDA tensor was met)
+
+            current().synchronize()
         self._after.clear()
         return cast(_V, _resolve(value)) if self._deferred else value
 

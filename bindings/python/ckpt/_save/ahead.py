@@ -263,13 +263,14 @@ def _ready_staging(cp: Owner, specs: List[_ckpt.TensorSpec], also: Sequence[int]
 
 
 def cuda_ready() -> bool:
-    """True when torch has initialised CUDA (so CUDA tensors can occur).
+    """True when the device in use is ready (so device tensors can occur):
+    for CUDA, once torch has initialised it (:class:`ckpt._device.device.CudaDevice`).
+    Without torch imported, False (nothing imports it here)."""
+    if "torch" not in sys.modules:
+        return False
+    from ckpt._device.device import current
 
-    ``is_initialized`` alone: it implies a device, and it is a flag, while
-    ``is_available`` asks the driver each time (half a millisecond of every
-    save's stall on a machine without one)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
+    return current().ready()
 
 
 def cuda_device_in(objs: Sequence[object], depth: int = 3) -> Optional[Device]:
