@@ -4,7 +4,8 @@ a side stream, saved without a second host copy.
 A save's CUDA tensors are copied into one :class:`~ckpt._ckpt.HostSlab` (host
 memory with a slot per tensor, laid out so the native format writes chunks
 from it with ``O_DIRECT``), which the engine then takes as the tensors' bytes:
-one trip over PCIe, no copy through the CPU.
+one trip over PCIe, no copy through the CPU. Streams, events and copies are
+the device in use's (:func:`ckpt._device.device.current`).
 
 - **Ordering.** The copies run on a side stream after an event recorded on
   the current stream at ``save``, so they see every kernel queued before it
