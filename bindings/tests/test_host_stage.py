@@ -5,9 +5,9 @@ the read, by default; in the background once copied; after the read), and a
 restore through ``load_latest`` that falls back from a checkpoint damaged in
 a later group.
 
-No GPU here: the live "device" tensors are CPU tensors, and ``torch.cuda``'s
-streams and the page locking are the stand-ins of ``cuda_stand_in.py`` (a
-test double; ``test_cuda.py`` restores into CUDA tensors on a GPU). What is
+No GPU here: the live "device" tensors are CPU tensors, and the streams and
+the page locking are those of the tests' own device (``cpu_device.py``;
+``test_cuda.py`` restores into CUDA tensors on a GPU). What is
 checked is the stage's order of work and bookkeeping, and the values.
 """
 
@@ -24,9 +24,9 @@ import torch
 
 import ckpt
 import ckpt._device.hoststage as hs
-import ckpt._device.slabs as slabs
 import ckpt._device.cuda as cudam
 import ckpt._restore.plan as restore_mod
+from cpu_device import CpuDevice
 from test_device_copy import fake_cuda  # noqa: F401 - the fixture is used by name
 from test_slab_pool import _counting_locks
 
@@ -119,7 +119,7 @@ def test_each_groups_copies_start_while_the_next_group_is_read(
     """The restore's time is the read and the last group's copies: every
     earlier group has reached its live tensors while a later one is read."""
     monkeypatch.setattr(hs, "TAIL_BYTES", 400_000)
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     if way == "held":  # a slab a save left locked
         pool.prepare(pool.take([8 << 20], 1), None, whole=True)
     else:
@@ -143,17 +143,17 @@ def test_each_groups_copies_start_while_the_next_group_is_read(
 
 
 def test_locked_after_the_read_nothing_is_copied_before_the_lock(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The "after" way copies only from locked memory: nothing reaches the
     device until the read is done and the slab locked."""
     monkeypatch.setattr(hs, "TAIL_BYTES", 400_000)
     monkeypatch.setattr(cudam.HostStage, "lock", "after")
     copied_at_lock: List[bool] = []
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool, 8)
-    monkeypatch.setattr(slabs._Locker, "lock", lambda self, a, n, quiet=False: copied_at_lock.append(
-        any(torch.equal(t, v) for t, v in zip(live, stored))) or True)
+    cpu_device.lock_with = lambda a, n, quiet: copied_at_lock.append(
+        any(torch.equal(t, v) for t, v in zip(live, stored))) or True
     untouched: List[bool] = []
     calls = _fill(stage, stored, lambda call, slots: untouched.append(not any(t.any() for t in live)))
     assert len(calls) > 2 and all(untouched)
@@ -172,7 +172,7 @@ def test_a_failed_read_waits_for_the_copies_it_started_and_raises(
     error, once the copies already queued have landed: the next attempt
     reuses the slab."""
     monkeypatch.setattr(hs, "TAIL_BYTES", 400_000)
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool, 8)
     landed: List[bool] = []
     real_copy = hs._copy
@@ -199,23 +199,23 @@ def test_a_failed_read_waits_for_the_copies_it_started_and_raises(
 
 
 def test_locked_later_a_restore_copies_then_locks_its_new_slab_in_the_background(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The "later" way: nothing is locked while the restore runs; the copies
     come from pageable memory, and once they have landed the slab is locked
     once, whole, on the pool's thread; the first save takes it."""
     monkeypatch.setattr(cudam.HostStage, "lock", "later")
     calls: List[Tuple[int, int, bool, str, bool]] = []
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool)
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+    def lock(address: int, n: int, quiet: bool) -> bool:
         copied = all(torch.equal(t, v) for t, v in zip(live, stored))
         calls.append((address, n, quiet, threading.current_thread().name, copied))
         time.sleep(0.02)
         return True
 
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
+    cpu_device.lock_with = lock
     calls_at_read = _fill(stage, stored, lambda call, slots: None)
     assert calls_at_read == [[0, 1]]
     stage.copy_back()
@@ -235,18 +235,18 @@ def test_locked_later_a_restore_copies_then_locks_its_new_slab_in_the_background
 
 
 def test_locked_after_its_read_a_restore_locks_its_new_slab_on_its_own_thread(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cudam.HostStage, "lock", "after")
     calls: List[Tuple[int, int, bool, str]] = []
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+    def lock(address: int, n: int, quiet: bool) -> bool:
         calls.append((address, n, quiet, threading.current_thread().name))
         time.sleep(0.02)  # the runtime's part, timed as the stage's lock
         return True
 
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
-    pool = cudam.SlabPool(None, "wait")
+    cpu_device.lock_with = lock
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool)
     for buf, v in zip(stage.buffers(), stored):
         _read_into(buf, v)
@@ -264,7 +264,7 @@ def test_locked_after_its_read_a_restore_locks_its_new_slab_on_its_own_thread(
 
 
 def test_by_default_a_restore_locks_its_new_slab_while_its_read_fills_it(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The default way ("during"; on an H200 host the fastest restore of
     4 GiB, cold or from the page cache): the lock runs on the pool's thread
@@ -282,7 +282,7 @@ def test_by_default_a_restore_locks_its_new_slab_while_its_read_fills_it(
         mapped.append(real_populate(slab))
         return mapped[-1]
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+    def lock(address: int, n: int, quiet: bool) -> bool:
         assert mapped, "mapped before locked"
         calls.append((address, n, quiet, threading.current_thread().name))
         copied_at_lock.append(any(t.any() for t in live))
@@ -291,8 +291,8 @@ def test_by_default_a_restore_locks_its_new_slab_while_its_read_fills_it(
         return True
 
     monkeypatch.setattr(cudam.SlabPool, "_populate_beside_read", staticmethod(populate))
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
-    pool = cudam.SlabPool(None, "wait")
+    cpu_device.lock_with = lock
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool)
     bufs = stage.buffers()
     _read_into(bufs[0], stored[0])
@@ -313,19 +313,19 @@ def test_by_default_a_restore_locks_its_new_slab_while_its_read_fills_it(
 
 
 def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pages the read holds may not be pinned at that moment: the slab is
     then locked after the read, and the restore is whole."""
     monkeypatch.setattr(cudam.HostStage, "lock", "during")
     calls: List[bool] = []
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+    def lock(address: int, n: int, quiet: bool) -> bool:
         calls.append(quiet)
         return not quiet
 
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
-    pool = cudam.SlabPool(None, "wait")
+    cpu_device.lock_with = lock
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool)
     for buf, v in zip(stage.buffers(), stored):
         _read_into(buf, v)
@@ -341,14 +341,14 @@ def test_a_restore_locks_after_its_read_where_the_runtime_refused_during_it(
 
 
 def test_a_read_only_readers_restore_locks_its_slab_only_while_it_is_open(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, url: str
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch, url: str
 ) -> None:
     """No save will use a read-only reader's slab: locked "later", it is
     never locked; locked "during" the read (the default, which copies
     faster than pageable memory), it is unlocked when the reader closes."""
-    calls = _counting_locks(monkeypatch)
+    calls = _counting_locks()
     monkeypatch.setattr(cudam.HostStage, "lock", "later")
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     stage = cudam.HostStage(pool, keep=False)
     live, stored = [torch.zeros(1000)], [torch.arange(1000, dtype=torch.float32)]
     stage.add(live[0])
@@ -361,7 +361,6 @@ def test_a_read_only_readers_restore_locks_its_slab_only_while_it_is_open(
     pool.close()
     # Through the checkpointer: its read_only option makes such a reader.
     monkeypatch.setattr(restore_mod, "_on_device", lambda t: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     with ckpt.Checkpointer(url, rng=False) as cp:
         cp.save(1, {"w": stored[0]}).wait()
     calls["lock"].clear()  # (the save's own slab)
@@ -378,11 +377,11 @@ def test_a_read_only_readers_restore_locks_its_slab_only_while_it_is_open(
         assert calls["unlock"] == [a for a, _ in locked], "unlocked at the close"
 @pytest.mark.parametrize("way", ["later", "after"])
 def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, way: str
+    cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch, way: str
 ) -> None:
     monkeypatch.setattr(cudam.HostStage, "lock", way)
-    monkeypatch.setattr(slabs._Locker, "lock", lambda self, address, n, quiet=False: False)
-    pool = cudam.SlabPool(None, "wait")
+    cpu_device.lock_with = lambda address, n, quiet: False
+    pool = cudam.SlabPool()
     stage, live, stored = _restore_stage(pool)
     for buf, v in zip(stage.buffers(), stored):
         _read_into(buf, v)
@@ -400,8 +399,8 @@ def test_a_restore_the_runtime_will_not_lock_at_all_stays_pageable_and_whole(
 def test_a_slab_a_save_left_locked_is_not_locked_again_by_a_restore(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _counting_locks(monkeypatch)
-    pool = cudam.SlabPool(None, "wait")
+    calls = _counting_locks()
+    pool = cudam.SlabPool()
     saved = pool.take([4000, 1_200_000], 1)
     pool.prepare(saved, None, whole=True)
     stage, live, stored = _restore_stage(pool)
@@ -418,7 +417,7 @@ def test_an_unknown_way_of_locking_is_refused_before_anything_is_read(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cudam.HostStage, "lock", "sometime")
-    stage, _, _ = _restore_stage(cudam.SlabPool(None, "wait"))
+    stage, _, _ = _restore_stage(cudam.SlabPool())
     with pytest.raises(ckpt.InvalidInputError, match="later"):
         stage.buffers()
     assert stage.slab is None
@@ -443,7 +442,6 @@ def test_load_latest_reads_device_tensors_in_groups_and_falls_back_from_a_damage
     the previous checkpoint into all of them, bitwise."""
     monkeypatch.setattr(hs, "TAIL_BYTES", 3 << 20)
     monkeypatch.setattr(restore_mod, "_on_device", lambda t: True)  # these CPU tensors stand for CUDA ones
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     reads: List[int] = []
     real_fill = hs.HostStage.fill
 

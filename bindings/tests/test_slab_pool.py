@@ -27,7 +27,8 @@ import ckpt
 import ckpt._save.ahead as _ahead
 import ckpt._device.slabs as slabs
 import ckpt._device.cuda as cudam
-from cuda_stand_in import Event as _Event
+from ckpt._device.device import Event, Stream, _Locker, current, using
+from cpu_device import CpuDevice, CpuEvent
 from test_device_copy import (  # noqa: F401 - the fixture is used by name
     Net, as_cuda_state, check_stored, fake_cuda, fresh, snapshot, train,
 )
@@ -40,10 +41,11 @@ class _Landing:
         return False
 
 
-def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]]) -> None:
+def test_the_default_budget_holds_two_slabs(fake_cuda: Dict[str, List[int]], tmp_path: Any) -> None:
     # Large slots start STAGING_LEAD bytes into a page: the slab is longer than its tensors.
-    lens = [4 << 20, 4 << 20, 1000]
-    pool = cudam.SlabPool(None, "skip")
+    # (Twice this slab is more than the engine's least default budget, 64 MiB.)
+    lens = [16 << 20, 16 << 20, 1000]
+    pool = cudam.SlabPool(ckpt._ckpt.Checkpointer(tmp_path.as_uri(), busy="skip"))
     first = pool.take(lens, 1)
     assert first.nbytes > sum(lens)
     first.owner = _Landing()  # still being written when the next save comes
@@ -64,10 +66,11 @@ def test_a_save_waiting_for_memory_wakes_when_a_save_lets_its_slab_go(
     bound without a notice is set to a minute, so only the notice wakes it)."""
     monkeypatch.setattr(slabs, "_UNANNOUNCED", 60.0)
     lens = [1 << 20]
-    pool = cudam.SlabPool(None, "wait")
+    # Room for two slabs of 1 MiB and a page (a slot of 1 MiB starts past a page).
+    cp = ckpt._ckpt.Checkpointer(tmp_path.as_uri(), lazy=True, staging_budget=2 * ((1 << 20) + 4096))
+    pool = cudam.SlabPool(cp)
     first = pool.take(lens, 1)
     gate = threading.Event()
-    cp = ckpt._ckpt.Checkpointer(tmp_path.as_uri(), lazy=True)
     spec = ckpt._ckpt.TensorSpec(name="t", dtype="U8", shape=(1 << 20,), data=first.slot_objs()[0])
     handle = cp.save(1, [spec], {"state": None}, lambda: None if gate.wait(30) else None)
     assert first.native.in_use(), "the engine holds its bytes until it has written them"
@@ -86,15 +89,15 @@ def test_a_save_waiting_for_memory_wakes_when_a_save_lets_its_slab_go(
 
 @pytest.mark.parametrize("ahead", ["reserved", "restored"])
 def test_the_default_budget_holds_a_second_slab_beside_memory_locked_ahead(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, ahead: str
+    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, ahead: str, tmp_path: Any
 ) -> None:
     """A reservation or a restore's slab is a little larger than the first
     save's tensors; the default budget (twice the first save's slab) must be
     twice that slab, or a save that comes while the first is being written
     waits for it (or is skipped) instead of taking a second slab."""
-    _counting_locks(monkeypatch)
-    lens = [4 << 20, 4 << 20, 1000]
-    pool = cudam.SlabPool(None, "skip")
+    _counting_locks()
+    lens = [16 << 20, 16 << 20, 1000]
+    pool = cudam.SlabPool(ckpt._ckpt.Checkpointer(tmp_path.as_uri(), busy="skip"))
     if ahead == "reserved":
         pool.reserve(_ahead.for_state(sum(lens), len(lens)), None)
         pool._settle()
@@ -110,12 +113,12 @@ def test_the_default_budget_holds_a_second_slab_beside_memory_locked_ahead(
 
 
 def test_a_pool_never_closed_is_collected_and_unlocks_its_slabs(
-    fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
+    cpu_device: CpuDevice
 ) -> None:
     gc.collect()  # earlier tests' pools first: only this one's slabs are unlocked below
-    unlocked: List[int] = []
-    monkeypatch.setattr(slabs._Locker, "unlock", lambda self, address: unlocked.append(address))
-    pool = cudam.SlabPool(None, "wait")
+    unlocked = cpu_device.unlocked
+    unlocked.clear()
+    pool = cudam.SlabPool()
     slab = pool.take([1 << 20, 3000], 1)
     pool.prepare(slab, None)
     assert slab.locked
@@ -137,7 +140,7 @@ def test_a_restore_lays_its_buffers_out_within_locked_pieces(
 ) -> None:
     monkeypatch.setattr(slabs, "_LOCK_PIECE", 1 << 20)  # a small slab locked in several pieces
     saved = [600_000] * 6
-    pool = cudam.SlabPool(1 << 30, "wait")
+    pool = cudam.SlabPool()
     slab = pool.take(saved, 1)
     pool.prepare(slab, None)
     assert len(slab.pieces) > 1
@@ -150,7 +153,7 @@ def test_a_restore_lays_its_buffers_out_within_locked_pieces(
     got, offsets = pool.borrow(other)
     assert _within_one_piece(got, offsets, other)
     # A slab locked in one piece takes any layout that fits, packed.
-    small = cudam.SlabPool(1 << 30, "wait")
+    small = cudam.SlabPool()
     one = small.take([300_000, 300_000], 1)
     small.prepare(one, None)
     got, offsets = small.borrow([200_000, 200_000, 150_000])
@@ -166,26 +169,15 @@ def test_ckpts_own_threads_make_the_tensors_device_current(
 ) -> None:
     """A thread starts on device 0; a CUDA call there would create a context
     on GPU 0 for every rank of a node. Every CUDA call ckpt makes outside the
-    caller's thread must run inside ``_on(device)``."""
-    current = _Current()
+    caller's thread must run inside the device's ``on(device)``."""
+    here = _Current()
     strays: List[Tuple[str, str]] = []
 
-    @contextlib.contextmanager
-    def on(device: torch.device) -> Iterator[None]:
-        prev, current.device = current.device, device
-        try:
-            yield
-        finally:
-            current.device = prev
-
     def check(what: str) -> None:
-        if threading.current_thread() is not threading.main_thread() and current.device is None:
+        if threading.current_thread() is not threading.main_thread() and here.device is None:
             strays.append((what, threading.current_thread().name))
 
-    class Event(_Event):
-        def record(self, stream: Any = None) -> None:
-            check("Event.record")
-
+    class Checked(CpuEvent):
         def query(self) -> bool:
             check("Event.query")
             return True
@@ -193,24 +185,37 @@ def test_ckpts_own_threads_make_the_tensors_device_current(
         def synchronize(self) -> None:
             check("Event.synchronize")
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
-        check("cudaHostRegister")
-        return True
+    class Checking(CpuDevice):
+        """Notes each call made on a thread of ckpt's own without a device current."""
 
-    monkeypatch.setattr(slabs, "_on", on)
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
+        @contextlib.contextmanager
+        def on(self, device: Optional[torch.device]) -> Iterator[None]:
+            prev, here.device = here.device, device
+            try:
+                yield
+            finally:
+                here.device = prev
+
+        def record(self, stream: Stream, blocking: bool = False) -> Event:
+            check("Event.record")
+            return Checked()
+
+        def lock(self, address: int, nbytes: int, quiet: bool = False) -> bool:
+            check("cudaHostRegister")
+            return True
+
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     train(model, opt)
-    for lazy in (True, False):
-        cp = ckpt.Checkpointer(url, lazy=lazy, rng=False, keep_last=2)
-        for step in range(3):
-            cp.save(step + (10 if lazy else 20), model=model, optimizer=opt)
-            train(model, opt)
-        cp.wait()
-        cp.close()
+    with using(Checking()):
+        for lazy in (True, False):
+            cp = ckpt.Checkpointer(url, lazy=lazy, rng=False, keep_last=2)
+            for step in range(3):
+                cp.save(step + (10 if lazy else 20), model=model, optimizer=opt)
+                train(model, opt)
+            cp.wait()
+            cp.close()
     assert not strays, strays
 
 
@@ -233,7 +238,7 @@ def test_a_failed_page_lock_takes_its_error_off_the_runtime() -> None:
             calls.append("clear")
             return 0
 
-    locker = slabs._Locker()
+    locker = _Locker()
     locker._lib = Runtime()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a quiet try (a restore's, during its read) warns of nothing
@@ -244,18 +249,21 @@ def test_a_failed_page_lock_takes_its_error_off_the_runtime() -> None:
     assert calls == ["register", "clear", "register", "clear", "unregister", "clear"]
 
 
-def _counting_locks(monkeypatch: pytest.MonkeyPatch) -> Dict[str, List[Any]]:
-    calls: Dict[str, List[Any]] = {"lock": [], "unlock": []}
-    monkeypatch.setattr(slabs._Locker, "lock", lambda self, address, n, quiet=False: calls["lock"].append((address, n)) or True)
-    monkeypatch.setattr(slabs._Locker, "unlock", lambda self, address: calls["unlock"].append(address))
-    return calls
+def _counting_locks() -> Dict[str, List[Any]]:
+    """The page locking the tests' device in use records from now on:
+    ``(address, bytes)`` locked, addresses unlocked."""
+    device = current()
+    assert isinstance(device, CpuDevice), "the cpu_device fixture is in use"
+    device.locked.clear()
+    device.unlocked.clear()
+    return {"lock": device.locked, "unlock": device.unlocked}
 
 
 def test_memory_locked_in_one_piece_is_laid_out_anew_for_other_shapes(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _counting_locks(monkeypatch)
-    pool = cudam.SlabPool(None, "wait")
+    calls = _counting_locks()
+    pool = cudam.SlabPool()
     restored = [500_000, 500_000, 1000]
     slab, offsets = pool.borrow(restored)  # a restore's new slab...
     assert _within_one_piece(slab, offsets, restored)
@@ -276,9 +284,9 @@ def test_memory_locked_in_one_piece_is_laid_out_anew_for_other_shapes(
 def test_memory_locked_in_pieces_is_not_laid_out_anew(
     fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _counting_locks(monkeypatch)
+    calls = _counting_locks()
     monkeypatch.setattr(slabs, "_LOCK_PIECE", 1 << 20)
-    pool = cudam.SlabPool(None, "wait")
+    pool = cudam.SlabPool()
     slab = pool.take([600_000] * 6, 1)
     pool.prepare(slab, None)  # in a training loop: piece by piece
     assert len(slab.pieces) > 1
@@ -290,7 +298,7 @@ def test_memory_locked_in_pieces_is_not_laid_out_anew(
 def test_a_reservation_is_the_first_saves_memory(
     url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _counting_locks(monkeypatch)
+    calls = _counting_locks()
     model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=False, rng=False, staging_budget=1 << 20)
     assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
@@ -317,7 +325,7 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
     ``staging_budget`` said the state's size (0.36-0.46 s for 4 GiB eager, on
     an H100 host). The optimizer's first step makes the state whole: its
     bytes are counted then and locked ahead, in the background."""
-    calls = _counting_locks(monkeypatch)
+    calls = _counting_locks()
     model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
@@ -345,7 +353,7 @@ def test_without_a_budget_a_fresh_start_reserves_the_state_after_the_first_step(
 
 @pytest.mark.parametrize("lazy", [True, False])
 def test_a_lazy_save_does_not_wait_for_the_memory_being_locked_ahead(
-    url: str, fake_cuda: Dict[str, List[int]], monkeypatch: pytest.MonkeyPatch, lazy: bool
+    url: str, cpu_device: CpuDevice, monkeypatch: pytest.MonkeyPatch, lazy: bool
 ) -> None:
     """A save that comes just after the optimizer's first step, while the
     state's memory is still being locked in the background, stalled until
@@ -356,14 +364,13 @@ def test_a_lazy_save_does_not_wait_for_the_memory_being_locked_ahead(
     locking, release = threading.Event(), threading.Event()
     calls: List[Tuple[int, int]] = []
 
-    def lock(self: Any, address: int, n: int, quiet: bool = False) -> bool:
+    def lock(address: int, n: int, quiet: bool) -> bool:
         calls.append((address, n))
         locking.set()
         assert release.wait(60), "never released"
         return True
 
-    monkeypatch.setattr(slabs._Locker, "lock", lock)
-    monkeypatch.setattr(slabs._Locker, "unlock", lambda self, address: None)
+    cpu_device.lock_with = lock
     model, opt = fresh(monkeypatch)
     cp = ckpt.Checkpointer(url, lazy=lazy, rng=False)
     assert cp.load_latest(model=model, optimizer=opt) is None  # a fresh start
@@ -396,7 +403,7 @@ def test_a_lazy_save_into_memory_whose_locking_failed_stores_its_values(
     """The memory locked ahead fails to be prepared after a lazy save took it
     (as it may when the memory cannot be had): the save's copies still land
     (in pageable memory), and a later save stores its values too."""
-    _counting_locks(monkeypatch)
+    _counting_locks()
     release = threading.Event()
     real = cudam.SlabPool.prepare
 
@@ -520,7 +527,7 @@ def test_a_budget_of_twice_the_state_reserves_room_for_the_first_saves_alignment
     """The documented setting, exactly twice the state's bytes: tensors of
     1 MiB or more each start on a page of their own, so the first save's slab
     is larger than the state, and it still fits in what was reserved."""
-    calls = _counting_locks(monkeypatch)
+    calls = _counting_locks()
     as_cuda_state(monkeypatch)
 
     def make() -> Tuple[nn.Module, torch.optim.Optimizer]:

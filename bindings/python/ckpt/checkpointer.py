@@ -666,7 +666,7 @@ class Checkpointer:
         if owner._slabs is None and create:
             from ckpt._device.cuda import SlabPool
 
-            owner._slabs = SlabPool(owner._staging_budget, owner._busy, owner._device_staging)
+            owner._slabs = SlabPool(owner._native, owner._device_staging)
         return owner._slabs
 
     def _host_stage(self) -> Optional[HostStage]:

@@ -1,7 +1,7 @@
 """Host slabs for CUDA snapshots: host memory with a slot per tensor
 (:class:`~ckpt._ckpt.HostSlab`), page-locked with the CUDA runtime, and the
-pool (:class:`SlabPool`) that keeps a checkpointer's slabs under a budget and
-reuses them by layout. :mod:`ckpt._device.cuda` copies into them.
+pool (:class:`SlabPool`) that keeps a checkpointer's slabs and reuses them by
+layout. :mod:`ckpt._device.cuda` copies into them.
 
 - **Page locking.** A new slab is populated (its pages mapped, on several
   threads) and page-locked with the CUDA runtime (``cudaHostRegister``) before
@@ -18,31 +18,31 @@ reuses them by layout. :mod:`ckpt._device.cuda` copies into them.
   (:meth:`SlabPool.reserve`, sized by :mod:`ckpt._save.ahead`). Both are locked
   in one piece, and the first save lays such memory out anew for its own
   tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
-- **Budget.** Slabs are reused by layout; the pool holds at most
-  ``staging_budget`` bytes of them (default: twice the first save's slab,
-  its CUDA bytes and their alignment, so a save can start while the previous
-  one is still being written), and that is also the most host memory it
-  locks. When every slab is still held
-  by saves being written, ``busy="wait"`` waits and ``busy="skip"`` raises
-  :class:`~ckpt.SkippedError`.
+- **Budget.** A checkpointer's slab holds its size of the engine's staging
+  budget while it exists (``Checkpointer.new_slab``), beside the CPU
+  tensors' staging buffers: one ``staging_budget`` bounds both, and so the
+  memory locked. When a new slab does not fit and none is free for reuse,
+  ``busy="wait"`` blocks in the engine (woken when memory comes back or a
+  slab comes free) and ``busy="skip"`` raises :class:`~ckpt.SkippedError`.
+  A pool without a checkpointer (a reader's) has no budget.
 - **Threads.** The pool's launcher thread (locking, and the lazy copies
   :mod:`ckpt._device.cuda` queues there) runs each CUDA call with the tensors'
-  device current (:func:`_on`): a thread starts on device 0.
+  device current (:meth:`~ckpt._device.device.Device.on`): a thread starts on device 0.
+  Page locking and streams are the device's (:mod:`ckpt._device.device`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import threading
 import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ContextManager, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import torch
 
 from ckpt import _ckpt
+from ckpt._device.device import Stream, current
 from ckpt.errors import SkippedError
 
 __all__ = ["SlabPool"]
@@ -58,108 +58,17 @@ class Filler(Protocol):
     def landed(self) -> bool: ...
 
 
-# ----------------------------------------------------------------- page locking
-
-
-def _loaded_cudart() -> Optional[ctypes.CDLL]:
-    """The CUDA runtime library this process already loaded (PyTorch's), through
-    ctypes, whose calls release the GIL; None when there is none."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-            lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
-            lib.cudaHostRegister.restype = ctypes.c_int
-            lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
-            lib.cudaHostUnregister.restype = ctypes.c_int
-            lib.cudaGetLastError.argtypes = []
-            lib.cudaGetLastError.restype = ctypes.c_int
-            return lib
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
-#: ``cudaHostRegisterPortable``: locked for every CUDA context of the process.
-_PORTABLE = 1
-
-
-class _Locker:
-    """``cudaHostRegister`` / ``cudaHostUnregister`` of PyTorch's CUDA runtime."""
-
-    def __init__(self) -> None:
-        self._lib = _loaded_cudart()
-        self._warned = False
-
-    def lock(self, address: int, nbytes: int, quiet: bool = False) -> bool:
-        """Page-lock ``[address, address + nbytes)``; False (with a warning,
-        the first time, unless ``quiet``) where the runtime refuses."""
-        if nbytes == 0:
-            return False
-        if self._lib is not None:
-            rc = int(self._lib.cudaHostRegister(ctypes.c_void_p(address), nbytes, _PORTABLE))
-        else:
-            rc = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, _PORTABLE))
-        if rc != 0:
-            self._clear_error()
-        if rc != 0 and not self._warned and not quiet:
-            self._warned = True
-            warnings.warn(f"ckpt: could not page-lock {nbytes} bytes of snapshot memory (CUDA error {rc}); "
-                          "device-to-host copies go through pageable memory", stacklevel=2)
-        return rc == 0
-
-    def unlock(self, address: int) -> None:
-        try:
-            if self._lib is not None:
-                rc = int(self._lib.cudaHostUnregister(ctypes.c_void_p(address)))
-            else:
-                rc = int(torch.cuda.cudart().cudaHostUnregister(address))
-            if rc != 0:
-                self._clear_error()
-        except Exception:  # noqa: BLE001 - at exit the runtime may be gone
-            pass
-
-    def _clear_error(self) -> None:
-        """Take a failed call's error off the runtime: it would stay this
-        thread's last error, which PyTorch checks after every kernel launch,
-        and fail an unrelated kernel of the training."""
-        lib = self._lib if self._lib is not None else torch.cuda.cudart()
-        get = getattr(lib, "cudaGetLastError", None)
-        if get is not None:
-            get()
-
-
-_LOCKER: Optional[_Locker] = None
-
-
-def _locker() -> _Locker:
-    """The process's one :class:`_Locker` (one CUDA runtime per process)."""
-    global _LOCKER
-    if _LOCKER is None:
-        _LOCKER = _Locker()
-    return _LOCKER
-
-
-def _on(device: Optional[torch.device]) -> ContextManager[object]:
-    """``device`` current in this thread for the block (see the module docs:
-    a thread of ckpt's own starts on device 0); nothing changes for None."""
-    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
-
-
 # ----------------------------------------------------------------- slabs
 
 
 class _Slab:
-    """One :class:`~ckpt._ckpt.HostSlab`, its torch view and its state."""
+    """One :class:`~ckpt._ckpt.HostSlab` (``native``, else a new uncharged
+    one), its torch view and its state."""
 
-    def __init__(self, lens: List[int]) -> None:
+    def __init__(self, lens: List[int], native: Optional[_ckpt.HostSlab] = None) -> None:
         #: How many layouts it had (what was made for its slots holds for one).
         self.layouts = 0
-        self._lay_out(_ckpt.HostSlab(lens), lens)
+        self._lay_out(_ckpt.HostSlab(lens) if native is None else native, lens)
         self.nbytes: int = self.native.nbytes
         self.host = (
             torch.frombuffer(self.native, dtype=torch.uint8) if self.nbytes else torch.empty(0, dtype=torch.uint8)
@@ -217,34 +126,21 @@ class _Slab:
 
 
 class SlabPool:
-    """The slabs of one checkpointer, under a byte budget (see the module docs)."""
+    """The slabs of one checkpointer, charged to its staging budget
+    (``staging``; see the module docs)."""
 
-    def __init__(self, budget: Optional[int], busy: str, device_staging: int = 0) -> None:
-        self._budget = budget
-        self._busy = busy
+    def __init__(self, staging: Optional[_ckpt.Checkpointer] = None, device_staging: int = 0) -> None:
+        self._staging = staging
         #: Bytes of device memory a lazy save may snapshot into, per device.
         self.device_staging = device_staging
         #: Per device: the staging memory and the views of the last layout in it.
         self._stages: Dict[torch.device, torch.Tensor] = {}
         self._stage_views: Dict[torch.device, Tuple[_Layout, List[torch.Tensor]]] = {}
         self._slabs: List[_Slab] = []
-        self._streams: Dict[torch.device, torch.cuda.Stream] = {}
+        self._streams: Dict[torch.device, Stream] = {}
         self._locked_addresses: List[int] = []
         self._launcher: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
-        #: Notified on every release of a slab (a save let go of its bytes, a
-        #: copy let its slab go, a slab dropped): what :meth:`take` waits on.
-        self._freed = threading.Condition()
-        # What each slab calls on its release: the pool held weakly (a slab
-        # must not keep its pool alive, see the finalizer below).
-        me = weakref.ref(self)
-
-        def on_release() -> None:
-            pool = me()
-            if pool is not None:
-                pool.released()
-
-        self._on_release = on_release
         #: Most bytes page-locked at once.
         self.peak_locked = 0
         #: The slot lengths of the last save (see :meth:`guess`).
@@ -263,11 +159,11 @@ class SlabPool:
 
     # -- what the copies use
 
-    def stream(self, device: torch.device) -> torch.cuda.Stream:
+    def stream(self, device: torch.device) -> Stream:
         """This pool's side stream on ``device``."""
         s = self._streams.get(device)
         if s is None:
-            s = self._streams[device] = torch.cuda.Stream(device=device)
+            s = self._streams[device] = current().new_stream(device)
         return s
 
     def device_stage(self, device: torch.device, srcs: List[torch.Tensor]) -> Tuple[List[int], List[torch.Tensor]]:
@@ -315,7 +211,7 @@ class SlabPool:
 
     def _new_stage(self, device: torch.device, nbytes: int) -> torch.Tensor:
         """Device memory for staged copies, allocated on the side stream."""
-        with torch.cuda.stream(self.stream(device)):
+        with current().on_stream(self.stream(device)):
             return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def launcher(self) -> ThreadPoolExecutor:
@@ -364,13 +260,12 @@ class SlabPool:
         for s in self._slabs:
             if s.free() and len(s.pieces) <= 1 and (s.lens == want or s.relaid(lens)):
                 self._layout = want
-                self._first(s)
                 s.slot_objs()  # (made once, now)
                 return
 
     def take(self, lens: List[int], step: int, lazy: bool = False) -> _Slab:
         """A free slab with these slot lengths: reused, else new within the
-        budget. An eager save waits for memory being locked ahead (its copies
+        staging budget (see the module docs). An eager save waits for memory being locked ahead (its copies
         start on this thread); a ``lazy`` one takes it as it is: its copies
         are queued on the launcher thread after that memory's preparation
         (:meth:`prepare` on the same thread, see :meth:`reserve`), so a save
@@ -378,55 +273,43 @@ class SlabPool:
         the locking."""
         self._layout = tuple(lens)
         self._settle(wait=not lazy)
-        new: Optional[_Slab] = None
         while True:
+            # Read before looking: a slab let go after it ends the wait below.
+            since = self._returns()
             for s in self._slabs:
                 if s.native.fits(lens) and s.free():
-                    return self._first(s)
+                    return s
             # Memory mapped and locked already, in one piece (reserved ahead, or
             # left by a restore), laid out anew for this save.
             for s in self._slabs:
                 if s.free() and len(s.pieces) <= 1 and s.relaid(lens):
-                    return self._first(s)
+                    return s
             # Room for a new one: first drop free slabs of other layouts.
             for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
                 self._drop(s)
-            if new is None:
-                # Its bytes with the slots' alignment (mapped, not yet touched).
-                new = self._watched(_Slab(lens))
-            if self._budget is None:
-                self._budget = 2 * new.nbytes
-            held = sum(s.nbytes for s in self._slabs)
-            if held + new.nbytes <= self._budget or not self._slabs:
+            # Copies landing with no save to announce them: look again soon.
+            pending = any(not s.native.in_use() and not s.free() for s in self._slabs)
+            new = self._new(lens, step, since, _UNANNOUNCED if pending else None)
+            if new is not None:
                 self._slabs.append(new)
                 return new
-            if self._busy == "skip":
-                raise SkippedError(
-                    f"step {step} skipped: the snapshot memory ({held} of {self._budget} bytes) is held by "
-                    "saves still being written"
-                )
-            with self._freed:
-                # Checked under the lock a release notifies with: none is missed.
-                if not any(s.free() for s in self._slabs):
-                    self._freed.wait(_UNANNOUNCED)
+
+    def _returns(self) -> int:
+        return 0 if self._staging is None else self._staging.staging_returns()
+
+    def _new(self, lens: List[int], step: int, since: int, timeout: Optional[float] = None) -> Optional[_Slab]:
+        """A new slab for ``lens`` (mapped, not yet touched), charged to the
+        budget; None when memory came back after ``since`` without room, or
+        after ``timeout`` seconds."""
+        if self._staging is None:
+            return _Slab(lens)
+        native = self._staging.new_slab(lens, max(step, 0), since, timeout)
+        return None if native is None else _Slab(lens, native)
 
     def released(self) -> None:
-        """A slab may be free now: wake the saves waiting for one (:meth:`take`)."""
-        with self._freed:
-            self._freed.notify_all()
-
-    def _watched(self, slab: _Slab) -> _Slab:
-        """``slab``, which calls :meth:`released` when a save lets go of its bytes."""
-        slab.native.on_release(self._on_release)  # (a relayout keeps it)
-        return slab
-
-    def _first(self, slab: _Slab) -> _Slab:
-        """``slab``, the default budget set from it if this is the first save
-        (twice its slab: a reservation or a restore's slab is a little larger
-        than the save's tensors, and a second slab must fit beside it)."""
-        if self._budget is None:
-            self._budget = 2 * slab.nbytes
-        return slab
+        """A slab may be free now, unannounced: wake the saves waiting for memory."""
+        if self._staging is not None:
+            self._staging.staging_nudge()
 
     def borrow(self, lens: List[int]) -> Tuple[_Slab, List[int]]:
         """A free slab with room for ``lens`` (a locked one first) and the
@@ -461,7 +344,12 @@ class SlabPool:
         Only into an empty pool (a job's start)."""
         if nbytes <= 0 or self._slabs:
             return
-        slab = self._watched(_Slab([nbytes]))
+        try:
+            slab = self._new([nbytes], 0, _NEVER)  # (never waits)
+        except SkippedError:
+            return
+        if slab is None:
+            return
         self._slabs.append(slab)
         self.lock_later(slab, device)
 
@@ -502,7 +390,7 @@ class SlabPool:
             return
         slab.prepared = True  # tried once: a slab the runtime will not lock stays pageable
         slab.native.populate()
-        with _on(device):
+        with current().on(device):
             self._lock_slab(slab, [(0, slab.nbytes)] if whole else _pieces(slab))
 
     def lock_while_filled(self, slab: _Slab, device: Optional[torch.device]) -> None:
@@ -522,7 +410,7 @@ class SlabPool:
 
     def _lock_quietly(self, slab: _Slab, device: Optional[torch.device]) -> None:
         self._populate_beside_read(slab)
-        with _on(device):
+        with current().on(device):
             self._lock_slab(slab, [(0, slab.nbytes)], quiet=True)
         slab.prepared = slab.locked  # else tried again after the read
 
@@ -540,7 +428,7 @@ class SlabPool:
     def _lock_slab(self, slab: _Slab, pieces: List[Tuple[int, int]], quiet: bool = False) -> None:
         # In a training loop, piece by piece: the driver takes no other call of
         # the process while it locks, so the training's launches get in between.
-        locker = _locker()
+        locker = current()
         done: List[int] = []
         for at, n in pieces:
             if not locker.lock(slab.native.address + at, n, quiet):
@@ -579,18 +467,18 @@ class SlabPool:
             s.preparing = None
         if s.locked:
             for a in s.pieces:
-                _locker().unlock(a)
+                current().unlock(a)
             with self._lock:
                 for a in s.pieces:
                     self._locked_addresses.remove(a)
             s.locked, s.pieces = False, []
         self._slabs.remove(s)
-        self.released()  # (its bytes leave the budget)
+        s.native.discharge()  # (its bytes leave the budget)
 
     @staticmethod
     def _unlock_all(addresses: List[int]) -> None:
         for a in list(addresses):
-            _locker().unlock(a)
+            current().unlock(a)
         addresses.clear()
 
 
@@ -603,9 +491,11 @@ def _spare(lens: List[int]) -> int:
 
 
 #: Bytes page-locked per call, about (4 GiB took 0.135 s in one call).
-#: The longest :meth:`SlabPool.take` waits without a notice, for a release none
+#: How long :meth:`SlabPool.take` sleeps between looks for a release none
 #: announces: copies that land on the device with no save left to read them.
 _UNANNOUNCED = 0.05
+#: A ``since`` no reading matches: ``new_slab`` does not wait.
+_NEVER = 2**64 - 1
 
 _LOCK_PIECE = 256 << 20
 

@@ -12,7 +12,7 @@ Loading wraps the engine's bytes with ``torch.frombuffer`` (no copy).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Sized, Tuple, cast
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Sized, Tuple, cast
 
 import torch
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ckpt._device.slabs import SlabPool
     from ckpt._device.cuda import DeviceCopy
 
+from ckpt._device.device import CudaDevice, current
 from ckpt._sharded.dtensor import _dtensor_type, local_of, local_tensor
 from ckpt.errors import InvalidInputError, UnsupportedError
 
@@ -110,10 +111,14 @@ class Exporter:
         self._lazy = lazy
         #: The save's device-to-host copies, once a CUDA tensor was met.
         self.device: Optional[DeviceCopy] = None
+        #: Which tensors take the device path: CUDA ones (``is_cuda``, the
+        #: fast check) unless another device is in use (a test's).
+        dev = current()
+        self._takes: Optional[Callable[[torch.Tensor], bool]] = None if isinstance(dev, CudaDevice) else dev.takes
 
     def export(self, t: torch.Tensor, path: object, copy_now: bool) -> Tuple[str, Tuple[int, ...], object, bool]:
         """Export one tensor. ``copy_now`` asks for a copy before ``save`` returns."""
-        if t.is_cuda:
+        if t.is_cuda if self._takes is None else self._takes(t):
             # A GPU's state dict: one check each for what a CUDA tensor may be
             # (this runs for every tensor in the stall of a lazy save).
             if t.layout is _STRIDED and not (t.is_quantized or t.is_conj() or t.is_neg()):
@@ -167,7 +172,7 @@ class Exporter:
             from ckpt._device.cuda import DeviceCopy, SlabPool
 
             if self._slabs is None:
-                self._slabs = SlabPool(None, "wait")
+                self._slabs = SlabPool()
             self.device = DeviceCopy(self._slabs, self._lazy)
         return self.device
 
