@@ -331,7 +331,7 @@ impl Checkpointer {
     }
 
     /// A zeroed host slab with a slot of each of `lens`, holding its size of
-    /// the staging budget while it exists (see `HostSlab`), for the save of
+    /// the staging budget until a save lets it go (see `HostSlab`), for the save of
     /// `step`. When the budget is held: with `busy="skip"`, `SkippedError`;
     /// with `"wait"`, blocks (GIL released) until it fits, or, given `since`
     /// (a `staging_returns` reading), returns None once memory came back or a
@@ -357,6 +357,42 @@ impl Checkpointer {
             return Ok(None);
         };
         Ok(charge.map(|c| HostSlab::charged_to(slab, pool, c)))
+    }
+
+    /// Charge `slab` (made by `new_slab`, let go of by its last save) to the
+    /// staging budget again before a save uses it, under the busy policy:
+    /// True once charged (or when it still is, or is charged to no pool);
+    /// False when memory came back after `since` without room, or after
+    /// `timeout` seconds (look again).
+    #[pyo3(signature = (slab, step, since=None, timeout=None))]
+    fn charge_slab(
+        &self,
+        py: Python<'_>,
+        slab: &Bound<'_, HostSlab>,
+        step: u64,
+        since: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        let slab = slab.get();
+        if slab.pool().is_none() || slab.charged() > 0 {
+            return Ok(true);
+        }
+        let cp = self.core()?.clone();
+        let limit = crate::handle::timeout_of(timeout)?;
+        let bytes = slab.byte_len() as u64;
+        let got = runtime::block_on(py, limit, move || async move {
+            cp.charge_staging(bytes, step, since).await
+        })?;
+        let Some((_, charge)) = got.map(IntoPyResult::py).transpose()? else {
+            return Ok(false);
+        };
+        Ok(match charge {
+            Some(c) => {
+                slab.recharge(c);
+                true
+            }
+            None => false,
+        })
     }
 
     /// How many times staging memory came back so far (for `new_slab`'s `since`).

@@ -9,9 +9,11 @@
 //! before the engine reads anything. The glue must not write a slab again
 //! while [`HostSlab::in_use`] is true; [`HostSlab::on_release`] tells it when
 //! that ends. A slab made by `Checkpointer.new_slab` holds its size of the
-//! checkpointer's staging budget ([`ckpt_core::staging::Charge`]) for as
-//! long as it exists (a relayout keeps it), as the engine's idle staging
-//! buffers do: CPU staging and slabs share one budget.
+//! checkpointer's staging budget ([`ckpt_core::staging::Charge`]) until a
+//! save lets go of its last bytes; the glue charges it again
+//! (`Checkpointer.charge_slab`) before the next save uses it. So CPU staging
+//! and slabs in use share one budget, and a free slab never holds budget a
+//! CPU save waits for.
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,8 +34,6 @@ use crate::errors::to_py;
 pub struct HostSlab {
     slab: Slab,
     release: Arc<Release>,
-    /// The staging budget this slab holds; `None` when uncharged.
-    charge: Mutex<Option<Charge>>,
 }
 
 /// The slot bytes of one layout a save still holds, and what to call once it
@@ -44,6 +44,8 @@ struct Release {
     hook: Mutex<Option<Arc<Py<PyAny>>>>,
     /// The pool the slab is charged to: told when it is free for reuse.
     pool: Option<StagingPool>,
+    /// The staging budget the slab holds; `None` when uncharged.
+    charge: Mutex<Option<Charge>>,
 }
 
 impl Release {
@@ -53,6 +55,8 @@ impl Release {
             live: AtomicUsize::new(0),
             hook: Mutex::new(self.hook.lock_unpoisoned().clone()),
             pool: self.pool.clone(),
+            // The same memory: its charge moves to the new layout.
+            charge: Mutex::new(self.charge.lock_unpoisoned().take()),
         })
     }
 
@@ -85,11 +89,29 @@ impl Release {
 /// [`Release`] until dropped (after the core's, so the slab is no longer in
 /// use by the time the count falls to zero).
 struct Counted {
-    bytes: Bytes,
+    /// `None` once dropped (see `Drop`).
+    bytes: Option<Bytes>,
     _held: Held,
 }
 
 struct Held(Arc<Release>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        // The last bytes a save holds: the slab gives its budget back. Taken
+        // while the slab is still in use, so whoever finds it free finds it
+        // uncharged too (and charges it again to use it); given back once it
+        // is free, so the save that the return wakes can reuse it.
+        let release = &self._held.0;
+        let charge = if release.live.load(Ordering::Acquire) == 1 {
+            release.charge.lock_unpoisoned().take()
+        } else {
+            None
+        };
+        drop(self.bytes.take());
+        drop(charge);
+    }
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
@@ -101,7 +123,7 @@ impl Drop for Held {
 
 impl AsRef<[u8]> for Counted {
     fn as_ref(&self) -> &[u8] {
-        &self.bytes
+        self.bytes.as_deref().unwrap_or(&[])
     }
 }
 
@@ -119,10 +141,27 @@ impl HostSlab {
             slab,
             release: Arc::new(Release {
                 pool: Some(pool),
+                charge: Mutex::new(Some(charge)),
                 ..Release::default()
             }),
-            charge: Mutex::new(Some(charge)),
         }
+    }
+}
+
+impl HostSlab {
+    /// Whether the slab is charged to a pool (made by `new_slab`).
+    pub fn pool(&self) -> Option<&StagingPool> {
+        self.release.pool.as_ref()
+    }
+
+    /// Hold `charge` of its pool's budget (the slab's again, for a save).
+    pub fn recharge(&self, charge: Charge) {
+        *self.release.charge.lock_unpoisoned() = Some(charge);
+    }
+
+    /// Bytes mapped.
+    pub fn byte_len(&self) -> usize {
+        self.slab.len()
     }
 }
 
@@ -136,7 +175,10 @@ impl SlabSlot {
         }
         slab.release.live.fetch_add(1, Ordering::AcqRel);
         let held = Held(slab.release.clone());
-        Ok(Bytes::from_owner(Counted { bytes, _held: held }))
+        Ok(Bytes::from_owner(Counted {
+            bytes: Some(bytes),
+            _held: held,
+        }))
     }
 }
 
@@ -150,14 +192,14 @@ impl HostSlab {
         Ok(HostSlab {
             slab,
             release: Arc::default(),
-            charge: Mutex::new(None),
         })
     }
 
     /// Bytes of a staging budget this slab holds (0: none).
     #[getter]
-    fn charged(&self) -> u64 {
-        self.charge
+    pub fn charged(&self) -> u64 {
+        self.release
+            .charge
             .lock_unpoisoned()
             .as_ref()
             .map_or(0, Charge::bytes)
@@ -165,7 +207,7 @@ impl HostSlab {
 
     /// Give the slab's budget back now (it is being dropped: write it no more).
     fn discharge(&self) {
-        drop(self.charge.lock_unpoisoned().take());
+        drop(self.release.charge.lock_unpoisoned().take());
     }
 
     /// Address of the first byte (for `cudaHostRegister`).
@@ -202,7 +244,6 @@ impl HostSlab {
             .map(|slab| HostSlab {
                 slab,
                 release: self.release.next(),
-                charge: Mutex::new(self.charge.lock_unpoisoned().take()),
             }))
     }
 

@@ -100,3 +100,28 @@ def test_a_dropped_slab_gives_its_budget_back(tmp_path: Path) -> None:
     assert pool._slabs == [big] and small.native.charged == 0
     pool.close()
     assert big.native.charged == 0
+
+
+def test_a_slab_its_save_let_go_of_holds_no_budget_until_a_save_takes_it_again(tmp_path: Path) -> None:
+    # Once the first save is done, its free slab gives its 3 MiB back: a CPU
+    # save of 7 MiB fits the 9 MiB (it would wait for them for ever if the
+    # free slab kept them, as nothing else would give them back).
+    cp, pool, first, gate, handle = _in_flight(tmp_path, "wait")
+    gate.set()
+    handle.wait(30)
+    assert first.free() and first.native.charged == 0
+    more = _ckpt.TensorSpec(name="cpu", dtype="U8", shape=(7 * MiB,), data=bytearray(7 * MiB))
+    done = threading.Event()
+
+    def save() -> None:
+        cp.save(2, [more], {"state": None}).wait(30)
+        done.set()
+
+    threading.Thread(target=save, daemon=True).start()
+    assert done.wait(20), "the CPU save waited for budget a free slab held"
+    # The next save that takes the slab charges it again.
+    assert pool.take([3 * MiB], 3) is first
+    assert first.native.charged == 3 * MiB + PAGE
+    held = first.native.charged + cp.staging_idle_bytes()
+    assert held <= BUDGET
+    pool.close()

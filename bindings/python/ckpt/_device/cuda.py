@@ -228,6 +228,7 @@ class DeviceCopy:
         so this returns at once."""
         slots: Optional[List[_ckpt.SlabSlot]] = None
         if self._guess is not None and len(self._srcs) == len(self._guess_lens):
+            self._pool.charge(self._guess, step)
             self.slab = self._guess
         else:
             self._drop_guess()

@@ -19,9 +19,10 @@ layout. :mod:`ckpt._device.cuda` copies into them.
   in one piece, and the first save lays such memory out anew for its own
   tensors (:meth:`SlabPool.take`) instead of mapping and locking more.
 - **Budget.** A checkpointer's slab holds its size of the engine's staging
-  budget while it exists (``Checkpointer.new_slab``), beside the CPU
-  tensors' staging buffers: one ``staging_budget`` bounds both, and so the
-  memory locked. When a new slab does not fit and none is free for reuse,
+  budget from ``Checkpointer.new_slab`` until the save using it lets its last
+  bytes go, and again from ``Checkpointer.charge_slab`` when a save reuses
+  it; beside the CPU tensors' staging buffers: one ``staging_budget`` bounds
+  both in use (a free slab holds none, so a CPU save never waits for it). When a new slab does not fit and none is free for reuse,
   ``busy="wait"`` blocks in the engine (woken when memory comes back or a
   slab comes free) and ``busy="skip"`` raises :class:`~ckpt.SkippedError`.
   A pool without a checkpointer (a reader's) has no budget.
@@ -276,14 +277,15 @@ class SlabPool:
         while True:
             # Read before looking: a slab let go after it ends the wait below.
             since = self._returns()
-            for s in self._slabs:
-                if s.native.fits(lens) and s.free():
-                    return s
-            # Memory mapped and locked already, in one piece (reserved ahead, or
-            # left by a restore), laid out anew for this save.
-            for s in self._slabs:
-                if s.free() and len(s.pieces) <= 1 and s.relaid(lens):
-                    return s
+            reuse = next((s for s in self._slabs if s.native.fits(lens) and s.free()), None)
+            if reuse is None:
+                # Memory mapped and locked already, in one piece (reserved ahead, or
+                # left by a restore), laid out anew for this save.
+                reuse = next((s for s in self._slabs if s.free() and len(s.pieces) <= 1 and s.relaid(lens)), None)
+            if reuse is not None:
+                if self._charged(reuse, step, since):
+                    return reuse
+                continue
             # Room for a new one: first drop free slabs of other layouts.
             for s in [s for s in self._slabs if s.free() and not s.native.fits(lens)]:
                 self._drop(s)
@@ -291,8 +293,30 @@ class SlabPool:
             pending = any(not s.native.in_use() and not s.free() for s in self._slabs)
             new = self._new(lens, step, since, _UNANNOUNCED if pending else None)
             if new is not None:
-                self._slabs.append(new)
-                return new
+                # Woken by a slab a save let go of (its budget came back):
+                # reuse that one, mapped and locked already, not the new one.
+                again = next((s for s in self._slabs if s.native.fits(lens) and s.free()), None)
+                if again is None:
+                    self._slabs.append(new)
+                    return new
+                new.native.discharge()
+                if self._charged(again, step, self._returns()):
+                    return again
+
+    def charge(self, slab: _Slab, step: int) -> None:
+        """Charge a free slab to the staging budget again before a save uses
+        it (a save's release gave its budget back), waiting for room or
+        raising :class:`~ckpt.SkippedError` as the busy policy says."""
+        while not self._charged(slab, step, self._returns()):
+            pass
+
+    def _charged(self, slab: _Slab, step: int, since: int) -> bool:
+        """Whether ``slab`` holds its budget, charging it if not; False when
+        memory came back after ``since`` without room (look again)."""
+        if self._staging is None or slab.native.charged:
+            return True
+        pending = any(not s.native.in_use() and not s.free() for s in self._slabs)
+        return self._staging.charge_slab(slab.native, max(step, 0), since, _UNANNOUNCED if pending else None)
 
     def _returns(self) -> int:
         return 0 if self._staging is None else self._staging.staging_returns()
