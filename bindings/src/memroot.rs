@@ -91,7 +91,7 @@ impl MemoryRoot {
     /// their stored lengths, then per-checkpoint objects (length `None`).
     #[staticmethod]
     fn references(manifest: &[u8]) -> PyResult<Vec<(String, Option<u64>)>> {
-        local_root::unverified(manifest, "manifest")
+        ckpt_core::Manifest::decode_unverified(manifest, "manifest")
             .and_then(|m| local_root::references(&m))
             .py()
     }

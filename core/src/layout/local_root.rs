@@ -50,24 +50,6 @@ pub fn manifest_key(id: &CheckpointId) -> String {
     paths::manifest_key(id).to_string()
 }
 
-/// A stored manifest's body, parsed but not verified (its hash is not checked:
-/// a load does that). For what a checkpoint references and who saved it, read
-/// even from a damaged copy.
-pub fn unverified(raw: &[u8], object: &str) -> Result<Manifest> {
-    let bad = |reason: String| Error::corrupt(object, None, reason);
-    if raw.len() > MAX_MANIFEST_BYTES {
-        return Err(bad(format!(
-            "manifest of {} bytes exceeds the cap",
-            raw.len()
-        )));
-    }
-    let nl = raw
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| bad("no manifest header".into()))?;
-    serde_json::from_slice(&raw[nl + 1..]).map_err(|e| bad(format!("manifest does not parse: {e}")))
-}
-
 /// The objects a manifest references: the chunks of chunked tensors with
 /// their stored lengths, then the per-checkpoint objects it lists (their
 /// lengths unrecorded), each once. A key that is not a plain relative path is
@@ -190,7 +172,7 @@ impl LocalRoot {
         File::open(self.file(&key)?)
             .and_then(|f| f.take(MAX_MANIFEST_BYTES as u64 + 1).read_to_end(&mut raw))
             .map_err(|e| io_error(&key, "reading", e))?;
-        let m = unverified(&raw, &key)?;
+        let m = Manifest::decode_unverified(&raw, &key)?;
         if m.id() != *id {
             return Err(Error::corrupt(
                 &key,

@@ -176,8 +176,8 @@ impl Manifest {
         Ok(out)
     }
 
-    /// Decode and validate the stored form. `object` names the key in errors.
-    pub fn decode(bytes: &[u8], object: &str) -> Result<Manifest> {
+    /// The stored form split at its header line, within the size cap.
+    fn split(bytes: &[u8], object: &str) -> Result<usize> {
         let bad = |reason: String| Error::corrupt(object, None, reason);
         if bytes.len() > MAX_MANIFEST_BYTES {
             return Err(bad(format!(
@@ -185,11 +185,26 @@ impl Manifest {
                 bytes.len()
             )));
         }
-        let nl = bytes
+        bytes
             .iter()
             .take(256)
             .position(|&b| b == b'\n')
-            .ok_or_else(|| bad("no manifest header".into()))?;
+            .ok_or_else(|| bad("no manifest header".into()))
+    }
+
+    /// The stored form's body, parsed but not verified (its hash is not
+    /// checked: a load does that). For what a checkpoint references and who
+    /// saved it, read even from a damaged copy.
+    pub fn decode_unverified(bytes: &[u8], object: &str) -> Result<Manifest> {
+        let nl = Self::split(bytes, object)?;
+        serde_json::from_slice(&bytes[nl + 1..])
+            .map_err(|e| Error::corrupt(object, None, format!("manifest does not parse: {e}")))
+    }
+
+    /// Decode and validate the stored form. `object` names the key in errors.
+    pub fn decode(bytes: &[u8], object: &str) -> Result<Manifest> {
+        let bad = |reason: String| Error::corrupt(object, None, reason);
+        let nl = Self::split(bytes, object)?;
         let header =
             std::str::from_utf8(&bytes[..nl]).map_err(|_| bad("header is not UTF-8".into()))?;
         let mut fields = header.split(' ');

@@ -229,7 +229,7 @@ fn a_manifest_is_written_only_when_it_verifies() {
         Err(Error::Corrupt { .. })
     ));
     assert!(matches!(
-        unverified(b"no header", "m"),
+        Manifest::decode_unverified(b"no header", "m"),
         Err(Error::Corrupt { .. })
     ));
 }
