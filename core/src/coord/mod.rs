@@ -1,8 +1,9 @@
 //! Coordination between the ranks of a job.
 //!
 //! The engine needs three collective operations, all on small byte messages:
-//! agreeing on the plan of a save, gathering every rank's records to commit, and
-//! telling every rank the outcome. [`Coordinator`] is that interface; [`Solo`] is
+//! all-gather, gather to one rank, and broadcast. A save gathers what it
+//! needs to rank 0 and broadcasts the outcome, so no rank but rank 0 receives
+//! more as the job grows. [`Coordinator`] is that interface; [`Solo`] is
 //! the single-process one, and [`MpiCoordinator`] the one over MPI (feature `mpi`).
 //!
 //! Every call has a deadline: a rank that died or never arrives makes the others
@@ -39,6 +40,24 @@ pub trait Coordinator: Send + Sync + fmt::Debug {
 
     /// `root` sends `data` (ignored on other ranks); every rank receives it.
     async fn broadcast(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<u8>>;
+
+    /// Every rank contributes `data`; `root` receives all contributions, in
+    /// rank order, and every other rank an empty list. What a commit uses, so
+    /// a rank receives O(1) bytes however many ranks there are. The default
+    /// all-gathers (correct, not cheap); communicators with a gather override it.
+    async fn gather(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        if root >= self.world_size() {
+            return Err(Error::InvalidInput(format!(
+                "gather root {root} in a job of {} ranks",
+                self.world_size()
+            )));
+        }
+        let mut all = self.all_gather(data, timeout).await?;
+        if self.rank() != root {
+            all.clear();
+        }
+        Ok(all)
+    }
 }
 
 /// A job of one process.

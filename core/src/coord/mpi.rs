@@ -53,6 +53,10 @@ impl BlockingCollectives for World {
     fn broadcast(&mut self, data: Vec<u8>, root: usize) -> Result<Vec<u8>> {
         broadcast(&self.world, data, root)
     }
+
+    fn gather(&mut self, data: Vec<u8>, root: usize, _rank: usize) -> Result<Vec<Vec<u8>>> {
+        gather(&self.world, &data, root)
+    }
 }
 
 impl MpiCoordinator {
@@ -122,6 +126,49 @@ fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<
         .collect())
 }
 
+fn gather(
+    world: &mpi::topology::SimpleCommunicator,
+    data: &[u8],
+    root: usize,
+) -> Result<Vec<Vec<u8>>> {
+    let size = world.size() as usize;
+    if root >= size {
+        return Err(Error::InvalidInput(format!(
+            "gather root {root} is not a rank"
+        )));
+    }
+    let len = i32::try_from(data.len())
+        .map_err(|_| Error::InvalidInput("collective message over 2 GiB".into()))?;
+    let process = world.process_at_rank(root as i32);
+    if world.rank() as usize != root {
+        process.gather_into(&len);
+        process.gather_varcount_into(data);
+        return Ok(Vec::new());
+    }
+    let mut lens = vec![0i32; size];
+    process.gather_into_root(&len, &mut lens[..]);
+    let mut displs = Vec::with_capacity(size);
+    let mut total = 0i32;
+    for &l in &lens {
+        displs.push(total);
+        total = total
+            .checked_add(l)
+            .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
+    }
+    // An empty receive buffer is refused by OpenMPI (see all_gather); one
+    // byte more than needed is not.
+    let mut buf = vec![0u8; total.max(1) as usize];
+    {
+        let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
+        process.gather_varcount_into_root(data, &mut part);
+    }
+    Ok(lens
+        .iter()
+        .zip(&displs)
+        .map(|(&l, &d)| buf[d as usize..(d + l) as usize].to_vec())
+        .collect())
+}
+
 fn broadcast(
     world: &mpi::topology::SimpleCommunicator,
     data: Vec<u8>,
@@ -160,5 +207,15 @@ impl Coordinator for MpiCoordinator {
 
     async fn broadcast(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<u8>> {
         self.thread.broadcast(data, root, timeout).await
+    }
+
+    async fn gather(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        if root >= self.size {
+            return Err(Error::InvalidInput(format!(
+                "gather root {root} in a job of {} ranks",
+                self.size
+            )));
+        }
+        self.thread.gather(data, root, self.rank, timeout).await
     }
 }

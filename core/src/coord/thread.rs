@@ -27,10 +27,21 @@ pub trait BlockingCollectives {
 
     /// `root`'s `data` on every rank.
     fn broadcast(&mut self, data: Vec<u8>, root: usize) -> Result<Vec<u8>>;
+
+    /// Every rank's `data` on `root`, in rank order; an empty list elsewhere.
+    /// The default all-gathers.
+    fn gather(&mut self, data: Vec<u8>, root: usize, rank: usize) -> Result<Vec<Vec<u8>>> {
+        let mut all = self.all_gather(data)?;
+        if rank != root {
+            all.clear();
+        }
+        Ok(all)
+    }
 }
 
 enum Request {
     AllGather(Vec<u8>, oneshot::Sender<Result<Vec<Vec<u8>>>>),
+    Gather(Vec<u8>, usize, usize, oneshot::Sender<Result<Vec<Vec<u8>>>>),
     Broadcast(Vec<u8>, usize, oneshot::Sender<Result<Vec<u8>>>),
 }
 
@@ -105,6 +116,20 @@ impl CollectiveThread {
         self.check(with_deadline(&what, timeout, rx).await)
     }
 
+    /// Every rank's `data` on `root` (this rank is `rank`), within `timeout`.
+    pub async fn gather(
+        &self,
+        data: Vec<u8>,
+        root: usize,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Request::Gather(data, root, rank, tx))?;
+        let what = format!("{} gather", self.label);
+        self.check(with_deadline(&what, timeout, rx).await)
+    }
+
     /// `root`'s `data` on every rank, within `timeout`.
     pub async fn broadcast(
         &self,
@@ -161,6 +186,9 @@ fn serve<C: BlockingCollectives>(mut comm: C, rx: mpsc::Receiver<Request>) {
         match req {
             Request::AllGather(data, reply) => {
                 let _ = reply.send(comm.all_gather(data));
+            }
+            Request::Gather(data, root, rank, reply) => {
+                let _ = reply.send(comm.gather(data, root, rank));
             }
             Request::Broadcast(data, root, reply) => {
                 let _ = reply.send(comm.broadcast(data, root));
