@@ -538,26 +538,23 @@ impl Checkpointer {
     ) -> PyResult<(Py<PyAny>, Bound<'py, PyDict>)> {
         let cp = self.core()?.clone();
         let id = CheckpointId { step, attempt };
-        let m = runtime::wait(py, move || async move { cp.manifest(&id).await })
+        // The root alone: its index lists every tensor without a fragment read.
+        let m = runtime::wait(py, move || async move { cp.root(&id).await })
             .and_then(IntoPyResult::py)?;
-        let mut table: std::collections::BTreeMap<&str, TensorInfo> = Default::default();
-        for r in &m.tensors {
-            let global = r
-                .shard
-                .as_ref()
-                .map_or_else(|| r.shape.clone(), |s| s.global_shape.clone());
+        let mut table: std::collections::BTreeMap<String, TensorInfo> = Default::default();
+        for (name, dtype, global, pieces) in m.table() {
             let nbytes = ckpt_core::numel(&global)
-                .and_then(|n| r.dtype.byte_len(n))
+                .and_then(|n| dtype.byte_len(n))
                 .py()?;
-            table
-                .entry(r.name.as_str())
-                .or_insert_with(|| TensorInfo {
-                    dtype: r.dtype.name().to_owned(),
+            table.insert(
+                name,
+                TensorInfo {
+                    dtype: dtype.name().to_owned(),
                     global_shape: global,
-                    pieces: 0,
+                    pieces,
                     nbytes,
-                })
-                .pieces += 1;
+                },
+            );
         }
         let d = PyDict::new(py);
         for (name, info) in table {
@@ -593,7 +590,7 @@ impl Checkpointer {
     fn meta(&self, py: Python<'_>, step: u64, attempt: Option<String>) -> PyResult<Py<PyAny>> {
         let id = self.resolve(py, step, attempt)?;
         let cp = self.core()?.clone();
-        let m = runtime::wait(py, move || async move { cp.manifest(&id).await })
+        let m = runtime::wait(py, move || async move { cp.root(&id).await })
             .and_then(IntoPyResult::py)?;
         from_value(py, &m.meta)
     }

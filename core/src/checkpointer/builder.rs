@@ -189,6 +189,7 @@ impl CheckpointerBuilder {
                 known: Known::default(),
                 turns: Turns::new(nonce),
                 fencing,
+                plan_memo: Default::default(),
             }),
         })
     }

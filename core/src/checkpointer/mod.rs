@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::format::{Format, FormatRegistry};
 use crate::layout::chunks::ChunkIndex;
 use crate::layout::epoch::Claimed;
+use crate::layout::index::PlanMemo;
 use crate::staging::StagingPool;
 use crate::store::Capabilities;
 use crate::sync::MutexExt;
@@ -71,6 +72,8 @@ struct Shared {
     known: Known,
     turns: Turns,
     fencing: Fencing,
+    /// The last save's plan.
+    plan_memo: Mutex<PlanMemo>,
 }
 
 impl Checkpointer {
@@ -207,6 +210,11 @@ impl Checkpointer {
     /// The order of the job's saves.
     pub(crate) fn turns(&self) -> &Turns {
         &self.inner.turns
+    }
+
+    /// What the last save's plan was (`save/exchange.rs`).
+    pub(crate) fn plan_memo(&self) -> &Mutex<PlanMemo> {
+        &self.inner.plan_memo
     }
 
     /// This writer's epoch.

@@ -176,6 +176,13 @@ pub trait Format: Send + Sync + fmt::Debug {
         Ok(Vec::new())
     }
 
+    /// Does [`Format::finish`] use the records? In a job of several ranks
+    /// rank 0 then reads every rank's fragment back to pass them (formats
+    /// that write an index file); otherwise it passes none.
+    fn finish_reads_records(&self) -> bool {
+        false
+    }
+
     /// Read one tensor's bytes, verified against the manifest's hashes.
     ///
     /// The default handles [`Layout::Range`], which suits every single-file format.

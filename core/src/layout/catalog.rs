@@ -1,13 +1,15 @@
 //! What is stored under a root: committed checkpoints, incomplete ones, their status.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::layout::manifest::Manifest;
+use crate::layout::fragment::{self, Fragment, FragmentRef};
+use crate::layout::index::IndexEntry;
+use crate::layout::manifest::{validate_records, Manifest};
 use crate::layout::paths::{self, DATA, MANIFESTS};
 use crate::model::CheckpointId;
 
@@ -62,6 +64,73 @@ pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result
         ));
     }
     Ok(m)
+}
+
+/// Read a checkpoint's manifest with every record: a root's fragments are
+/// read and their records put in `tensors` (and their keys in `objects`).
+pub async fn read_full(store: &dyn ObjectStore, id: &CheckpointId) -> Result<Manifest> {
+    let root = read_manifest(store, id).await?;
+    expand(store, root, None).await
+}
+
+/// A root with the records of its fragments of the ranks in `only` (every
+/// rank's if `None`) in `tensors`, their keys in `objects`, read in parallel
+/// and each checked against the root's hash of it; every record must be one
+/// the root's index lists, of its dtype and shape. A manifest that holds its
+/// records is returned as it is.
+pub async fn expand(
+    store: &dyn ObjectStore,
+    mut root: Manifest,
+    only: Option<&BTreeSet<u32>>,
+) -> Result<Manifest> {
+    if !root.has_fragments() || !root.tensors.is_empty() {
+        return Ok(root);
+    }
+    let id = root.id();
+    let wanted: Vec<FragmentRef> = root
+        .fragments
+        .iter()
+        .filter(|f| only.is_none_or(|o| o.contains(&f.rank)))
+        .cloned()
+        .collect();
+    let frags: Vec<Fragment> = futures::stream::iter(wanted)
+        .map(|f| {
+            let id = id.clone();
+            async move { fragment::read(store, &id, &f).await }
+        })
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let index: HashMap<&str, &IndexEntry> =
+        root.index.iter().map(|e| (e.name.as_str(), e)).collect();
+    let mut tensors = Vec::new();
+    let mut objects = Vec::new();
+    for f in frags {
+        let key = fragment::fragment_key(&id, f.rank);
+        for t in &f.tensors {
+            let global = t.shard.as_ref().map_or(&t.shape, |s| &s.global_shape);
+            let listed = index.get(t.name.as_str()).is_some_and(|e| {
+                e.dtype == t.dtype && &e.shape == global && e.sharded == t.shard.is_some()
+            });
+            if !listed {
+                return Err(Error::corrupt(
+                    key.as_ref(),
+                    Some(&t.name),
+                    "the fragment holds a tensor the root's index does not list so",
+                ));
+            }
+        }
+        tensors.extend(f.tensors);
+        objects.push(key.to_string());
+        objects.extend(f.objects);
+    }
+    validate_records(&tensors, &objects).map_err(|e| match e {
+        Error::InvalidInput(why) => Error::corrupt(paths::manifest_key(&id).as_ref(), None, why),
+        other => other,
+    })?;
+    root.tensors = tensors;
+    root.objects.extend(objects);
+    Ok(root)
 }
 
 /// The stored bytes of the manifest at `key`, refused as corrupt before any of

@@ -3,9 +3,16 @@
 //! Stored as one header line and a JSON body:
 //!
 //! ```text
-//! ckpt-manifest 1 <blake3 of body, hex> <body length>\n
+//! ckpt-manifest <version> <blake3 of body, hex> <body length>\n
 //! { ...json... }
 //! ```
+//!
+//! Version 1 holds every tensor record itself (a job of one rank, and every
+//! checkpoint written before version 2). Version 2 is the root of a job of
+//! several ranks: each rank's records are a fragment of its own
+//! ([`crate::layout::fragment`]), and the root holds only what every loader
+//! needs to find them, O(ranks + tensors): each fragment's hash and length, and
+//! an index of the tensors and where their pieces are ([`crate::layout::index`]).
 //!
 //! The decoder is pure, refuses anything over [`MAX_MANIFEST_BYTES`], verifies the
 //! body hash before parsing, and then checks that every record is consistent
@@ -17,13 +24,18 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::layout::fragment::FragmentRef;
+use crate::layout::index::{self, IndexEntry};
 use crate::model::dtype::DType;
 use crate::model::tensor::{numel, ShardSpec};
 use crate::model::value::Value;
 use crate::model::CheckpointId;
 
-/// Schema version written by this library.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Newest schema version written by this library: a root with fragments.
+pub const MANIFEST_VERSION: u32 = 2;
+/// The schema of a manifest that holds every record itself (still written
+/// when there are no fragments, so older readers open single-rank checkpoints).
+pub const MANIFEST_VERSION_INLINE: u32 = 1;
 /// Largest manifest the decoder accepts.
 pub const MAX_MANIFEST_BYTES: usize = 256 << 20;
 const MAGIC: &str = "ckpt-manifest";
@@ -134,6 +146,12 @@ pub struct Manifest {
     /// relative to the root. Content-addressed chunks are not listed here.
     #[serde(default)]
     pub objects: Vec<String>,
+    /// Version 2: each rank's fragment of records, in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fragments: Vec<FragmentRef>,
+    /// Version 2: every tensor, and which fragments hold its pieces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub index: Vec<IndexEntry>,
 }
 
 impl Manifest {
@@ -145,12 +163,60 @@ impl Manifest {
         }
     }
 
+    /// True for a root whose records are in fragments (version 2).
+    pub fn has_fragments(&self) -> bool {
+        !self.fragments.is_empty()
+    }
+
     /// Total raw tensor bytes.
     pub fn raw_bytes(&self) -> u64 {
+        if self.has_fragments() {
+            return self.index.iter().filter_map(|e| e.nbytes().ok()).sum();
+        }
         self.tensors
             .iter()
             .filter_map(|t| t.layout.raw_len().ok())
             .sum()
+    }
+
+    /// Number of distinct tensors (a sharded one counts once).
+    pub fn tensor_count(&self) -> usize {
+        if self.has_fragments() {
+            return self.index.len();
+        }
+        self.tensors
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
+    /// Every tensor's name, dtype, global shape and number of stored pieces,
+    /// from the records or, in a root, from its index (nothing else read).
+    pub fn table(&self) -> Vec<(String, DType, Vec<u64>, usize)> {
+        if self.has_fragments() {
+            return self
+                .index
+                .iter()
+                .map(|e| (e.name.clone(), e.dtype, e.shape.clone(), e.piece_count()))
+                .collect();
+        }
+        let mut out: Vec<(String, DType, Vec<u64>, usize)> = Vec::new();
+        let mut at: HashMap<&str, usize> = HashMap::new();
+        for r in &self.tensors {
+            let global = r
+                .shard
+                .as_ref()
+                .map_or_else(|| r.shape.clone(), |s| s.global_shape.clone());
+            match at.get(r.name.as_str()) {
+                Some(&i) => out[i].3 += 1,
+                None => {
+                    at.insert(r.name.as_str(), out.len());
+                    out.push((r.name.clone(), r.dtype, global, 1));
+                }
+            }
+        }
+        out
     }
 
     /// Distinct chunk hashes this checkpoint references.
@@ -167,7 +233,8 @@ impl Manifest {
             .map_err(|e| Error::Internal(format!("encode manifest: {e}")))?;
         let hash = blake3::hash(&body);
         let mut out = format!(
-            "{MAGIC} {MANIFEST_VERSION} {} {}\n",
+            "{MAGIC} {} {} {}\n",
+            self.version,
             hash.to_hex(),
             body.len()
         )
@@ -230,7 +297,7 @@ impl Manifest {
         if blake3::hash(body).to_hex().as_str() != hash {
             return Err(bad("manifest hash mismatch".into()));
         }
-        if version != MANIFEST_VERSION {
+        if version != MANIFEST_VERSION && version != MANIFEST_VERSION_INLINE {
             // Another schema only if the body (which the hash covers, unlike
             // the header) says so too: a damaged version digit in the header
             // is damage, which a load falls back past, not a newer writer's
@@ -250,6 +317,12 @@ impl Manifest {
         }
         let m: Manifest = serde_json::from_slice(body)
             .map_err(|e| bad(format!("manifest does not parse: {e}")))?;
+        if m.version != version {
+            return Err(bad(format!(
+                "the header says schema version {version}, the body {}",
+                m.version
+            )));
+        }
         m.validate().map_err(|e| match e {
             Error::InvalidInput(reason) => bad(reason),
             other => other,
@@ -263,11 +336,37 @@ impl Manifest {
         if !self.attempt.bytes().all(|b| b.is_ascii_alphanumeric()) || self.attempt.is_empty() {
             return Err(bad(format!("bad attempt id `{}`", self.attempt)));
         }
+        let fragmented = self.version >= MANIFEST_VERSION;
+        if fragmented != self.has_fragments() || (!fragmented && !self.index.is_empty()) {
+            return Err(bad(format!(
+                "schema version {} with {} fragments and {} index entries",
+                self.version,
+                self.fragments.len(),
+                self.index.len()
+            )));
+        }
+        if fragmented {
+            if !self.tensors.is_empty() {
+                return Err(bad("a root with fragments holds no records itself".into()));
+            }
+            crate::layout::fragment::validate_refs(&self.fragments, self.world_size)
+                .map_err(bad)?;
+            index::validate(&self.index, self.world_size).map_err(bad)?;
+        }
+        validate_records(&self.tensors, &self.objects)
+    }
+}
+
+/// Check a list of records and objects: names, pieces, sizes and keys
+/// consistent (a manifest's, or one fragment's).
+pub(crate) fn validate_records(tensors: &[TensorRecord], objects: &[String]) -> Result<()> {
+    let bad = |s: String| Error::InvalidInput(s);
+    {
         // A name is either one unsharded tensor, or pieces of one sharded tensor
         // (same dtype and global shape, distinct offsets).
-        let mut names: HashMap<&str, &TensorRecord> = HashMap::with_capacity(self.tensors.len());
+        let mut names: HashMap<&str, &TensorRecord> = HashMap::with_capacity(tensors.len());
         let mut pieces = HashSet::new();
-        for t in &self.tensors {
+        for t in tensors {
             if t.name.is_empty() {
                 return Err(bad("empty tensor name".into()));
             }
@@ -338,7 +437,7 @@ impl Manifest {
                 }
             }
         }
-        for o in &self.objects {
+        for o in objects {
             check_key(o).map_err(bad)?;
         }
         Ok(())
@@ -369,7 +468,7 @@ mod tests {
 
     fn sample() -> Manifest {
         Manifest {
-            version: MANIFEST_VERSION,
+            version: MANIFEST_VERSION_INLINE,
             library: "ckpt test".into(),
             format: "native".into(),
             step: 7,
@@ -393,6 +492,8 @@ mod tests {
             }],
             meta: Value::Int(3),
             objects: vec![],
+            fragments: vec![],
+            index: vec![],
         }
     }
 

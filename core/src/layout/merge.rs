@@ -37,6 +37,11 @@ pub fn merge_ranks(parts: &[Manifest]) -> Result<Manifest> {
     let mut listed: HashSet<&str> = HashSet::new();
     let mut world_size = 0u32;
     for (rank, part) in parts.iter().enumerate() {
+        if part.has_fragments() {
+            return Err(Error::InvalidInput(format!(
+                "rank {rank}'s checkpoint keeps its records in fragments; only manifests that hold them can be merged"
+            )));
+        }
         if part.step != first.step || part.format != first.format || part.version != first.version {
             return Err(Error::InvalidInput(format!(
                 "rank {rank}'s checkpoint (step {}, format {}) does not belong with rank 0's (step {}, format {})",
@@ -85,6 +90,8 @@ pub fn merge_ranks(parts: &[Manifest]) -> Result<Manifest> {
         tensors,
         meta: first.meta.clone(),
         objects,
+        fragments: Vec::new(),
+        index: Vec::new(),
     };
     merged.validate()?;
     Ok(merged)
@@ -98,7 +105,7 @@ fn same_placement(a: &TensorRecord, b: &TensorRecord) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::manifest::{ChunkRef, Layout, MANIFEST_VERSION};
+    use crate::layout::manifest::{ChunkRef, Layout, MANIFEST_VERSION_INLINE};
     use crate::model::dtype::DType;
     use crate::model::tensor::ShardSpec;
     use crate::model::value::Value;
@@ -125,7 +132,7 @@ mod tests {
 
     fn part(step: u64, attempt: &str, meta: i64, tensors: Vec<TensorRecord>) -> Manifest {
         Manifest {
-            version: MANIFEST_VERSION,
+            version: MANIFEST_VERSION_INLINE,
             library: "ckpt test".into(),
             format: "native".into(),
             step,
@@ -136,6 +143,8 @@ mod tests {
             tensors,
             meta: Value::Int(meta),
             objects: vec![format!("data/{attempt}/x")],
+            fragments: vec![],
+            index: vec![],
         }
     }
 

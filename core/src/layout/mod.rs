@@ -5,6 +5,7 @@
 //! ```text
 //! chunks/<blake3 hex>                        content-addressed chunks, shared by all checkpoints
 //! data/<step:020>-<attempt>/...              per-checkpoint objects (non-chunked formats, rank files)
+//! data/<step:020>-<attempt>/records/<rank:06>.frag   a rank's records (jobs of several ranks)
 //! manifests/<step:020>-<attempt>.manifest    the commit record: a checkpoint exists iff this does
 //! epochs/<epoch:020>.claim                   writer epochs: which incarnation may commit and collect
 //! ```
@@ -17,6 +18,8 @@
 pub(crate) mod catalog;
 pub(crate) mod chunks;
 pub mod epoch;
+pub mod fragment;
+pub mod index;
 pub mod local_root;
 pub(crate) mod manifest;
 pub mod merge;
@@ -26,9 +29,12 @@ pub(crate) mod retention;
 
 pub use catalog::{committed, incomplete, read_manifest};
 pub use chunks::{ChunkCache, ChunkIndex};
+pub use fragment::{Fragment, FragmentRef};
+pub use index::IndexEntry;
 pub use local_root::LocalRoot;
 pub use manifest::{
-    ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MAX_MANIFEST_BYTES,
+    ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MANIFEST_VERSION_INLINE,
+    MAX_MANIFEST_BYTES,
 };
 pub use paths::{
     checkpoint_name, chunk_key, data_prefix, manifest_key, parse_checkpoint_name, CHUNKS, DATA,

@@ -170,7 +170,7 @@ pub async fn collect(
 
     let mut live = HashSet::new();
     for id in &kept {
-        match catalog::read_manifest(store, id).await {
+        match catalog::read_full(store, id).await {
             Ok(m) => live.extend(m.chunk_hashes().map(str::to_owned)),
             Err(_) => {
                 report.chunk_sweep_skipped = true;

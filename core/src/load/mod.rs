@@ -11,6 +11,7 @@
 
 pub(crate) mod read;
 pub(crate) mod reshard;
+pub(crate) mod select;
 pub(crate) mod shards;
 
 pub use read::{CheckpointInfo, Loaded, Status};

@@ -108,8 +108,15 @@ impl Checkpointer {
         Ok(valid)
     }
 
-    /// The manifest of a checkpoint.
+    /// The manifest of a checkpoint, with every record (a root's fragments
+    /// read: O(ranks) objects for a checkpoint of many ranks).
     pub async fn manifest(&self, id: &CheckpointId) -> Result<Manifest> {
+        catalog::read_full(self.store().as_ref(), id).await
+    }
+
+    /// The manifest alone: for a checkpoint of several ranks its root, whose
+    /// records are in fragments ([`Manifest::table`] lists its tensors).
+    pub async fn root(&self, id: &CheckpointId) -> Result<Manifest> {
         catalog::read_manifest(self.store().as_ref(), id).await
     }
 
@@ -144,7 +151,7 @@ impl Checkpointer {
         let store = self.store().as_ref();
         let view = EpochView::read(store).await?;
         for id in catalog::committed_at(store, step).await? {
-            let manifest = self.manifest(&id).await?;
+            let manifest = self.root(&id).await?;
             if view.judge(&id, manifest.epoch) == Verdict::Valid {
                 return self.load(&id).await;
             }
@@ -172,12 +179,15 @@ impl Checkpointer {
         let mut skipped = Vec::new();
         for id in catalog::committed(store).await?.into_iter().rev() {
             let start = Instant::now();
-            let loaded = match self.manifest(&id).await {
+            let loaded = match self.root(&id).await {
                 Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => {
                     tracing::info!("passing over {id}: committed by a fenced writer");
                     continue;
                 }
-                Ok(m) => self.load_with(&id, m, start).await,
+                Ok(m) => match catalog::expand(store, m, None).await {
+                    Ok(m) => self.load_with(&id, m, start).await,
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             };
             match loaded {
@@ -208,7 +218,8 @@ impl Checkpointer {
 
     /// Load only the named tensors of a checkpoint (reads only their objects).
     pub async fn load_tensors(&self, id: &CheckpointId, names: &[&str]) -> Result<Vec<Tensor>> {
-        let manifest = self.manifest(id).await?;
+        let root = self.root(id).await?;
+        let manifest = self.select(root, names.iter().map(|n| (*n, None))).await?;
         let by_name: HashMap<&str, &TensorRecord> = manifest
             .tensors
             .iter()
@@ -241,7 +252,10 @@ impl Checkpointer {
         id: &CheckpointId,
         targets: Vec<(&str, &mut [u8])>,
     ) -> Result<Manifest> {
-        let manifest = self.manifest(id).await?;
+        let root = self.root(id).await?;
+        let manifest = self
+            .select(root, targets.iter().map(|(n, _)| (*n, None)))
+            .await?;
         let format = self.reader(&manifest.format)?;
         let by_name: HashMap<&str, &TensorRecord> = manifest
             .tensors
@@ -290,7 +304,7 @@ impl Checkpointer {
         let mut out = Vec::new();
         let view = EpochView::read(self.store().as_ref()).await?;
         for id in catalog::committed(self.store().as_ref()).await? {
-            let (status, m) = match self.manifest(&id).await {
+            let (status, m) = match self.root(&id).await {
                 Ok(m) if view.judge(&id, m.epoch) == Verdict::Zombie => (Status::Fenced, Some(m)),
                 Ok(m) => (Status::Committed, Some(m)),
                 Err(e) => (Status::of(&e), None),
@@ -304,7 +318,7 @@ impl Checkpointer {
             };
             out.push(CheckpointInfo {
                 bytes: m.as_ref().map_or(0, Manifest::raw_bytes),
-                tensors: m.as_ref().map_or(0, |m| m.tensors.len()),
+                tensors: m.as_ref().map_or(0, Manifest::tensor_count),
                 epoch: m.as_ref().map(|m| m.epoch),
                 format: m.map(|m| m.format),
                 id,

@@ -64,7 +64,11 @@ impl Checkpointer {
         id: &CheckpointId,
         wanted: &[(&str, Vec<u64>, ShardSpec)],
     ) -> Result<Vec<Tensor>> {
-        let manifest = self.manifest(id).await?;
+        let root = self.root(id).await?;
+        let asked = wanted
+            .iter()
+            .map(|(n, shape, spec)| (*n, Some((&spec.offsets[..], &shape[..]))));
+        let manifest = self.select(root, asked).await?;
         let mut out = Vec::with_capacity(wanted.len());
         for (name, shape, spec) in wanted {
             let mut t = self.assemble_box(&manifest, name, shape, spec).await?;
@@ -220,7 +224,11 @@ impl Checkpointer {
         id: &CheckpointId,
         targets: Vec<BoxTarget<'_>>,
     ) -> Result<Manifest> {
-        let manifest = self.manifest(id).await?;
+        let root = self.root(id).await?;
+        let asked = targets
+            .iter()
+            .map(|t| (t.name, Some((&t.spec.offsets[..], &t.shape[..]))));
+        let manifest = self.select(root, asked).await?;
         let mut by_name: HashMap<&str, Vec<&TensorRecord>> = HashMap::new();
         for r in &manifest.tensors {
             by_name.entry(r.name.as_str()).or_default().push(r);

@@ -20,6 +20,7 @@
 
 pub(crate) mod copy;
 pub(crate) mod discard;
+pub(crate) mod exchange;
 pub(crate) mod gc;
 pub(crate) mod handle;
 pub(crate) mod persist;

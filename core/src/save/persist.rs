@@ -4,12 +4,16 @@
 //!  every rank                          rank 0
 //!  ──────────                          ──────
 //!  wait for its turn (saves in order)
-//!  all_gather(plan message)  ───────►  same plan computed everywhere
-//!  write its share (format)
-//!  all_gather(records or error) ────►  all ok? manifest (data first, manifest last)
+//!  agree on the plan (exchange.rs) ──►  digests; tables only when new
+//!  write its share (format), then its
+//!  records as a fragment (2+ ranks)
+//!  gather(fragment ref or error) ───►  all ok? root manifest last
 //!                                       retention + GC
 //!  broadcast(outcome)  ◄────────────── outcome
 //! ```
+//!
+//! No rank but rank 0 receives more as the job grows; rank 0 receives one
+//! fragment reference (rank, hash, length) per rank.
 //!
 //! Every rank takes part in every step, even after its own part failed (it sends
 //! the error instead), so no rank waits for one that gave up; a rank that died
@@ -24,25 +28,27 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::checkpointer::Checkpointer;
-use crate::coord::Coordinator;
 use crate::error::wire::WireError;
 use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::format::{WriteContext, WriteOutput, WriteStats};
 use crate::layout::catalog;
-use crate::layout::manifest::{Layout, Manifest, TensorRecord, MANIFEST_VERSION};
+use crate::layout::fragment::{self, Fragment, FragmentRef, FRAGMENT_VERSION};
+use crate::layout::index::{self, IndexEntry};
+use crate::layout::manifest::{
+    Layout, Manifest, TensorRecord, MANIFEST_VERSION, MANIFEST_VERSION_INLINE,
+};
 use crate::layout::paths;
 use crate::layout::retention::GcReport;
 use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
-use crate::save::plan::{self, Holding};
+use crate::save::plan;
 use crate::save::report::SaveReport;
 use crate::save::snapshot::SnapState;
 
@@ -58,28 +64,16 @@ pub(crate) struct PersistJob {
     pub copied_bytes: u64,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct PlanMsg {
-    step: u64,
-    attempt: String,
-    holdings: std::result::Result<Vec<Holding>, WireError>,
-    /// Rank 0, on the first save after it claimed an epoch of a root that had
-    /// an earlier one: how long every rank waits before it writes (the rest of
-    /// the fencing lease), after which every rank lists the stored chunks again.
-    #[serde(default)]
-    fence_in_ms: Option<u64>,
-    /// A digest of this rank's metadata. Only rank 0's reaches the manifest,
-    /// and every rank loads it, so another rank's that differs would be lost
-    /// without a word (a rank's own values, another tree of tensor names):
-    /// the save fails on every rank instead.
-    #[serde(default)]
-    meta_digest: Option<String>,
-}
-
+/// What a rank sends rank 0 once it wrote its share.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Share {
-    records: Vec<TensorRecord>,
-    objects: Vec<String>,
+enum Share {
+    /// The records themselves (a job of one rank: the manifest holds them).
+    Inline {
+        records: Vec<TensorRecord>,
+        objects: Vec<String>,
+    },
+    /// Where they are (a job of several ranks).
+    Fragment(FragmentRef),
 }
 
 /// What rank 0 broadcasts after the commit.
@@ -114,36 +108,6 @@ fn meta_digest(meta: &Value) -> String {
     }
 }
 
-/// The ranks whose metadata digest differs from rank 0's, if any (ranks that
-/// sent none, being older or alone, are not compared).
-fn differing_meta(plans: &[PlanMsg]) -> Option<Vec<usize>> {
-    let first = plans.first()?.meta_digest.as_deref()?;
-    let ranks: Vec<usize> = plans
-        .iter()
-        .enumerate()
-        .skip(1)
-        .filter(|(_, m)| m.meta_digest.as_deref().is_some_and(|d| d != first))
-        .map(|(r, _)| r)
-        .collect();
-    (!ranks.is_empty()).then_some(ranks)
-}
-
-async fn gather_json<T: Serialize + DeserializeOwned>(
-    coord: &dyn Coordinator,
-    msg: &T,
-    timeout: Duration,
-    what: &str,
-) -> Result<Vec<T>> {
-    let bytes = serde_json::to_vec(msg).map_err(|e| Error::Internal(format!("{what}: {e}")))?;
-    let all = coord.all_gather(bytes, timeout).await?;
-    all.iter()
-        .map(|b| {
-            serde_json::from_slice(b)
-                .map_err(|e| Error::Internal(format!("{what}: bad message: {e}")))
-        })
-        .collect()
-}
-
 impl Checkpointer {
     pub(crate) async fn persist(&self, job: PersistJob) -> Result<SaveReport> {
         let local = match job.snapshot.await {
@@ -168,104 +132,89 @@ impl Checkpointer {
         };
 
         // 1. Plan: who writes what.
-        let msg = PlanMsg {
-            step: id.step,
-            attempt: id.attempt.clone(),
-            holdings: local
-                .as_ref()
-                .map(|ts| {
-                    ts.iter()
-                        .map(|t| Holding {
-                            name: t.name.clone(),
-                            bytes: t.data.len() as u64,
-                            sharded: t.shard.is_some(),
-                            offsets: t.shard.as_ref().map(|s| s.offsets.clone()),
-                        })
-                        .collect()
-                })
-                .map_err(WireError::from),
-            fence_in_ms,
-            meta_digest: (coord.world_size() > 1).then(|| meta_digest(&job.meta)),
-        };
-        let plans = gather_json(coord, &msg, timeout, "plan").await?;
-        let fence_in = plans.first().and_then(|m| m.fence_in_ms);
-        let meta_mismatch = differing_meta(&plans);
-        let mut holdings = Vec::with_capacity(plans.len());
-        let mut failed = None;
-        for (r, m) in plans.into_iter().enumerate() {
-            if m.step != id.step || m.attempt != id.attempt {
-                return Err(Error::Internal(format!(
-                    "ranks disagree on the save: rank {r} is at step {} (attempt {}), this rank at {id}; \
-                     every rank must call save for the same steps in the same order",
-                    m.step, m.attempt
-                )));
-            }
-            match m.holdings {
-                Ok(h) => holdings.push(h),
-                Err(e) => {
-                    failed.get_or_insert((r, e));
-                }
-            }
-        }
-        // A rank that could not snapshot fails the save on every rank, as the
-        // same error: its own, or the first failing rank's rebuilt.
+        let world = coord.world_size();
+        let table = local.as_ref().map(|ts| index::table_of(ts, rank, world));
+        let agreed = self
+            .agree_plan(
+                &id,
+                table.as_ref().map_err(|e| *e),
+                (world > 1).then(|| meta_digest(&job.meta)),
+                fence_in_ms,
+            )
+            .await;
+        // This rank's own failure is its own error; another's comes rebuilt.
         let tensors = local?;
-        if let Some((r, e)) = failed {
-            return Err(e.into_error(&format!("rank {r} could not snapshot: ")));
-        }
-        if let Some(ranks) = meta_mismatch {
-            return Err(Error::InvalidInput(format!(
-                "step {}: the metadata of rank(s) {ranks:?} differs from rank 0's; a checkpoint \
-                 stores rank 0's alone and every rank loads it, so every rank must save the same \
-                 metadata (the same tree of names and plain values); keep a rank's own data in \
-                 tensors of names of its own",
-                id.step
-            )));
-        }
-        if let Some(ms) = fence_in {
+        let agreed = agreed?;
+        if let Some(wait) = agreed.fence_in {
             // An older writer deletes nothing later than half a lease after it
             // last saw itself current, which was before the claim: after the
             // lease, what is listed stays.
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            tokio::time::sleep(wait).await;
             self.chunks().refresh(self.store().as_ref()).await?;
         }
-        let plan = plan::make(&holdings)?;
         let mine: Vec<Tensor> = tensors
             .into_iter()
             .filter(|t| {
-                let offsets = t.shard.as_ref().map(|s| s.offsets.as_slice());
-                plan.writes(rank, &t.name, t.shard.is_some(), offsets)
+                plan::writes(
+                    &agreed.owners,
+                    rank as u32,
+                    &index::entry_of(t, rank, world),
+                )
             })
             .collect();
         let raw_bytes: u64 = mine.iter().map(|t| t.data.len() as u64).sum();
 
         // 2. Write this rank's share.
         let stats = std::sync::Arc::new(WriteStats::default());
-        let written: Result<WriteOutput> = async {
+        let written: Result<(WriteOutput, Share)> = async {
             let _gate = self.in_flight().writing().await;
             failpoint::hit("save.before_data").await?;
             let ctx = self.write_context(&id, &job.meta, stats.clone());
             let out = self.format().write(&ctx, &mine).await?;
+            let share = if world > 1 {
+                let f = Fragment {
+                    version: FRAGMENT_VERSION,
+                    step: id.step,
+                    attempt: id.attempt.clone(),
+                    rank: rank as u32,
+                    tensors: out.records.clone(),
+                    objects: out.objects.clone(),
+                };
+                Share::Fragment(fragment::put(self.store().as_ref(), &f).await?)
+            } else {
+                Share::Inline {
+                    records: out.records.clone(),
+                    objects: out.objects.clone(),
+                }
+            };
             failpoint::hit("save.after_data").await?;
-            Ok(out)
+            Ok((out, share))
         }
         .await;
         drop(mine); // staging buffers go back to the pool
         let share = written
             .as_ref()
-            .map(|o| Share {
-                records: o.records.clone(),
-                objects: o.objects.clone(),
-            })
+            .map(|(_, s)| s.clone())
             .map_err(WireError::from);
-        let shares = gather_json(coord, &share, timeout, "commit").await?;
+        let share = serde_json::to_vec(&share).map_err(|e| Error::Internal(e.to_string()))?;
+        let shares = coord
+            .gather(share, 0, timeout)
+            .await?
+            .iter()
+            .map(|b| {
+                serde_json::from_slice::<std::result::Result<Share, WireError>>(b)
+                    .map_err(|e| Error::Internal(format!("commit: bad message: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
 
         // 3. Rank 0 commits; everyone learns the outcome.
         let mut commit = Duration::ZERO;
         let outcome = if rank == 0 {
             let t = Instant::now();
             let ctx = self.write_context(&id, &job.meta, stats.clone());
-            let o = self.commit(&ctx, &id, &shares, job.meta).await;
+            let o = self
+                .commit(&ctx, &id, &shares, job.meta, &agreed.index)
+                .await;
             commit = t.elapsed();
             o
         } else {
@@ -296,10 +245,10 @@ impl Checkpointer {
             self.fencing().note(&e);
             return e;
         }
-        written?;
+        let (written, _) = written?;
 
         // Every rank now knows the checkpoint is committed, what GC retired,
-        // every chunk of the checkpoint, and what GC deleted.
+        // the chunks it wrote, and what GC deleted.
         self.known().insert(id.clone());
         for (step, attempt) in outcome.gc.iter().flat_map(|g| &g.retired) {
             self.known().remove(&CheckpointId {
@@ -307,12 +256,10 @@ impl Checkpointer {
                 attempt: attempt.clone(),
             });
         }
-        for share in shares.iter().flatten() {
-            for r in &share.records {
-                if let Layout::Chunks { chunks } = &r.layout {
-                    for c in chunks {
-                        self.chunks().insert(c.hash.clone(), c.stored);
-                    }
+        for r in &written.records {
+            if let Layout::Chunks { chunks } = &r.layout {
+                for c in chunks {
+                    self.chunks().insert(c.hash.clone(), c.stored);
                 }
             }
         }
@@ -334,7 +281,7 @@ impl Checkpointer {
             copied_bytes: job.copied_bytes,
             stored_bytes: written.stored_bytes,
             reused_bytes: written.reused_bytes,
-            objects: written.objects + u64::from(rank == 0),
+            objects: written.objects + u64::from(rank == 0) + u64::from(world > 1),
             gc: outcome.gc.map(|g| GcReport {
                 retired: g
                     .retired
@@ -379,6 +326,7 @@ impl Checkpointer {
         id: &CheckpointId,
         shares: &[std::result::Result<Share, WireError>],
         meta: Value,
+        index: &[IndexEntry],
     ) -> CommitOutcome {
         let fail = |r: usize, e: WireError| CommitOutcome {
             result: Err((r, e)),
@@ -388,12 +336,17 @@ impl Checkpointer {
         };
         let mut tensors = Vec::new();
         let mut objects = Vec::new();
+        let mut fragments = Vec::new();
         for (r, s) in shares.iter().enumerate() {
             match s {
-                Ok(s) => {
-                    tensors.extend(s.records.iter().cloned());
-                    objects.extend(s.objects.iter().cloned());
+                Ok(Share::Inline {
+                    records,
+                    objects: o,
+                }) => {
+                    tensors.extend(records.iter().cloned());
+                    objects.extend(o.iter().cloned());
                 }
+                Ok(Share::Fragment(f)) => fragments.push(f.clone()),
                 Err(e) => return fail(r, e.clone()),
             }
         }
@@ -418,7 +371,19 @@ impl Checkpointer {
             }
             Err(e) => return fail(0, WireError::from(&e)),
         }
-        match self.format().finish(ctx, &tensors).await {
+        let finished = async {
+            if fragments.is_empty() || !self.format().finish_reads_records() {
+                return self.format().finish(ctx, &tensors).await;
+            }
+            // A format whose finish needs every record (an index file) reads
+            // the fragments back: O(ranks) reads, for interchange formats only.
+            let mut all = Vec::new();
+            for f in &fragments {
+                all.extend(fragment::read(self.store().as_ref(), id, f).await?.tensors);
+            }
+            self.format().finish(ctx, &all).await
+        };
+        match finished.await {
             Ok(extra) => objects.extend(extra),
             Err(e) => return fail(0, WireError::from(&e)),
         }
@@ -427,7 +392,11 @@ impl Checkpointer {
             Err(e) => return fail(0, WireError::from(&e)),
         };
         let manifest = Manifest {
-            version: MANIFEST_VERSION,
+            version: if fragments.is_empty() {
+                MANIFEST_VERSION_INLINE
+            } else {
+                MANIFEST_VERSION
+            },
             library: concat!("ckpt ", env!("CARGO_PKG_VERSION")).to_owned(),
             format: self.format().name().to_owned(),
             step: id.step,
@@ -441,6 +410,12 @@ impl Checkpointer {
             tensors,
             meta,
             objects,
+            index: if fragments.is_empty() {
+                Vec::new()
+            } else {
+                index.to_vec()
+            },
+            fragments,
         };
         let store = self.store().as_ref();
         let published = async {

@@ -73,7 +73,12 @@ pub(super) async fn resync(tiers: &Arc<Tiers>) -> Result<()> {
             Err(e) => return Err(e),
         };
         match Manifest::decode(&bytes, key.as_ref()) {
-            Ok(m) if m.id() == id => enqueue(tiers, Pending::new(m, bytes)),
+            Ok(m) if m.id() == id => match catalog::expand(tiers.fast.as_ref(), m, None).await {
+                Ok(m) => enqueue(tiers, Pending::new(m, bytes)),
+                Err(e) => {
+                    tracing::warn!("`{key}`'s fragments could not be read ({e}); not flushed")
+                }
+            },
             Ok(_) | Err(_) => {
                 tracing::warn!("fast tier manifest `{key}` is damaged; it is not flushed")
             }

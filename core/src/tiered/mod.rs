@@ -421,7 +421,16 @@ impl ObjectStore for TieredCheckpointStore {
         drop(gate);
         if let (Some(id), Some(bytes)) = (manifest_id, bytes) {
             match Manifest::decode(&bytes, location.as_ref()) {
-                Ok(m) if m.id() == id => flush::enqueue(&self.tiers, Pending::new(m, bytes)),
+                // A root's fragments are on the fast tier already (written
+                // before it): what it references is read from them.
+                Ok(m) if m.id() == id => {
+                    match crate::layout::catalog::expand(self.tiers.fast.as_ref(), m, None).await {
+                        Ok(m) => flush::enqueue(&self.tiers, Pending::new(m, bytes)),
+                        Err(e) => tracing::warn!(
+                            "`{location}`'s fragments could not be read ({e}); it is not flushed"
+                        ),
+                    }
+                }
                 Ok(_) | Err(_) => {
                     tracing::warn!("`{location}` is not a valid manifest; it is not flushed")
                 }

@@ -79,6 +79,10 @@ impl Format for Safetensors {
     /// Rank 0 writes the index over every rank's file. Pieces of sharded tensors
     /// have no place in the index convention (it maps whole tensors to files), so
     /// only unsharded tensors are listed; the ckpt manifest has all of them.
+    fn finish_reads_records(&self) -> bool {
+        true
+    }
+
     async fn finish(&self, ctx: &WriteContext, records: &[TensorRecord]) -> Result<Vec<String>> {
         let mut total = 0u64;
         let mut map = Vec::new();

@@ -3,7 +3,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
 use super::*;
-use crate::layout::manifest::{ChunkRef, TensorRecord, MANIFEST_VERSION};
+use crate::layout::manifest::{ChunkRef, TensorRecord, MANIFEST_VERSION_INLINE};
 use crate::layout::pymeta::{self, Bookkeeping};
 use crate::model::dtype::DType;
 use crate::model::value::Value;
@@ -32,7 +32,7 @@ fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: u64, ranks: u64)
         ..Bookkeeping::default()
     };
     Manifest {
-        version: MANIFEST_VERSION,
+        version: MANIFEST_VERSION_INLINE,
         library: "ckpt test".into(),
         format: "native".into(),
         step,
@@ -49,6 +49,8 @@ fn manifest(step: u64, hashes: &[&str], objects: &[&str], rank: u64, ranks: u64)
         }],
         meta: pymeta::meta(&info, Value::Map(Vec::new())),
         objects: objects.iter().map(|o| o.to_string()).collect(),
+        fragments: vec![],
+        index: vec![],
     }
 }
 
