@@ -4,7 +4,11 @@
 //! two methods:
 //!
 //! - `all_gather(data: bytes) -> list[bytes]`: every rank's `data`, in rank order;
-//! - `broadcast(data: bytes, root: int) -> bytes`: `root`'s `data` on every rank.
+//! - `broadcast(data: bytes, root: int) -> bytes`: `root`'s `data` on every rank;
+//!
+//! and, if it has one, `gather(data: bytes, root: int) -> list[bytes]`: every
+//! rank's `data` on `root` (anything elsewhere), which a save uses so that no
+//! rank but rank 0 receives more as the job grows (without it: `all_gather`).
 //!
 //! `ckpt.distributed` provides them over `torch.distributed` and mpi4py. The
 //! engine calls them from its background tasks; a tokio worker must never wait
@@ -104,6 +108,7 @@ impl PyCoordinator {
             target: target.clone(),
             label: label.clone(),
             size,
+            has_gather: obj.getattr("gather").is_ok_and(|f| f.is_callable()),
         };
         // Any failure breaks it: a Python collective that raised (a peer's
         // connection closed) leaves the ranks out of step too.
@@ -129,6 +134,8 @@ struct PyCalls {
     target: Target,
     label: String,
     size: usize,
+    /// The object has `gather(data, root)`.
+    has_gather: bool,
 }
 
 impl BlockingCollectives for PyCalls {
@@ -138,6 +145,26 @@ impl BlockingCollectives for PyCalls {
             let py = obj.py();
             let out = obj.call_method1("all_gather", (PyBytes::new(py, &data),))?;
             gathered(&out, size, label)
+        })
+    }
+
+    fn gather(&mut self, data: Vec<u8>, root: usize, rank: usize) -> Result<Vec<Vec<u8>>> {
+        if !self.has_gather {
+            let mut all = self.all_gather(data)?;
+            if rank != root {
+                all.clear();
+            }
+            return Ok(all);
+        }
+        let (label, size) = (self.label.as_str(), self.size);
+        call(&self.target, label, "gather", |obj| {
+            let py = obj.py();
+            let out = obj.call_method1("gather", (PyBytes::new(py, &data), root))?;
+            if rank == root {
+                gathered(&out, size, label)
+            } else {
+                Ok(Vec::new())
+            }
         })
     }
 
@@ -266,5 +293,15 @@ impl Coordinator for PyCoordinator {
             )));
         }
         self.thread.broadcast(data, root, timeout).await
+    }
+
+    async fn gather(&self, data: Vec<u8>, root: usize, timeout: Duration) -> Result<Vec<Vec<u8>>> {
+        if root >= self.size {
+            return Err(Error::InvalidInput(format!(
+                "gather root {root} in a job of {} ranks",
+                self.size
+            )));
+        }
+        self.thread.gather(data, root, self.rank, timeout).await
     }
 }

@@ -303,8 +303,25 @@ def test_a_coordinator_object_is_called_on_a_thread_of_its_own(url: str) -> None
     assert (cp.rank, cp.world_size) == (0, 1)
     cp.save(1, w=torch.arange(6.0))
     cp.wait()
-    assert coord.calls == ["broadcast(0)", "all_gather", "all_gather", "broadcast(0)"]  # plan, commit, outcome
+    # The plan's offers and reply, the commit's shares, the outcome; an object
+    # without gather() is all-gathered instead.
+    assert coord.calls == ["broadcast(0)", "all_gather", "broadcast(0)", "all_gather", "broadcast(0)"]
     assert threading.get_ident() not in coord.threads and len(coord.threads) == 1
+    assert torch.equal(ckpt.Checkpointer(url, coordinate="none").read(1).state["w"], torch.arange(6.0))
+
+
+class Gathering(Loopback):
+    def gather(self, data: bytes, root: int) -> list:
+        self.calls.append(f"gather({root})")
+        return [data]
+
+
+def test_a_coordinator_with_gather_is_gathered_to_rank_0_not_all_gathered(url: str) -> None:
+    coord = Gathering()
+    cp = ckpt.Checkpointer(url, coordinate=coord)
+    cp.save(1, w=torch.arange(6.0))
+    cp.wait()
+    assert coord.calls == ["broadcast(0)", "gather(0)", "broadcast(0)", "gather(0)", "broadcast(0)"]
     assert torch.equal(ckpt.Checkpointer(url, coordinate="none").read(1).state["w"], torch.arange(6.0))
 
 

@@ -7,7 +7,9 @@ two collectives for that, on small byte messages; a *coordinator* provides them:
 
 * ``rank`` and ``world_size`` (ints);
 * ``all_gather(data: bytes) -> list[bytes]``: every rank's ``data``, in rank order;
-* ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank.
+* ``broadcast(data: bytes, root: int) -> bytes``: ``root``'s ``data`` on every rank;
+* optionally ``gather(data: bytes, root: int) -> list[bytes]``: every rank's
+  ``data`` on ``root`` (a save's commit uses it; without it, ``all_gather``).
 
 Both coordinators here also have ``sendrecv(data, dst, src) -> bytearray`` (send
 to one rank while receiving from another, point to point), which the memory
@@ -142,6 +144,29 @@ class TorchCoordinator:
         dist.all_gather(parts, self._tensor(data, longest), group=self.group)
         return [p[:s].numpy().tobytes() for p, s in zip(parts, sizes)]
 
+    def gather(self, data: bytes, root: int) -> List[bytes]:
+        """Every rank's ``data`` on ``root``, in rank order, and ``[]`` on the
+        others: the longest length agreed first (an all-reduce of one number),
+        then every rank's bytes, padded to it behind their own length, to
+        ``root`` alone. What a save uses, so that a rank other than ``root``
+        never receives more as the job grows."""
+        torch, dist = self._torch, self._live()
+        dst = dist.get_global_rank(self.group, root)
+        longest = torch.tensor([len(data)], dtype=torch.int64)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=self.group)
+        width = int(longest.item()) + 8
+        mine = self._tensor(len(data).to_bytes(8, "little") + data, width)
+        here = self.rank == root
+        parts = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world_size)] if here else None
+        dist.gather(mine, parts, dst=dst, group=self.group)
+        if parts is None:
+            return []
+        out = []
+        for p in parts:
+            raw = p.numpy().tobytes()
+            out.append(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+        return out
+
     def broadcast(self, data: bytes, root: int) -> bytes:
         """``root``'s ``data`` on every rank (its length first, then the bytes)."""
         torch, dist = self._torch, self._live()
@@ -241,6 +266,25 @@ class MPICoordinator:
             total += n
         buf = bytearray(total)
         comm.Allgatherv([bytes(data), len(data), MPI.BYTE], [buf, (list(lens), displs), MPI.BYTE])
+        return [bytes(buf[d : d + n]) for d, n in zip(displs, lens)]
+
+    def gather(self, data: bytes, root: int) -> List[bytes]:
+        """Every rank's ``data`` on ``root``, in rank order (``Gather`` of
+        the lengths, then ``Gatherv``); ``[]`` on the others."""
+        MPI = self._MPI
+        comm = self._open()
+        here = self.rank == root
+        lens = array("q", [0]) * (self.world_size if here else 1)
+        comm.Gather([array("q", [len(data)]), MPI.INT64_T], [lens, MPI.INT64_T], root=root)
+        if not here:
+            comm.Gatherv([bytes(data), len(data), MPI.BYTE], None, root=root)
+            return []
+        displs, total = [], 0
+        for n in lens:
+            displs.append(total)
+            total += n
+        buf = bytearray(max(total, 1))
+        comm.Gatherv([bytes(data), len(data), MPI.BYTE], [buf, (list(lens), displs), MPI.BYTE], root=root)
         return [bytes(buf[d : d + n]) for d, n in zip(displs, lens)]
 
     def broadcast(self, data: bytes, root: int) -> bytes:
