@@ -1,6 +1,8 @@
 //! Incremental checkpoints: unchanged chunks are not written again, and retention
 //! with GC never deletes a chunk that a kept checkpoint uses.
 
+use std::sync::Arc;
+
 use ckpt_core::{CheckpointerOptions, DType, Retention, State, Tensor};
 use ckpt_tests::*;
 
@@ -44,14 +46,15 @@ async fn second_checkpoint_writes_only_changed_chunks() {
     assert_same(&s2, &cp.load_step(2).await.unwrap().state);
     assert_same(&s1, &cp.load_step(1).await.unwrap().state);
 
-    // A restarted job learns the stored chunks from the store and still reuses them.
+    // A restarted job learns the stored chunks from the newest checkpoint at
+    // its first save, not by listing them at open, and still reuses them.
     // (With the same chunk size: chunks are cut, and small tensors packed, by it.)
     let cp2 = ckpt_formats::builder(&url)
         .options(opts)
         .build()
         .await
         .unwrap();
-    assert!(cp2.known_chunks() > 0);
+    assert_eq!(cp2.known_chunks(), 0);
     let r3 = cp2
         .save(3, &change(&s2, &[0], 777))
         .await
@@ -191,4 +194,62 @@ async fn load_into_given_buffers() {
         cp.load_into(&id, vec![("nope", &mut short[..])]).await,
         Err(ckpt_core::Error::NotFound { .. })
     ));
+}
+
+/// Opening lists nothing, and a commit's GC lists the same whatever is
+/// stored: `manifests/`, the epochs and each retired checkpoint's own
+/// `data/` prefix, not `chunks/` or all of `data/` (that is the periodic
+/// full sweep's). What it retires, it still deletes.
+#[tokio::test]
+async fn gc_after_a_commit_lists_what_it_retires_not_what_is_stored() {
+    let store = Arc::new(ckpt_core::store::CountingStore::new(
+        ckpt_core::store::open_url(&memory_root("gc-lists")).unwrap(),
+    ));
+    let mut opts = CheckpointerOptions::default();
+    opts.write.chunk_size = 8 << 10;
+    // Odd steps go, even ones stay: the store grows with every save.
+    opts.retention = Retention {
+        keep_last: Some(1),
+        keep_every: Some(2),
+    };
+    opts.gc_grace = std::time::Duration::ZERO;
+    opts.gc_sweep_every = 1000;
+    let cp = ckpt_formats::builder("memory://gc-lists")
+        .store(store.clone())
+        .options(opts)
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(store.counts().lists, 0, "opening listed the store");
+    let mut lists = Vec::new();
+    for step in 1..=12u64 {
+        let before = store.counts().lists;
+        let r = cp
+            .save(step, &f32_state(4, 4 << 10, step * 100))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        lists.push(store.counts().lists - before);
+        if step % 2 == 0 {
+            // Step - 1 (odd) was retired now, with the chunks only it had.
+            let gc = r.gc.unwrap();
+            assert_eq!(gc.retired.len(), 1, "{gc:?}");
+            assert!(gc.chunks_deleted > 0, "{gc:?}");
+        }
+    }
+    // The first GC is a full sweep; after it, commits that retire one
+    // checkpoint (even steps) list alike, and so do those that retire none,
+    // however many checkpoints are stored by then.
+    for i in 4..lists.len() {
+        assert_eq!(lists[i], lists[i - 2], "list requests per save: {lists:?}");
+    }
+    for step in (2..=12).step_by(2) {
+        let got = cp.load_step(step).await.unwrap();
+        assert_same(&f32_state(4, 4 << 10, step * 100), &got.state);
+    }
+    // A full sweep on request finds nothing more to delete.
+    let full = cp.gc().await.unwrap();
+    assert_eq!(full.chunks_deleted, 0, "{full:?}");
 }

@@ -126,7 +126,8 @@ impl CheckpointerBuilder {
         self
     }
 
-    /// Open the store and scan it for existing chunks.
+    /// Open the store (nothing is listed: the first save learns the chunks
+    /// it can reuse from the newest committed checkpoint).
     pub async fn build(self) -> Result<Checkpointer> {
         let format = self.format.ok_or_else(|| {
             Error::InvalidInput("no format chosen (use ckpt_formats::native())".into())
@@ -156,7 +157,8 @@ impl CheckpointerBuilder {
                     .into(),
             ));
         }
-        let chunks = Arc::new(ChunkIndex::scan(store.as_ref()).await?);
+        // Seeded by the first save, not listed (layout/chunks.rs).
+        let chunks = Arc::new(ChunkIndex::new());
         let pool = self.opts.staging_budget.map(StagingPool::new);
         // Every rank derives the same attempt ids from a value rank 0 chooses.
         let nonce = {
@@ -190,6 +192,8 @@ impl CheckpointerBuilder {
                 turns: Turns::new(nonce),
                 fencing,
                 plan_memo: Default::default(),
+                gc_refs: Default::default(),
+                gc_rounds: Default::default(),
             }),
         })
     }

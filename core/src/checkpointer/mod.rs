@@ -23,6 +23,7 @@ use crate::format::{Format, FormatRegistry};
 use crate::layout::chunks::ChunkIndex;
 use crate::layout::epoch::Claimed;
 use crate::layout::index::PlanMemo;
+use crate::layout::retention::Refs;
 use crate::staging::StagingPool;
 use crate::store::Capabilities;
 use crate::sync::MutexExt;
@@ -74,6 +75,9 @@ struct Shared {
     fencing: Fencing,
     /// The last save's plan.
     plan_memo: Mutex<PlanMemo>,
+    /// What GC read of each checkpoint, and its rounds after commits.
+    gc_refs: Arc<Refs>,
+    gc_rounds: std::sync::atomic::AtomicU64,
 }
 
 impl Checkpointer {
@@ -210,6 +214,16 @@ impl Checkpointer {
     /// The order of the job's saves.
     pub(crate) fn turns(&self) -> &Turns {
         &self.inner.turns
+    }
+
+    /// What GC read of each checkpoint, and the number of the next round
+    /// after a commit (counted here).
+    pub(crate) fn gc_memo(&self) -> (&Arc<Refs>, u64) {
+        let n = self
+            .inner
+            .gc_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (&self.inner.gc_refs, n)
     }
 
     /// What the last save's plan was (`save/exchange.rs`).

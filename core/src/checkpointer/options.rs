@@ -56,6 +56,10 @@ pub struct CheckpointerOptions {
     /// GC keeps chunks and incomplete saves' data younger than this (they may
     /// belong to a save in flight in another process).
     pub gc_grace: Duration,
+    /// Every this many collections after a commit, a full sweep (listing
+    /// `data/` and `chunks/` for what nothing references); the others list
+    /// only what is retired. 0: every collection is a full sweep.
+    pub gc_sweep_every: u32,
 }
 
 impl Default for CheckpointerOptions {
@@ -76,6 +80,7 @@ impl Default for CheckpointerOptions {
             fencing: true,
             fence_lease: Duration::from_secs(2),
             gc_grace: Duration::from_secs(60),
+            gc_sweep_every: 16,
         }
     }
 }

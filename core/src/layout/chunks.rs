@@ -1,9 +1,15 @@
 //! The set of content-addressed chunks known to be durably stored.
 //!
 //! A save consults it to skip chunks that are already there (incremental
-//! checkpoints). Only chunks whose write completed, or that a listing found, are
-//! in it; a chunk is forgotten when a load finds it corrupt or GC deletes it, so the
-//! next save writes it again.
+//! checkpoints). Only chunks whose write completed, that a committed
+//! checkpoint references, or that a listing found, are in it; a chunk is
+//! forgotten when a load finds it corrupt or GC deletes it, so the next save
+//! writes it again.
+//!
+//! A checkpointer does not list `chunks/` when it opens: its first save
+//! seeds the index from the newest committed checkpoint's records of this
+//! rank ([`seed`]), the chunks it is likely to reuse, known to exist because
+//! that checkpoint is committed and GC keeps what a kept one references.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,6 +32,7 @@ use crate::sync::MutexExt;
 #[derive(Debug, Default)]
 pub struct ChunkIndex {
     present: Mutex<HashMap<String, u64>>,
+    seeded: std::sync::atomic::AtomicBool,
 }
 
 impl ChunkIndex {
@@ -47,7 +54,31 @@ impl ChunkIndex {
             .collect();
         Ok(ChunkIndex {
             present: Mutex::new(set),
+            seeded: true.into(),
         })
+    }
+
+    /// Seed the index once ([`seed`]); with `again`, replace what it knows
+    /// by a new seeding (after a writer epoch was claimed: an older writer
+    /// may have deleted chunks since).
+    pub async fn seed_once(&self, store: &dyn ObjectStore, rank: u32, again: bool) {
+        use std::sync::atomic::Ordering;
+        if self.seeded.swap(true, Ordering::AcqRel) && !again {
+            return;
+        }
+        let known = match seed(store, rank).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::info!("chunk index not seeded ({e}); this save writes every chunk");
+                HashMap::new()
+            }
+        };
+        let mut present = self.lock();
+        if again {
+            *present = known;
+        } else {
+            present.extend(known);
+        }
     }
 
     /// Replace what the index knows by one new listing of `chunks/` (after a
@@ -88,6 +119,26 @@ impl ChunkIndex {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The chunks rank `rank`'s records of the newest committed checkpoint
+/// reference (its fragment, or the manifest that holds every record), with
+/// their stored sizes. Reads `manifests/`'s listing, one manifest and at
+/// most one fragment.
+pub async fn seed(store: &dyn ObjectStore, rank: u32) -> Result<HashMap<String, u64>> {
+    let Some(id) = crate::layout::catalog::committed(store).await?.pop() else {
+        return Ok(HashMap::new());
+    };
+    let root = crate::layout::catalog::read_manifest(store, &id).await?;
+    let only = std::collections::BTreeSet::from([rank]);
+    let m = crate::layout::catalog::expand(store, root, Some(&only)).await?;
+    let mut out = HashMap::new();
+    for t in &m.tensors {
+        if let crate::layout::manifest::Layout::Chunks { chunks } = &t.layout {
+            out.extend(chunks.iter().map(|c| (c.hash.clone(), c.stored)));
+        }
+    }
+    Ok(out)
 }
 
 type Fetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<Error>>>>;

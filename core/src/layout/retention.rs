@@ -6,12 +6,23 @@
 //! deleted in that round: GC never guesses. Objects younger than a grace
 //! period are kept (a save in another process may be writing them), and a
 //! writer whose epoch is over deletes nothing ([`Sweep::fence`]).
+//!
+//! A round is *incremental* ([`Sweep::incremental`], the engine's after most
+//! commits) or a *full sweep*. Incremental, it lists only `manifests/` and the
+//! retired checkpoints' own `data/` prefixes, and deletes the chunks the
+//! retired checkpoints referenced that no kept one does: its cost follows what
+//! is retired, not what is stored. What each checkpoint references is read
+//! once and remembered ([`Sweep::refs`]). A full sweep also lists all of
+//! `data/` (incomplete saves) and `chunks/` (chunks nothing references: a
+//! failed save's, or one retired while its manifest was unreadable).
+//! Deletes go out as one stream (`delete_stream`: batched requests where the
+//! store has them, S3's DeleteObjects).
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
@@ -22,6 +33,7 @@ use crate::layout::chunks::ChunkIndex;
 use crate::layout::epoch::{self, EpochView, Fence, ManifestEpochs};
 use crate::layout::paths::{self, CHUNKS, DATA};
 use crate::model::CheckpointId;
+use crate::sync::MutexExt;
 
 /// Which committed checkpoints to keep.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,6 +110,38 @@ pub struct Sweep {
     /// The epochs of manifests already read (kept between rounds by whoever
     /// collects again).
     pub epochs: Arc<ManifestEpochs>,
+    /// List only what is retired (see the module docs); `false`: a full sweep.
+    pub incremental: bool,
+    /// The chunks each checkpoint references, once read (kept between rounds).
+    pub refs: Arc<Refs>,
+}
+
+/// The chunks each checkpoint references, as read from its manifest (and
+/// fragments): a checkpoint never changes, so each is read once.
+#[derive(Debug, Default)]
+pub struct Refs(Mutex<HashMap<CheckpointId, Arc<HashSet<String>>>>);
+
+impl Refs {
+    /// The chunks `id` references.
+    pub async fn of(
+        &self,
+        store: &dyn ObjectStore,
+        id: &CheckpointId,
+    ) -> Result<Arc<HashSet<String>>> {
+        if let Some(r) = self.0.lock_unpoisoned().get(id) {
+            return Ok(r.clone());
+        }
+        let m = catalog::read_full(store, id).await?;
+        let set: Arc<HashSet<String>> = Arc::new(m.chunk_hashes().map(str::to_owned).collect());
+        self.0.lock_unpoisoned().insert(id.clone(), set.clone());
+        Ok(set)
+    }
+
+    /// Forget checkpoints other than `live`.
+    fn keep_only(&self, live: &[CheckpointId]) {
+        let live: HashSet<&CheckpointId> = live.iter().collect();
+        self.0.lock_unpoisoned().retain(|id, _| live.contains(id));
+    }
 }
 
 /// Apply a retention policy and sweep garbage.
@@ -133,6 +177,16 @@ pub async fn collect(
     if let Some(f) = sweep.fence.as_mut() {
         f.check(store).await?;
     }
+    // What the retired checkpoints referenced, read before they go (an
+    // unreadable one leaves its chunks to a full sweep).
+    let mut gone: HashSet<String> = HashSet::new();
+    if sweep.incremental {
+        for id in &retired {
+            if let Ok(r) = sweep.refs.of(store, id).await {
+                gone.extend(r.iter().cloned());
+            }
+        }
+    }
     for id in retired {
         if let Some(f) = sweep.fence.as_mut() {
             f.recheck(store).await?;
@@ -145,8 +199,75 @@ pub async fn collect(
         report.retired.push(id);
     }
 
-    // Incomplete saves older than the newest commit can never be committed by this
-    // job any more (a save of a step at or below the latest is refused).
+    if !sweep.incremental {
+        remove_incomplete(store, &kept, protected, sweep, &young, &mut report).await?;
+    }
+
+    let mut live = HashSet::new();
+    for id in &kept {
+        match sweep.refs.of(store, id).await {
+            Ok(r) => live.extend(r.iter().cloned()),
+            Err(_) => {
+                report.chunk_sweep_skipped = true;
+                return Ok(report);
+            }
+        }
+    }
+    sweep.refs.keep_only(&kept);
+    let doomed: Vec<String> = if sweep.incremental {
+        gone.into_iter().filter(|h| !live.contains(h)).collect()
+    } else {
+        let prefix = Path::from(CHUNKS);
+        let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
+        metas
+            .iter()
+            .filter(|m| !young(m))
+            .filter_map(|m| m.location.filename())
+            .filter(|h| !live.contains(*h))
+            .map(str::to_owned)
+            .collect()
+    };
+    if doomed.is_empty() {
+        return Ok(report);
+    }
+    if let Some(f) = sweep.fence.as_mut() {
+        f.recheck(store).await?;
+    }
+    for h in &doomed {
+        chunks.remove(h);
+    }
+    // One stream of deletes, checked against the fence every 1,000.
+    for batch in doomed.chunks(1000) {
+        if let Some(f) = sweep.fence.as_mut() {
+            f.recheck(store).await?;
+        }
+        let keys = batch
+            .iter()
+            .map(|h| Ok(paths::chunk_key(h)))
+            .collect::<Vec<_>>();
+        let mut results = store.delete_stream(futures::stream::iter(keys).boxed());
+        while let Some(r) = results.next().await {
+            match r {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => report.chunks_deleted += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        report.deleted_chunks.extend(batch.iter().cloned());
+    }
+    Ok(report)
+}
+
+/// A full sweep's part: incomplete saves older than the newest commit can
+/// never be committed by this job any more (a save of a step at or below the
+/// latest is refused); their data goes.
+async fn remove_incomplete(
+    store: &dyn ObjectStore,
+    kept: &[CheckpointId],
+    protected: &HashSet<CheckpointId>,
+    sweep: &mut Sweep,
+    young: &(dyn Fn(&ObjectMeta) -> bool + Sync),
+    report: &mut GcReport,
+) -> Result<()> {
     let newest = kept.last().map(|id| id.step);
     let done: HashSet<CheckpointId> = catalog::committed(store).await?.into_iter().collect();
     let data: Vec<ObjectMeta> = store.list(Some(&Path::from(DATA))).try_collect().await?;
@@ -167,38 +288,7 @@ pub async fn collect(
             report.incomplete_removed.push(id);
         }
     }
-
-    let mut live = HashSet::new();
-    for id in &kept {
-        match catalog::read_full(store, id).await {
-            Ok(m) => live.extend(m.chunk_hashes().map(str::to_owned)),
-            Err(_) => {
-                report.chunk_sweep_skipped = true;
-                return Ok(report);
-            }
-        }
-    }
-    let prefix = Path::from(CHUNKS);
-    let metas: Vec<_> = store.list(Some(&prefix)).try_collect().await?;
-    for m in metas {
-        let Some(hash) = m.location.filename() else {
-            continue;
-        };
-        if !live.contains(hash) && !young(&m) {
-            if let Some(f) = sweep.fence.as_mut() {
-                f.recheck(store).await?;
-            }
-            chunks.remove(hash);
-            match store.delete(&m.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                    report.chunks_deleted += 1;
-                    report.deleted_chunks.push(hash.to_owned());
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-    Ok(report)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,11 +12,18 @@ use crate::layout::retention::{self, GcReport, Sweep};
 use crate::model::CheckpointId;
 
 impl Checkpointer {
-    fn sweep(&self, fence: Option<Fence>) -> Sweep {
+    /// A round after a commit is incremental but every `gc_sweep_every`-th
+    /// (the first of a checkpointer included, so a restarted job sweeps what
+    /// its predecessor left); one on request is a full sweep.
+    fn sweep(&self, fence: Option<Fence>, after_commit: bool) -> Sweep {
+        let (refs, round) = self.gc_memo();
+        let every = u64::from(self.options().gc_sweep_every);
         Sweep {
             grace: self.options().gc_grace,
             fence,
             epochs: self.fencing().manifest_epochs().clone(),
+            incremental: after_commit && every > 0 && round % every != 0,
+            refs: refs.clone(),
         }
     }
 
@@ -34,7 +41,7 @@ impl Checkpointer {
             &self.options().retention,
             self.chunks(),
             &hold.protected,
-            &mut self.sweep(fence),
+            &mut self.sweep(fence, true),
         )
         .await
         {
@@ -65,7 +72,7 @@ impl Checkpointer {
             &self.options().retention,
             self.chunks(),
             &hold.protected,
-            &mut self.sweep(fence),
+            &mut self.sweep(fence, false),
         )
         .await?;
         for id in &report.retired {

@@ -150,8 +150,14 @@ impl Checkpointer {
             // last saw itself current, which was before the claim: after the
             // lease, what is listed stays.
             tokio::time::sleep(wait).await;
-            self.chunks().refresh(self.store().as_ref()).await?;
         }
+        self.chunks()
+            .seed_once(
+                self.store().as_ref(),
+                rank as u32,
+                agreed.fence_in.is_some(),
+            )
+            .await;
         let mine: Vec<Tensor> = tensors
             .into_iter()
             .filter(|t| {

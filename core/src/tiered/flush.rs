@@ -331,6 +331,7 @@ async fn durable_retention(tiers: &Tiers) {
         grace: tiers.opts.durable_grace,
         fence: (epoch > 0).then(|| Fence::new(epoch, DURABLE_LEASE)),
         epochs: tiers.durable_epochs.clone(),
+        ..Sweep::default()
     };
     if let Err(e) = retention::collect(
         tiers.durable.as_ref(),
