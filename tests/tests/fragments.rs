@@ -126,7 +126,7 @@ fn global(step: u64, name: &str, n: u64) -> Vec<u8> {
 }
 
 /// Rank `r` of `n`'s state: torch.chunk's row piece of `w` and `m` (FSDP),
-/// a replicated `b`, and its own `rng.rank<r>`.
+/// a replicated `b`, and its own `__rank<r>__.rng` (as the Python layer names it).
 fn state(step: u64, r: u64, n: u64) -> State {
     let mut s = State::new();
     for name in ["w", "m"] {
@@ -145,7 +145,7 @@ fn state(step: u64, r: u64, n: u64) -> State {
         s = s.with_tensor(t);
     }
     s.with_tensor(Tensor::new("b", DType::F32, vec![5], Bytes::from(global(step, "b", 5))).unwrap())
-        .with_tensor(tensor(&format!("rng.rank{r}"), DType::U8, &[8], r))
+        .with_tensor(tensor(&format!("__rank{r}__.rng"), DType::U8, &[8], r))
 }
 
 async fn open(url: &str, ring: &[Arc<Ring>]) -> Vec<Checkpointer> {
@@ -259,7 +259,10 @@ async fn a_root_lists_fragments_and_a_load_reads_only_those_it_needs() {
         rows(&reader, "w", 6, 9).await.unwrap(),
         expect(2, "w", 6, 9)
     );
-    let got = reader.load_tensors(&id, &["b", "rng.rank2"]).await.unwrap();
+    let got = reader
+        .load_tensors(&id, &["b", "__rank2__.rng"])
+        .await
+        .unwrap();
     assert_eq!(got[0].data, Bytes::from(global(2, "b", 5)));
     // What lives in a removed fragment is damage, never a partial load.
     let e = rows(&reader, "w", 0, 10).await.unwrap_err();

@@ -109,8 +109,11 @@ pub async fn expand(
         let key = fragment::fragment_key(&id, f.rank);
         for t in &f.tensors {
             let global = t.shard.as_ref().map_or(&t.shape, |s| &s.global_shape);
-            let listed = index.get(t.name.as_str()).is_some_and(|e| {
-                e.dtype == t.dtype && &e.shape == global && e.sharded == t.shard.is_some()
+            let listed = IndexEntry::find(&index, &t.name).is_some_and(|(e, own)| {
+                e.dtype == t.dtype
+                    && &e.shape == global
+                    && e.sharded == t.shard.is_some()
+                    && own.is_none_or(|r| r == f.rank)
             });
             if !listed {
                 return Err(Error::corrupt(

@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::layout::pymeta;
 use crate::model::dtype::DType;
 use crate::model::tensor::{numel, Tensor};
 
@@ -25,6 +26,9 @@ use crate::model::tensor::{numel, Tensor};
 pub enum Placement {
     /// The whole tensor (unsharded).
     Whole,
+    /// A rank's own state (`__rank<r>__<suffix>`, [`pymeta::own_name`]),
+    /// named by its suffix alone so that every rank's table says the same.
+    Own,
     /// torch.chunk's piece `rank` of `world` along `dim`.
     Chunk {
         /// The split dimension.
@@ -66,6 +70,15 @@ pub fn table_of(tensors: &[Tensor], rank: usize, world: usize) -> Table {
 
 /// What a rank's tensor is in its table.
 pub fn entry_of(t: &Tensor, rank: usize, world: usize) -> Entry {
+    if t.shard.is_none() && pymeta::own_rank(&t.name) == Some(rank as u64) {
+        return Entry {
+            name: t.name[pymeta::own_name(rank as u64).len()..].to_owned(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            bytes: t.data.len() as u64,
+            placement: Placement::Own,
+        };
+    }
     let (shape, placement) = match &t.shard {
         None => (t.shape.clone(), Placement::Whole),
         Some(s) => {
@@ -197,6 +210,10 @@ pub struct IndexEntry {
     /// True for a sharded tensor.
     #[serde(default)]
     pub sharded: bool,
+    /// Every rank's own `__rank<r>__<name>`, in rank r's fragment (`name` is
+    /// the suffix).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own: bool,
     /// A whole tensor: the rank whose fragment holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
@@ -226,6 +243,21 @@ impl IndexEntry {
             }
         });
         usize::from(self.rank.is_some()) + split + self.pieces.len()
+    }
+
+    /// The entry that lists tensor `name` in `index`, and for a rank's own
+    /// one that rank (the `own` entries hold the suffix).
+    pub fn find<'a>(
+        index: &'a std::collections::HashMap<&str, &'a IndexEntry>,
+        name: &str,
+    ) -> Option<(&'a IndexEntry, Option<u32>)> {
+        if let Some(e) = index.get(name).filter(|e| !e.own) {
+            return Some((e, None));
+        }
+        let r = pymeta::own_rank(name)?;
+        let suffix = &name[pymeta::own_name(r).len()..];
+        let e = index.get(suffix).filter(|e| e.own)?;
+        Some((e, Some(u32::try_from(r).ok()?)))
     }
 
     /// The ranks whose fragments hold pieces that overlap the box at
@@ -267,11 +299,17 @@ pub(crate) fn validate(index: &[IndexEntry], world: u32) -> std::result::Result<
     let mut names = std::collections::HashSet::with_capacity(index.len());
     for e in index {
         let bad = |why: &str| format!("index entry `{}`: {why}", e.name);
-        if e.name.is_empty() || !names.insert(e.name.as_str()) {
+        if (e.name.is_empty() && !e.own) || !names.insert((e.name.as_str(), e.own)) {
             return Err(bad("empty or repeated name"));
         }
         e.nbytes().map_err(|x| bad(&x.to_string()))?;
         let whole = e.rank.is_some() && e.split.is_none() && e.pieces.is_empty();
+        if e.own {
+            if e.sharded || e.rank.is_some() || e.split.is_some() || !e.pieces.is_empty() {
+                return Err(bad("an own entry names no rank and no pieces"));
+            }
+            continue;
+        }
         if !(e.sharded || whole && e.rank < Some(world)) {
             return Err(bad("a whole tensor names one rank of the job"));
         }
@@ -318,11 +356,17 @@ pub fn build(
         boxes: BTreeMap<&'a [u64], (&'a [u64], u32)>,
     }
     let mut acc: BTreeMap<&str, Acc<'_>> = BTreeMap::new();
+    // Own state: suffix -> each group's entry and ranks.
+    let mut own: BTreeMap<&str, Vec<(&Entry, &[u32])>> = BTreeMap::new();
     for (table, ranks) in groups {
         let Some(&first) = ranks.first() else {
             continue;
         };
         for e in table.iter() {
+            if e.placement == Placement::Own {
+                own.entry(e.name.as_str()).or_default().push((e, ranks));
+                continue;
+            }
             let sharded = e.placement != Placement::Whole;
             let a = acc.entry(e.name.as_str()).or_insert_with(|| Acc {
                 entry: IndexEntry {
@@ -330,6 +374,7 @@ pub fn build(
                     dtype: e.dtype,
                     shape: e.shape.clone(),
                     sharded,
+                    own: false,
                     rank: None,
                     split: None,
                     pieces: Vec::new(),
@@ -345,6 +390,7 @@ pub fn build(
                 )));
             }
             match &e.placement {
+                Placement::Own => {}
                 Placement::Whole => {
                     let key = (e.name.clone(), None);
                     a.entry.rank = Some(owners.get(&key).copied().unwrap_or(first));
@@ -390,6 +436,35 @@ pub fn build(
         }
         out.push(entry);
     }
+    for (suffix, held) in own {
+        let entry = |e: &Entry, name: String, rank: Option<u32>, own: bool| IndexEntry {
+            name,
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            sharded: false,
+            own,
+            rank,
+            split: None,
+            pieces: Vec::new(),
+        };
+        let n: usize = held.iter().map(|(_, r)| r.len()).sum();
+        let (first, _) = held[0];
+        if n == world as usize
+            && held
+                .iter()
+                .all(|(e, _)| e.dtype == first.dtype && e.shape == first.shape)
+        {
+            // Every rank has one, all alike: one entry for all.
+            out.push(entry(first, suffix.to_owned(), None, true));
+        } else {
+            for (e, ranks) in &held {
+                for &r in ranks.iter() {
+                    let name = format!("{}{suffix}", pymeta::own_name(u64::from(r)));
+                    out.push(entry(e, name, Some(r), false));
+                }
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -419,6 +494,8 @@ mod tests {
                 let ts = vec![
                     piece("w", &[9, 3], r, world),
                     Tensor::from_f32("b", vec![2], &[0.0, 1.0]).unwrap(),
+                    // Own state: another name and value on every rank.
+                    Tensor::from_f32(&format!("__rank{r}__.rng"), vec![1], &[r as f32]).unwrap(),
                 ];
                 table_of(&ts, r as usize, world as usize)
             })
@@ -436,6 +513,11 @@ mod tests {
         assert_eq!(w.ranks_for(&[8, 0], &[1, 3]), vec![4]);
         let b = index.iter().find(|e| e.name == "b").unwrap();
         assert_eq!(b.ranks_for(&[0], &[2]), vec![3]);
+        let by: std::collections::HashMap<&str, &IndexEntry> =
+            index.iter().map(|e| (e.name.as_str(), e)).collect();
+        let (own, rank) = IndexEntry::find(&by, "__rank4__.rng").unwrap();
+        assert!(own.own && rank == Some(4));
+        assert!(IndexEntry::find(&by, "__rank4__.other").is_none());
     }
 
     #[test]

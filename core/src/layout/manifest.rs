@@ -163,6 +163,15 @@ impl Manifest {
         }
     }
 
+    /// How many tensors an index entry stands for (an own entry: one per rank).
+    fn copies(&self, e: &IndexEntry) -> u64 {
+        if e.own {
+            u64::from(self.world_size)
+        } else {
+            1
+        }
+    }
+
     /// True for a root whose records are in fragments (version 2).
     pub fn has_fragments(&self) -> bool {
         !self.fragments.is_empty()
@@ -171,7 +180,11 @@ impl Manifest {
     /// Total raw tensor bytes.
     pub fn raw_bytes(&self) -> u64 {
         if self.has_fragments() {
-            return self.index.iter().filter_map(|e| e.nbytes().ok()).sum();
+            return self
+                .index
+                .iter()
+                .filter_map(|e| e.nbytes().ok().map(|b| b * self.copies(e)))
+                .sum();
         }
         self.tensors
             .iter()
@@ -182,7 +195,7 @@ impl Manifest {
     /// Number of distinct tensors (a sharded one counts once).
     pub fn tensor_count(&self) -> usize {
         if self.has_fragments() {
-            return self.index.len();
+            return self.index.iter().map(|e| self.copies(e) as usize).sum();
         }
         self.tensors
             .iter()
@@ -195,11 +208,18 @@ impl Manifest {
     /// from the records or, in a root, from its index (nothing else read).
     pub fn table(&self) -> Vec<(String, DType, Vec<u64>, usize)> {
         if self.has_fragments() {
-            return self
-                .index
-                .iter()
-                .map(|e| (e.name.clone(), e.dtype, e.shape.clone(), e.piece_count()))
-                .collect();
+            let mut out = Vec::with_capacity(self.index.len());
+            for e in &self.index {
+                if !e.own {
+                    out.push((e.name.clone(), e.dtype, e.shape.clone(), e.piece_count()));
+                    continue;
+                }
+                for r in 0..u64::from(self.world_size) {
+                    let name = format!("{}{}", crate::layout::pymeta::own_name(r), e.name);
+                    out.push((name, e.dtype, e.shape.clone(), 1));
+                }
+            }
+            return out;
         }
         let mut out: Vec<(String, DType, Vec<u64>, usize)> = Vec::new();
         let mut at: HashMap<&str, usize> = HashMap::new();

@@ -13,6 +13,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::checkpointer::Checkpointer;
 use crate::error::{Error, Result};
+use crate::layout::index::IndexEntry;
 use crate::layout::manifest::Manifest;
 use crate::layout::{catalog, paths};
 
@@ -36,10 +37,14 @@ impl Checkpointer {
         let mut ranks = BTreeSet::new();
         let mut listed = BTreeSet::new();
         for (name, boxed) in wants {
-            let Some(e) = index.get(name) else {
+            let Some((e, own)) = IndexEntry::find(&index, name) else {
                 continue;
             };
             listed.insert(name.to_owned());
+            if let Some(r) = own {
+                ranks.insert(r);
+                continue;
+            }
             let zeros;
             let (offsets, shape) = match boxed {
                 Some(b) => b,

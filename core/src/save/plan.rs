@@ -36,11 +36,12 @@ pub fn writes(owners: &BTreeMap<Item, u32>, rank: u32, entry: &Entry) -> bool {
     }
 }
 
-/// The item an entry is, or `None` for a chunk (its holder's alone).
+/// The item an entry is, or `None` for a chunk or a rank's own state (its
+/// holder's alone).
 fn item(e: &Entry) -> Option<Item> {
     match &e.placement {
         Placement::Whole => Some((e.name.clone(), None)),
-        Placement::Chunk { .. } => None,
+        Placement::Chunk { .. } | Placement::Own => None,
         Placement::Box { offsets, .. } => Some((e.name.clone(), Some(offsets.clone()))),
     }
 }
