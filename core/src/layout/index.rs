@@ -495,7 +495,7 @@ mod tests {
                     piece("w", &[9, 3], r, world),
                     Tensor::from_f32("b", vec![2], &[0.0, 1.0]).unwrap(),
                     // Own state: another name and value on every rank.
-                    Tensor::from_f32(&format!("__rank{r}__.rng"), vec![1], &[r as f32]).unwrap(),
+                    Tensor::from_f32(format!("__rank{r}__.rng"), vec![1], &[r as f32]).unwrap(),
                 ];
                 table_of(&ts, r as usize, world as usize)
             })
