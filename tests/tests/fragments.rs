@@ -332,3 +332,35 @@ async fn the_single_manifest_layout_still_loads() {
         expect(3, "w", 0, ROWS)[..]
     );
 }
+
+/// Per-rank values saved under one name (each rank's prefetched batch) would
+/// be stored once, as if replicated: the save fails on every rank instead,
+/// and says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_rank_values_under_one_name_are_refused_on_every_rank() {
+    let (_dir, url) = temp_root();
+    let cps = open(&url, &Ring::new(2)).await;
+    let saves = cps.iter().enumerate().map(|(r, cp)| {
+        let cp = cp.clone();
+        let st =
+            state(1, r as u64, 2).with_tensor(tensor("batch.x", DType::I64, &[16], 50 + r as u64));
+        tokio::spawn(async move { cp.save(1, &st).await?.wait().await })
+    });
+    for s in futures::future::join_all(saves).await {
+        match s.unwrap() {
+            Err(Error::InvalidInput(why)) => {
+                assert!(why.contains("differ") && why.contains("per rank"), "{why}")
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+    // The same value on both ranks is a replica, as before.
+    let saves = cps.iter().enumerate().map(|(r, cp)| {
+        let cp = cp.clone();
+        let st = state(2, r as u64, 2).with_tensor(tensor("batch.x", DType::I64, &[16], 50));
+        tokio::spawn(async move { cp.save(2, &st).await?.wait().await })
+    });
+    for s in futures::future::join_all(saves).await {
+        s.unwrap().unwrap();
+    }
+}

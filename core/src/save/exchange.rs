@@ -44,6 +44,48 @@ struct Offer {
     plan: u64,
     /// A digest of this rank's metadata (only rank 0's is stored).
     meta: Option<String>,
+    /// A fingerprint of the contents of the tensors it may share with other
+    /// ranks ([`fingerprint`]): ranks of one table must agree on it.
+    #[serde(default)]
+    same: Option<String>,
+}
+
+/// A fingerprint of the contents of `tensors` that other ranks may hold
+/// under the same names (whole tensors and boxes, not chunks or own state):
+/// each one's length and up to 4 KiB at its start, middle and end. Ranks
+/// that hold the same names must hold the same data, since one copy is
+/// stored; a per-rank batch saved under one name would differ here.
+pub(crate) fn fingerprint(
+    tensors: &[crate::model::tensor::Tensor],
+    rank: usize,
+    world: usize,
+) -> String {
+    const SAMPLE: usize = 4096;
+    let mut sampled: Vec<(&str, &[u8])> = tensors
+        .iter()
+        .filter(|t| {
+            matches!(
+                index::entry_of(t, rank, world).placement,
+                index::Placement::Whole | index::Placement::Box { .. }
+            )
+        })
+        .map(|t| (t.name.as_str(), &t.data[..]))
+        .collect();
+    sampled.sort_by(|a, b| a.0.cmp(b.0).then(a.1.len().cmp(&b.1.len())));
+    let mut h = blake3::Hasher::new();
+    for (name, d) in sampled {
+        h.update(name.as_bytes());
+        h.update(&(d.len() as u64).to_le_bytes());
+        let mid = d.len() / 2;
+        for at in [
+            0,
+            mid.saturating_sub(SAMPLE / 2),
+            d.len().saturating_sub(SAMPLE),
+        ] {
+            h.update(&d[at.min(d.len())..(at + SAMPLE).min(d.len())]);
+        }
+    }
+    h.finalize().to_hex().to_string()
 }
 
 /// What rank 0 answers.
@@ -92,6 +134,7 @@ impl Checkpointer {
         id: &CheckpointId,
         table: std::result::Result<&Table, &Error>,
         meta: Option<String>,
+        same: Option<String>,
         fence_in_ms: Option<u64>,
     ) -> Result<Agreed> {
         let coord = self.coord();
@@ -103,6 +146,7 @@ impl Checkpointer {
             table: table.map(index::digest).map_err(WireError::from),
             plan: held,
             meta,
+            same,
         };
         let offers = coord
             .gather(encode(&offer, "plan")?, 0, timeout)
@@ -209,6 +253,26 @@ impl Checkpointer {
                      stores rank 0's alone and every rank loads it, so every rank must save the same \
                      metadata (the same tree of names and plain values); keep a rank's own data in \
                      tensors of names of its own",
+                    id.step
+                ));
+                return fail(0, &e, String::new());
+            }
+        }
+        // Ranks of one table hold the same names: the same data, or a
+        // per-rank value was saved under a shared name and one copy would
+        // be stored for all.
+        let mut first_of: std::collections::HashMap<&str, usize> = Default::default();
+        for (r, o) in offers.iter().enumerate() {
+            let (Ok(d), Some(f)) = (o.table.as_ref(), o.same.as_deref()) else {
+                continue;
+            };
+            let first = *first_of.entry(d.as_str()).or_insert(r);
+            if offers[first].same.as_deref().is_some_and(|g| g != f) {
+                let e = Error::InvalidInput(format!(
+                    "step {}: ranks {first} and {r} hold tensors of the same names whose contents \
+                     differ; a tensor several ranks hold under one name is taken for a replica and \
+                     stored once, so state that differs per rank (a prefetched batch, a data \
+                     loader's position) needs a name of its own per rank, e.g. `batch.rank{{rank}}`",
                     id.step
                 ));
                 return fail(0, &e, String::new());

@@ -48,9 +48,9 @@ use crate::layout::retention::GcReport;
 use crate::model::tensor::Tensor;
 use crate::model::value::Value;
 use crate::model::CheckpointId;
-use crate::save::plan;
 use crate::save::report::SaveReport;
 use crate::save::snapshot::SnapState;
+use crate::save::{exchange, plan};
 
 /// Everything the persist task needs from `save`.
 pub(crate) struct PersistJob {
@@ -139,6 +139,11 @@ impl Checkpointer {
                 &id,
                 table.as_ref().map_err(|e| *e),
                 (world > 1).then(|| meta_digest(&job.meta)),
+                local
+                    .as_ref()
+                    .ok()
+                    .filter(|_| world > 1)
+                    .map(|ts| exchange::fingerprint(ts, rank, world)),
                 fence_in_ms,
             )
             .await;
