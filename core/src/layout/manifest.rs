@@ -339,7 +339,7 @@ impl Manifest {
             .map_err(|e| bad(format!("manifest does not parse: {e}")))?;
         if m.version != version {
             return Err(bad(format!(
-                "the header says schema version {version}, the body {}",
+                "the header says schema version {version}, the body {} (damaged header)",
                 m.version
             )));
         }
