@@ -15,6 +15,11 @@ fn reqs(r: &Requests) -> String {
     format!("{}/{}/{}/{}/{}", r.get, r.put, r.list, r.delete, r.head)
 }
 
+/// Requests, and the objects the listings returned.
+fn reqs_listed(r: &Requests) -> String {
+    format!("{} ({} listed)", reqs(r), r.listed)
+}
+
 fn ran(sim: &SimResults) -> impl Iterator<Item = &RankRun> {
     sim.rows.iter().filter_map(|r| r.run.as_ref())
 }
@@ -67,7 +72,7 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
     }
     let mut loads = Table::new(
         "sim_scale_load",
-        "Scale, simulated: the root's metadata (bytes of the newest checkpoint's objects under manifests/) and a load of the newest checkpoint by as many ranks as saved it and by half as many (each box two old pieces, every byte checked). Per rank: requests to open a read-only checkpointer, requests of the load (list the checkpoints, read the boxes), bytes read, and of them metadata (keys outside chunks/)".into(),
+        "Scale, simulated: the root's metadata (bytes of the newest checkpoint's objects under manifests/) and a load of the newest checkpoint by as many ranks as saved it and by half as many (each box two old pieces, every byte checked). Per rank: requests to open a read-only checkpointer (and the objects its listings returned), requests of the load (list the checkpoints, read the boxes), bytes read, and of them metadata (keys outside chunks/)".into(),
         &[
             "ranks saved",
             "root KiB",
@@ -88,7 +93,7 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
                 run.ranks.to_string(),
                 kib(run.root_bytes as f64),
                 l.ranks.to_string(),
-                reqs(&l.open_rank_max),
+                reqs_listed(&l.open_rank_max),
                 reqs(&l.rank_max),
                 format!("{:.1}", l.rank_mean[0]),
                 kib(l.rank_max.get_bytes as f64),
@@ -113,7 +118,9 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
             gc.rows.push(vec![
                 run.ranks.to_string(),
                 format!("{} (save {})", s.save.min(sh.keep_last), s.save),
-                s.after_manifest.as_ref().map_or_else(String::new, reqs),
+                s.after_manifest
+                    .as_ref()
+                    .map_or_else(String::new, reqs_listed),
                 String::new(),
             ]);
         }
@@ -122,8 +129,8 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
         gc.rows.push(vec![
             "1".into(),
             k.stored.to_string(),
-            k.gc.as_ref().map_or_else(String::new, reqs),
-            reqs(&k.open),
+            k.gc.as_ref().map_or_else(String::new, reqs_listed),
+            reqs_listed(&k.open),
         ]);
     }
     vec![saves, loads, gc]

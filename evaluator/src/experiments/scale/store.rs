@@ -5,10 +5,12 @@
 //! loading rank reads" is the metadata counter's get bytes during a load.
 //! The counts at the last put under `manifests/` (a commit's publication)
 //! are kept, so that what the commit did after it (its fence check,
-//! retention and GC) can be told apart.
+//! retention and GC) can be told apart. Listings are counted by the objects
+//! they return too: a list request's cost grows with them.
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -46,6 +48,8 @@ pub struct Requests {
     pub get_bytes: u64,
     /// Bytes written.
     pub put_bytes: u64,
+    /// Objects the listings returned.
+    pub listed: u64,
 }
 
 impl Requests {
@@ -59,6 +63,7 @@ impl Requests {
             head: c.heads,
             get_bytes: c.get_bytes,
             put_bytes: c.written_bytes(),
+            listed: 0,
         }
     }
 
@@ -77,6 +82,7 @@ impl Requests {
             head: self.head + o.head,
             get_bytes: self.get_bytes + o.get_bytes,
             put_bytes: self.put_bytes + o.put_bytes,
+            listed: self.listed + o.listed,
         }
     }
 
@@ -90,6 +96,7 @@ impl Requests {
             head: self.head.max(o.head),
             get_bytes: self.get_bytes.max(o.get_bytes),
             put_bytes: self.put_bytes.max(o.put_bytes),
+            listed: self.listed.max(o.listed),
         }
     }
 }
@@ -101,12 +108,17 @@ pub struct Split {
     pub data: OpCounts,
     /// Requests on every other key.
     pub meta: OpCounts,
+    /// Objects listings returned.
+    pub listed: u64,
 }
 
 impl Split {
     /// The requests of both kinds of key.
     pub fn all(&self) -> Requests {
-        Requests::of(&self.data).add(&Requests::of(&self.meta))
+        Requests {
+            listed: self.listed,
+            ..Requests::of(&self.data).add(&Requests::of(&self.meta))
+        }
     }
 
     /// The requests on metadata keys.
@@ -121,6 +133,7 @@ impl std::ops::Sub for Split {
         Split {
             data: self.data - o.data,
             meta: self.meta - o.meta,
+            listed: self.listed - o.listed,
         }
     }
 }
@@ -130,6 +143,7 @@ impl std::ops::Sub for Split {
 pub struct RankStore {
     data: CountingStore,
     meta: CountingStore,
+    listed: Arc<AtomicU64>,
     /// The counts just after the last manifest put through this view.
     published: Mutex<Option<Split>>,
 }
@@ -140,6 +154,7 @@ impl RankStore {
         RankStore {
             data: CountingStore::new(inner.clone()),
             meta: CountingStore::new(inner),
+            listed: Arc::default(),
             published: Mutex::new(None),
         }
     }
@@ -149,6 +164,7 @@ impl RankStore {
         Split {
             data: self.data.counts(),
             meta: self.meta.counts(),
+            listed: self.listed.load(Ordering::Relaxed),
         }
     }
 
@@ -164,6 +180,17 @@ impl RankStore {
         } else {
             &self.meta
         }
+    }
+
+    fn counted(
+        &self,
+        s: BoxStream<'static, Result<ObjectMeta>>,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        let n = self.listed.clone();
+        s.inspect_ok(move |_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        })
+        .boxed()
     }
 
     fn route_prefix(&self, p: Option<&Path>) -> &CountingStore {
@@ -231,7 +258,7 @@ impl ObjectStore for RankStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.route_prefix(prefix).list(prefix)
+        self.counted(self.route_prefix(prefix).list(prefix))
     }
 
     fn list_with_offset(
@@ -239,11 +266,17 @@ impl ObjectStore for RankStore {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.route_prefix(prefix).list_with_offset(prefix, offset)
+        self.counted(self.route_prefix(prefix).list_with_offset(prefix, offset))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.route_prefix(prefix).list_with_delimiter(prefix).await
+        let r = self
+            .route_prefix(prefix)
+            .list_with_delimiter(prefix)
+            .await?;
+        let n = r.objects.len() + r.common_prefixes.len();
+        self.listed.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(r)
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
@@ -275,7 +308,7 @@ mod tests {
             .unwrap();
         let at = s.take_published().unwrap();
         s.get(&Path::from("chunks/ab")).await.unwrap();
-        let _ = s.list(Some(&Path::from("chunks"))).count().await;
+        assert_eq!(s.list(Some(&Path::from("chunks"))).count().await, 1);
         s.delete(&Path::from("manifests/1.manifest")).await.unwrap();
         let c = s.counts();
         assert_eq!((c.data.puts, c.data.put_bytes, c.data.gets), (1, 10, 1));
