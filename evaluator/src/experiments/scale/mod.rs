@@ -105,10 +105,8 @@ impl SimBench {
             match projected {
                 Some(p) if p > self.budget_bytes => {
                     row.skipped = Some(format!(
-                        "skipped: projected {:.1} GiB received in all (one save; {} ranks' measured bytes × ({n}/{})²), over the budget of {:.1} GiB",
+                        "skipped: projected {:.1} GiB received in all (budget {:.1} GiB)",
                         gib(p),
-                        before.map_or(0, |b| b.ranks),
-                        before.map_or(0, |b| b.ranks),
                         gib(self.budget_bytes)
                     ));
                 }
@@ -298,6 +296,11 @@ impl Experiment for Scale {
             mpirun: mpirun.as_ref(),
             simulated: &sim,
         });
+        if sim.rows.iter().any(|r| r.skipped.is_some()) {
+            notes.push(
+                "scale (simulated): a rank count is skipped when the collective bytes every rank together would receive in one save, projected from the largest smaller count's measured bytes times the square of the ratio of ranks, exceed --sim-budget-gib".into(),
+            );
+        }
         tables.extend(render::tables(&sim));
         charts.push(("sim_scale_bytes".into(), render::chart(&sim)));
         out.tables = tables;
