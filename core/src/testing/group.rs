@@ -313,6 +313,34 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gather_and_broadcast_of_16384_ranks() {
+        // What a commit by gather needs: rank 0 receives every rank's
+        // bytes, every rank the outcome; no rank receives O(ranks) otherwise.
+        let size = 16384;
+        let t = Duration::from_secs(120);
+        let tasks: Vec<_> = InProcessGroup::new(size)
+            .into_iter()
+            .map(|g| {
+                tokio::spawn(async move {
+                    let me = (g.rank() as u32).to_le_bytes().to_vec();
+                    let got = g.gather(me, 0, t).await.unwrap();
+                    let b = g.broadcast(vec![9; 32], 0, t).await.unwrap();
+                    (got, b)
+                })
+            })
+            .collect();
+        for (rank, task) in tasks.into_iter().enumerate() {
+            let (got, b) = task.await.unwrap();
+            if rank == 0 {
+                assert_eq!(got, ranks(size));
+            } else {
+                assert!(got.is_empty());
+            }
+            assert_eq!(b, vec![9; 32]);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_missing_rank_is_named_on_every_waiting_rank() {
         let mut g = InProcessGroup::new(4);
         let _absent = g.remove(2);
