@@ -10,7 +10,6 @@
 //! - [`limits`]: memcpy, write + fsync and cold read floors;
 //! - [`python`]: the Python baselines (torch.save, safetensors, DCP, h5py);
 //! - [`noise`]: bounded local noise generators;
-//! - [`group`]: an in-process coordinator (several ranks in one process);
 //! - [`train`]: a small real model for the bitwise resume check;
 //! - [`table`] / [`plot`]: tables (text, Markdown, CSV) and SVG plots;
 //! - [`report`] / [`html`]: `results.json`, `report.md`, `report.html`;
@@ -19,7 +18,6 @@
 
 pub mod error;
 pub mod experiments;
-pub mod group;
 pub mod html;
 pub mod interval;
 pub mod limits;

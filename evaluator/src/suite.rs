@@ -155,7 +155,7 @@ suite! {
     interval: crate::experiments::interval::Interval => Interval,
         "Young/Daly interval and goodput from measured costs (runs formats and overhead).";
     scale: crate::experiments::scale::Scale => Scale,
-        "Data-parallel ranks under mpirun, with and without dedup (needs the `mpi` feature).";
+        "Ranks under mpirun, with and without dedup (needs the `mpi` feature); thousands of ranks simulated in this process (`--simulate`: only those).";
     sharded: crate::experiments::sharded::Sharded => Sharded,
         "FSDP2 state under torchrun: ckpt beside dcp and torch-checkpointing.";
     python: crate::experiments::pytrain::Python => Python,

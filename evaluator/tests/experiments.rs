@@ -460,17 +460,22 @@ async fn suite_report_holds_every_table_csv_and_plot() {
         "1,2",
         "--scale-mib",
         "1",
+        "--sim-ranks",
+        "4",
+        "--sim-stored",
+        "1,2",
         "--scratch",
         scratch.to_str().unwrap(),
     ]);
     let c = cli.common.ctx().unwrap();
-    // The scale experiment needs the mpirun rank program (feature `mpi`);
-    // recovery (a campaign) has its own test below.
+    // The scale experiment runs under mpirun only with the rank program
+    // (feature `mpi`), its simulated ranks always; recovery (a campaign) has
+    // its own test below.
     let list: Vec<_> = cli
         .suite
         .experiments()
         .into_iter()
-        .filter(|e| (cfg!(feature = "mpi") || e.name() != "scale") && e.name() != "recovery")
+        .filter(|e| e.name() != "recovery")
         .collect();
     let r = ckpt_eval::suite::run(&c, &list).await;
     let errors: Vec<_> = r.errors().collect();
@@ -505,7 +510,7 @@ async fn suite_report_holds_every_table_csv_and_plot() {
             .results
     };
     if cfg!(feature = "mpi") {
-        let scale = results("scale");
+        let scale = &results("scale")["mpirun"];
         let rows = scale["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 4, "1 and 2 ranks, with and without dedup");
         let state = scale["state_bytes"].as_u64().unwrap();
@@ -561,6 +566,11 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     if cfg!(feature = "mpi") {
         tables.push("scale");
     }
+    tables.extend(["sim_scale", "sim_scale_load", "sim_scale_gc"]);
+    // Every simulated rank's load came back as saved.
+    let sim = &results("scale")["simulated"]["rows"][0]["run"];
+    assert_eq!(sim["ranks"], 4);
+    assert!(sim["load_same"]["checked_bytes"].as_u64().unwrap() > 0);
     for t in tables {
         let csv = std::fs::read_to_string(out.join(format!("{t}.csv"))).unwrap();
         assert!(csv.lines().count() >= 2, "{t}.csv has no rows");
@@ -588,7 +598,7 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert_eq!(html.matches("<svg").count(), plots.len());
     assert!(!html.contains("src=") && html.contains("<table>"));
-    let expected = if cfg!(feature = "mpi") { 8 } else { 7 };
+    let expected = if cfg!(feature = "mpi") { 9 } else { 8 };
     assert!(plots.len() >= expected, "{plots:?}");
 }
 

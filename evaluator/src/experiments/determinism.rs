@@ -13,11 +13,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use ckpt_core::testing::InProcessGroup;
 use ckpt_core::{SnapshotMode, State};
 use serde::Serialize;
 
 use super::{file_url, Ctx, Error, Experiment, Output};
-use crate::group::LocalGroup;
 use crate::python;
 use crate::table::Table;
 use crate::train::Trainer;
@@ -212,7 +212,7 @@ impl DeterminismBench {
             .ok_or("no checkpoint from one rank")?;
         drop(cp);
         let duo = ctx.fresh_dir("determinism-rank-duo")?;
-        let tasks: Vec<_> = LocalGroup::new(2)
+        let tasks: Vec<_> = InProcessGroup::new(2)
             .into_iter()
             .map(|g| {
                 let (url, st) = (file_url(&duo), state.clone());

@@ -1,5 +1,5 @@
-//! Scale: the same data-parallel state checkpointed by 1, 2, 4 and 8 ranks under
-//! `mpirun`, with and without deduplication of replicated tensors.
+//! Scale under `mpirun`: the same data-parallel state checkpointed by 1, 2, 4
+//! and 8 processes, with and without deduplication of replicated tensors.
 //!
 //! Every rank holds the whole state (data parallelism). With dedup, each tensor is
 //! written once in total, spread over the ranks; without, every rank writes a full
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::experiments::{Ctx, Error, Experiment, Output};
+use crate::experiments::{Ctx, Error};
 use crate::plot::Chart;
 use crate::stats::Summary;
 use crate::table::{mib, secs, Table};
@@ -207,66 +207,6 @@ impl ScaleBench {
             cores,
             rows,
         })
-    }
-}
-
-/// Options of the scale experiment.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct Scale {
-    /// Scale: rank counts to run under mpirun [default: 1,2,4; --full: 1,2,4,8].
-    #[arg(long, value_delimiter = ',')]
-    pub ranks: Option<Vec<usize>>,
-    /// Scale: state size in MiB (every rank holds all of it) [default: 64; --full: 128].
-    #[arg(long)]
-    pub scale_mib: Option<usize>,
-}
-
-impl Scale {
-    fn bench(&self, ctx: &Ctx) -> ScaleBench {
-        let full = ctx.full;
-        ScaleBench {
-            ranks: self.ranks.clone().unwrap_or_else(|| {
-                if full {
-                    vec![1, 2, 4, 8]
-                } else {
-                    vec![1, 2, 4]
-                }
-            }),
-            mib: self.scale_mib.unwrap_or(if full { 128 } else { 64 }),
-            tensors: 32,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Experiment for Scale {
-    fn name(&self) -> &'static str {
-        "scale"
-    }
-
-    fn about(&self, ctx: &Ctx) -> String {
-        let b = self.bench(ctx);
-        format!("{} MiB on {:?} ranks", b.mib, b.ranks)
-    }
-
-    fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        // Per job: mpirun's start-up, then saves of every rank's MiB on one
-        // disk (8 s for 1, 2 and 4 ranks of 64 MiB on a busy 2-core machine).
-        let b = self.bench(ctx);
-        let mib: usize = b.ranks.iter().sum::<usize>() * b.mib;
-        b.ranks.len() as f64 + 0.01 * mib as f64
-    }
-
-    fn unavailable(&self, _ctx: &Ctx) -> Option<String> {
-        rank_binary().err().map(|e| e.to_string())
-    }
-
-    async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
-        let sc = self.bench(ctx).run(ctx)?;
-        let mut out = Output::of(&sc);
-        out.tables.push(table(&sc));
-        out.charts.push(("scale_throughput".into(), chart(&sc)));
-        Ok(out)
     }
 }
 
