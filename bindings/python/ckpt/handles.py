@@ -114,6 +114,12 @@ class SaveHandle:
 
     The state may change again once :meth:`snapshot_done` is true (at once in
     eager mode); the checkpoint is durable once :meth:`wait` returned.
+
+    Attributes:
+        phases: where the ``save`` call's time went (:class:`SavePhases`:
+            ``walk``, ``device``, ``engine``, ``total``, ...), set when
+            ``save`` returns; ``None`` for the durable tier's half of a
+            memory tier's save.
     """
 
     def __init__(self, native: _ckpt.SaveHandle, device: Optional[Fenced] = None) -> None:

@@ -38,7 +38,7 @@ pub enum Error {
     /// This writer's epoch is over: a newer incarnation of the job claimed the
     /// root. The save published nothing that loads would pick, and nothing was
     /// deleted; this process should stop writing.
-    #[error("fenced: this writer holds epoch {epoch}, but epoch {current} has claimed the root since; nothing was published or deleted")]
+    #[error("fenced: this writer holds epoch {epoch}, but epoch {current} has claimed the root since; nothing was published or deleted (the claimant: a newer incarnation of this job, another job on this root, or a checkpointer opened on it to load that should have been read-only: `read_only=True`, `CheckpointerBuilder::read_only`)")]
     Fenced {
         /// The epoch this writer holds.
         epoch: u64,

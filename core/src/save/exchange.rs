@@ -272,7 +272,7 @@ impl Checkpointer {
                     "step {}: ranks {first} and {r} hold tensors of the same names whose contents \
                      differ; a tensor several ranks hold under one name is taken for a replica and \
                      stored once, so state that differs per rank (a prefetched batch, a data \
-                     loader's position) needs a name of its own per rank, e.g. `batch.rank{{rank}}`",
+                     loader's position) cannot be saved under one name",
                     id.step
                 ));
                 return fail(0, &e, String::new());
