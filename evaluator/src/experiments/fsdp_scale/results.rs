@@ -125,7 +125,7 @@ pub fn targets(runs: &[FsdpScaleRun], slopes: &[Slope]) -> Vec<Target> {
     {
         out.push(Target::new(
             format!(
-                "fsdp-scale: log-log slope of ckpt {} against ranks (bound: DCP's in the same run)",
+                "log-log slope of ckpt {} against ranks (bound: DCP's in the same run)",
                 s.what
             ),
             s.ckpt,
@@ -135,7 +135,7 @@ pub fn targets(runs: &[FsdpScaleRun], slopes: &[Slope]) -> Vec<Target> {
     if let Some(big) = runs.iter().max_by_key(|r| r.ranks) {
         for (what, c, d) in PAIRS.iter().filter(|p| p.0 == "save" || p.0 == "load") {
             out.push(Target::new(
-                format!("fsdp-scale: {} ranks, ckpt {what} / dcp.{what}", big.ranks),
+                format!("{} ranks, ckpt {what} / dcp.{what}", big.ranks),
                 c(big) / d(big),
                 0.3,
             ));

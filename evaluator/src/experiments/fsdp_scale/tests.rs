@@ -57,7 +57,7 @@ fn parses_runs_and_judges_the_targets() {
     assert!(t[1].met && t[1].what.contains("load"));
     // At 8 ranks: 0.4 / 2.0 = 0.2 for both, within 0.3.
     assert!(t[2].met && (t[2].ratio - 0.2).abs() < 1e-12, "{:?}", t[2]);
-    assert!(t[3].met && t[3].what.starts_with("fsdp-scale: 8 ranks"));
+    assert!(t[3].met && t[3].what.starts_with("8 ranks"));
 }
 
 #[test]
