@@ -86,6 +86,18 @@ pub fn parse_run(v: &Json) -> Result<FsdpScaleRun, Error> {
     })
 }
 
+/// A finished job's JSON line and run, or why there is none.
+fn parse_job(ok: bool, stdout: &str, stderr: &str) -> Result<(Json, FsdpScaleRun), Error> {
+    match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
+        (true, Some(line)) => {
+            let v: Json = serde_json::from_str(line)?;
+            let run = parse_run(&v)?;
+            Ok((v, run))
+        }
+        _ => Err(format!("failed:\n{}", tail(&format!("{stdout}\n{stderr}"), 12)).into()),
+    }
+}
+
 impl FsdpScaleBench {
     /// Run one torchrun job per rank count with `python`.
     pub fn run(&self, ctx: &Ctx, python: &Path) -> Result<FsdpScaleResults, Error> {
@@ -95,7 +107,7 @@ impl FsdpScaleBench {
         ranks.sort_unstable();
         ranks.dedup();
         let pb = ctx.bar(ranks.len() as u64, "fsdp-scale");
-        let (mut runs, mut torch) = (Vec::new(), String::new());
+        let (mut runs, mut torch, mut failed) = (Vec::new(), String::new(), None);
         for &n in &ranks {
             pb.set_message(format!("{n} ranks"));
             let work = dir.join(format!("ranks-{n}"));
@@ -114,21 +126,20 @@ impl FsdpScaleBench {
                 .args(["--blocks", &self.blocks.to_string()])
                 .args(["--width", &self.width.to_string()])
                 .args(["--repeats", &self.repeats.max(1).to_string()]);
-            let (ok, stdout, stderr) = run_bounded(cmd, self.timeout, "torchrun")?;
+            let job = run_bounded(cmd, self.timeout, "torchrun");
             let _ = std::fs::remove_dir_all(&work);
-            let line = match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
-                (true, Some(l)) => l,
-                _ => {
-                    return Err(format!(
-                        "fsdp_scale.py on {n} ranks failed:\n{}",
-                        tail(&format!("{stdout}\n{stderr}"), 12)
-                    )
-                    .into())
+            match job.and_then(|(ok, stdout, stderr)| parse_job(ok, &stdout, &stderr)) {
+                Ok((v, run)) => {
+                    torch = v["torch"].as_str().unwrap_or("").to_owned();
+                    runs.push(run);
                 }
-            };
-            let v: Json = serde_json::from_str(line)?;
-            torch = v["torch"].as_str().unwrap_or("").to_owned();
-            runs.push(parse_run(&v)?);
+                // The smaller rank counts' figures are kept; the larger ones are not tried.
+                Err(e) if !runs.is_empty() => {
+                    failed = Some(format!("fsdp_scale.py on {n} ranks: {e}"));
+                    break;
+                }
+                Err(e) => return Err(format!("fsdp_scale.py on {n} ranks: {e}").into()),
+            }
             pb.inc(1);
         }
         pb.finish_and_clear();
@@ -142,6 +153,7 @@ impl FsdpScaleBench {
             targets: targets(&runs, &slopes),
             slopes,
             runs,
+            failed,
         })
     }
 }
@@ -162,6 +174,10 @@ pub struct FsdpScale {
     /// fsdp-scale: repetitions per rank count, each into fresh directories [default: 1].
     #[arg(long)]
     pub fsdp_repeats: Option<usize>,
+    /// fsdp-scale: seconds one torchrun job may take; past it, or when it
+    /// fails, the smaller rank counts are reported and the larger not run [default: 900].
+    #[arg(long)]
+    pub fsdp_timeout_s: Option<u64>,
 }
 
 impl FsdpScale {
@@ -181,7 +197,7 @@ impl FsdpScale {
                 .max(1),
             width: self.fsdp_width.unwrap_or(16).max(1),
             repeats: self.fsdp_repeats.unwrap_or(1).max(1),
-            timeout: Duration::from_secs(900),
+            timeout: Duration::from_secs(self.fsdp_timeout_s.unwrap_or(900).max(1)),
         }
     }
 }
@@ -221,6 +237,7 @@ impl Experiment for FsdpScale {
         out.tables = tables(&r);
         out.charts = charts(&r);
         out.targets = r.targets.clone();
+        out.notes.extend(r.failed.clone());
         Ok(out)
     }
 }

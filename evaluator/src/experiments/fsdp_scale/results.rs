@@ -65,6 +65,9 @@ pub struct FsdpScaleResults {
     pub slopes: Vec<Slope>,
     /// The targets.
     pub targets: Vec<Target>,
+    /// The rank count whose job failed or ran past its limit, and why (the
+    /// larger ones were not run), if one did.
+    pub failed: Option<String>,
 }
 
 /// Least-squares slope of ln(y) against ln(x); `None` without two distinct

@@ -95,6 +95,7 @@ fn renders_a_row_per_rank_count_and_a_slope_per_quantity() {
         targets: targets(&runs, &s),
         slopes: s,
         runs,
+        failed: None,
     };
     let t = tables(&r);
     assert_eq!(t[0].rows.len(), 3);
@@ -111,4 +112,17 @@ fn renders_a_row_per_rank_count_and_a_slope_per_quantity() {
         }
         other => panic!("not lines: {other:?}"),
     }
+}
+
+#[test]
+fn a_job_counts_only_when_it_succeeded_and_printed_its_line() {
+    let v = line(4, [0.1, 0.1, 0.1], [1.0, 1.0], 10, 10).to_string();
+    let out = format!("a warning\n{v}\n");
+    let (_, run) = parse_job(true, &out, "").unwrap();
+    assert_eq!(run.ranks, 4);
+    let failed = parse_job(false, &out, "Traceback: rank 3")
+        .unwrap_err()
+        .to_string();
+    assert!(failed.contains("rank 3"), "{failed}");
+    assert!(parse_job(true, "no line\n", "").is_err());
 }
