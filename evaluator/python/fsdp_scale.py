@@ -7,7 +7,9 @@ Run under torchrun (gloo on CPU); ``ckpt-eval fsdp-scale`` does it for each rank
 
 Every rank builds the same deep MLP: ``--blocks`` blocks of one ``Linear(width,
 width)`` (no bias) and a ReLU, each block ``fully_shard``ed and then the root,
-and takes one AdamW step. With the default 400 blocks a rank holds 1,600
+and takes one AdamW step. FSDP2 shards each weight's ``width`` rows over the
+ranks: with fewer rows than ranks the last ranks hold empty shards, so
+``ckpt-eval`` passes a width of at least the rank count. With the default 400 blocks a rank holds 1,600
 tensors (400 weight shards, and AdamW's ``exp_avg``, ``exp_avg_sq`` and ``step``
 of each), of a few bytes each: the times are coordination and metadata, not
 bytes.

@@ -168,7 +168,9 @@ pub struct FsdpScale {
     /// with AdamW [default: 100; --full: 400].
     #[arg(long)]
     pub fsdp_blocks: Option<usize>,
-    /// fsdp-scale: width of each block's Linear [default: 16].
+    /// fsdp-scale: width of each block's Linear, also its rows that FSDP2
+    /// shards [default: 16, or the largest rank count if larger, so that every
+    /// rank holds a shard of every weight].
     #[arg(long)]
     pub fsdp_width: Option<usize>,
     /// fsdp-scale: repetitions per rank count, each into fresh directories [default: 1].
@@ -183,19 +185,24 @@ pub struct FsdpScale {
 impl FsdpScale {
     fn bench(&self, ctx: &Ctx) -> FsdpScaleBench {
         let full = ctx.full;
+        let ranks = self.fsdp_ranks.clone().unwrap_or_else(|| {
+            if full {
+                vec![4, 8, 16, 32]
+            } else {
+                vec![4, 8]
+            }
+        });
+        // FSDP2 shards each weight's rows: with fewer rows than ranks, the
+        // last ranks hold empty shards and the larger rank counts measure
+        // fewer shards than they have ranks.
+        let most = ranks.iter().copied().max().unwrap_or(1);
         FsdpScaleBench {
-            ranks: self.fsdp_ranks.clone().unwrap_or_else(|| {
-                if full {
-                    vec![4, 8, 16, 32]
-                } else {
-                    vec![4, 8]
-                }
-            }),
+            ranks,
             blocks: self
                 .fsdp_blocks
                 .unwrap_or(if full { 400 } else { 100 })
                 .max(1),
-            width: self.fsdp_width.unwrap_or(16).max(1),
+            width: self.fsdp_width.unwrap_or(most.max(16)).max(1),
             repeats: self.fsdp_repeats.unwrap_or(1).max(1),
             timeout: Duration::from_secs(self.fsdp_timeout_s.unwrap_or(900).max(1)),
         }
