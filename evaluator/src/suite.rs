@@ -158,6 +158,8 @@ suite! {
         "Ranks under mpirun, with and without dedup (needs the `mpi` feature); thousands of ranks simulated in this process (`--simulate`: only those).";
     sharded: crate::experiments::sharded::Sharded => Sharded,
         "FSDP2 state under torchrun: ckpt beside dcp and torch-checkpointing.";
+    fsdp_scale: crate::experiments::fsdp_scale::FsdpScale => FsdpScale,
+        "Many small FSDP2 tensors under torchrun at growing rank counts: ckpt's coordination and metadata beside DCP's.";
     python: crate::experiments::pytrain::Python => Python,
         "A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside its peers, and real training loops.";
     recovery: crate::experiments::recovery::Recovery => Recovery,

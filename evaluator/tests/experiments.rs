@@ -61,6 +61,7 @@ fn the_suite_is_the_list_and_a_subcommand_runs_what_it_needs() {
             "interval",
             "scale",
             "sharded",
+            "fsdp-scale",
             "python",
             "recovery",
             "memtier",
@@ -77,6 +78,22 @@ fn the_suite_is_the_list_and_a_subcommand_runs_what_it_needs() {
     assert_eq!(s.sharded_ranks, Some(vec![2, 4]));
     let suite = Cli::parse_from(["ckpt-eval", "--sharded-ranks", "4"]);
     assert_eq!(suite.suite.sharded.sharded_ranks, Some(vec![4]));
+    let fs = Cli::parse_from([
+        "ckpt-eval",
+        "fsdp-scale",
+        "--fsdp-ranks",
+        "4,8,16,32",
+        "--fsdp-blocks",
+        "400",
+    ]);
+    assert_eq!(names(&fs), ["fsdp-scale"]);
+    let Some(Cmd::FsdpScale(f)) = &fs.cmd else {
+        panic!("not the fsdp-scale subcommand")
+    };
+    assert_eq!(
+        (f.fsdp_ranks.clone(), f.fsdp_blocks),
+        (Some(vec![4, 8, 16, 32]), Some(400))
+    );
     // interval reads the formats and overhead results: they run first.
     let iv = Cli::parse_from(["ckpt-eval", "interval", "--mtbf", "60"]);
     assert_eq!(names(&iv), ["formats", "overhead", "interval"]);
@@ -480,12 +497,12 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     let r = ckpt_eval::suite::run(&c, &list).await;
     let errors: Vec<_> = r.errors().collect();
     assert!(errors.is_empty(), "{errors:?}");
-    // sharded, python and memtier need Python, left out above; gpu needs its script
+    // sharded, fsdp-scale, python and memtier need Python, left out above; gpu needs its script
     // (and a device); s3 needs a server, named by no URL here.
     let not_run: Vec<&str> = r.not_run().map(|(w, _)| w).collect();
     assert_eq!(
         not_run,
-        ["sharded", "python", "memtier", "gpu", "s3"],
+        ["sharded", "fsdp-scale", "python", "memtier", "gpu", "s3"],
         "{:?}",
         r.not_run().collect::<Vec<_>>()
     );

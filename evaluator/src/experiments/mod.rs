@@ -10,6 +10,7 @@
 pub mod determinism;
 pub mod engine;
 pub mod formats;
+pub mod fsdp_scale;
 pub mod gpu;
 pub mod interference;
 pub mod interval;
