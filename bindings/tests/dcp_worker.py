@@ -1,0 +1,116 @@
+"""One rank of the DCP tests (test_dcp.py runs it under torchrun).
+
+    dcp_worker.py save URL OUT --step S [--async thread|process]
+    dcp_worker.py load URL OUT --step S
+
+``save`` builds a small MLP whose dimensions do not divide by the rank count,
+shards it with FSDP2 (``fully_shard``) over all ranks, trains it two steps
+with AdamW and saves model, optimizer and some plain data through
+``torch.distributed.checkpoint`` (``dcp.save``, or ``dcp.async_save`` in a
+thread or a process) into ckpt (:mod:`ckpt.dcp`), step ``S``. ``load`` builds
+the same model on the current ranks (any count), loads step ``S`` with
+``dcp.load`` and hands it to the model and optimizer. Each rank writes
+``OUT/<mode>-rank<r>.json``: digests of the full state (as PyTorch gathers
+it itself) and the plain data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ckpt.dcp import StorageReader, StorageWriter
+
+DIMS = (64, 97, 31, 5)  # 97, 31 and 5 shard unevenly over 2 and 3 ranks
+
+
+def build() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIMS[0], DIMS[1]), nn.ReLU(), nn.Linear(DIMS[1], DIMS[2]), nn.ReLU(),
+                          nn.Linear(DIMS[2], DIMS[3]))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for i in range(0, len(model), 2):
+        fully_shard(model[i], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+        x, y = torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def digests(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    flat = {f"model.{k}": v for k, v in msd.items()}
+    for name, s in osd["state"].items():
+        for k, v in s.items():
+            flat[f"optim.{name}.{k}"] = v
+    out = {}
+    for k, t in sorted(flat.items()):
+        t = t.detach().contiguous().cpu()
+        out[k] = [str(t.dtype), list(t.shape), hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["save", "load"])
+    ap.add_argument("url")
+    ap.add_argument("out")
+    ap.add_argument("--step", type=int, required=True)
+    ap.add_argument("--async", dest="async_", choices=["thread", "process"])
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    row: dict = {"world": dist.get_world_size()}
+    if a.mode == "save":
+        train(model, opt, 2)
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd, "extra": {"epoch": 3, "note": f"saved by {dist.get_world_size()}"}}
+        writer = StorageWriter(a.url)
+        cid = f"step-{a.step}"
+        if a.async_ is None:
+            dcp.save(state, checkpoint_id=cid, storage_writer=writer)
+        else:
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            kind = AsyncCheckpointerType.PROCESS if a.async_ == "process" else AsyncCheckpointerType.THREAD
+            fut = dcp.async_save(state, checkpoint_id=cid, storage_writer=writer, async_checkpointer_type=kind)
+            fut = getattr(fut, "upload_completion", fut)
+            fut.result()
+        writer.close()
+        row["extra"] = state["extra"]
+    else:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd, "extra": {"epoch": 0, "note": ""}}
+        dcp.load(state, checkpoint_id=f"step-{a.step}", storage_reader=StorageReader(a.url))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        row["extra"] = state["extra"]
+    row["digests"] = digests(model, opt)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{a.mode}-rank{rank}.json").write_text(json.dumps(row))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
