@@ -42,8 +42,10 @@ from torch.futures import Future
 from ckpt import _ckpt
 from ckpt._dcpmeta import METADATA, Names, names, pack, tree, unpack
 from ckpt._state.tensors import dtype_name
+from ckpt._runtime import exit as _exit
 from ckpt.distributed import _resolve
-from ckpt.errors import InvalidInputError, NotFoundError, UnsupportedError
+from ckpt.handles import SaveHandle
+from ckpt.errors import CheckpointError, InvalidInputError, NotFoundError, UnsupportedError
 
 if TYPE_CHECKING:
     import numpy
@@ -103,8 +105,8 @@ class StorageWriter(_storage.StorageWriter):
     Each rank hands its items to the engine at ``write_data``; rank 0 hands
     its own and DCP's metadata at ``finish`` and returns once the checkpoint
     is committed, so ``dcp.save`` returns on every rank after the commit (or
-    raises its failure). Other ranks' engine saves end with that commit; their
-    outcome is checked at the writer's next save or :meth:`close`.
+    raises its failure). Other ranks' engine saves end with that commit; the
+    writer's next save, :meth:`close` or the interpreter's exit waits for them.
 
     Args:
         url: the ckpt root (``file:///abs/dir``, a plain path, ``s3://...``).
@@ -144,8 +146,8 @@ class StorageWriter(_storage.StorageWriter):
         self._coordinator = False
         #: Rank 0's tensors, handed to the engine with the metadata at ``finish``.
         self._held: List[_ckpt.TensorSpec] = []
-        #: Another rank's engine save, ended by rank 0's commit.
-        self._pending: Optional[_ckpt.SaveHandle] = None
+        #: Another rank's engine save, ended by rank 0's commit (and finished at exit, see ckpt._runtime.exit).
+        self._pending: Optional[SaveHandle] = None
         #: The state every rank hands the engine (the same on every rank).
         self._meta: object = None
 
@@ -223,7 +225,8 @@ class StorageWriter(_storage.StorageWriter):
         if self._coordinator:
             self._held = specs
         else:
-            self._pending = native.save(step, specs, self._meta)
+            self._pending = SaveHandle(native.save(step, specs, self._meta))
+            _exit.track_save(self._pending)
         done: Future[List[_storage.WriteResult]] = Future()
         done.set_result(results)
         return done
@@ -245,17 +248,19 @@ class StorageWriter(_storage.StorageWriter):
 
     def settle(self, timeout: Optional[float] = None) -> None:
         """Wait for this rank's engine save of the last checkpoint (ranks other
-        than 0), raising its failure: rank 0's ``dcp.save`` has raised it already."""
+        than 0). Its failure is not raised again: the commit is rank 0's, and
+        rank 0's ``finish`` failed with it, which DCP raised on every rank."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.wait(timeout)
+            try:
+                pending.wait(timeout)
+            except CheckpointError:
+                pass
 
     def close(self) -> None:
         """Wait for this rank's last save (:meth:`settle`) and let go of the checkpointer."""
-        try:
-            self.settle()
-        finally:
-            self._native = None
+        self.settle()
+        self._native = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike[str]]) -> bool:
