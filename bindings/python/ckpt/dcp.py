@@ -300,8 +300,9 @@ class StorageReader(_storage.StorageReader):
     """Reads a checkpoint of the ckpt root ``url`` for ``dcp.load``.
 
     Each rank reads the boxes its own plan asks for, and nothing else.
-    ``checkpoint_id`` names the step (see the module docs); without one, the
-    newest committed checkpoint is read. A damaged chunk fails the load with
+    ``checkpoint_id`` names the step (see the module docs); without one, each
+    rank reads the newest committed checkpoint it finds (give one while a job
+    may be committing to the root, so all ranks read the same). A damaged chunk fails the load with
     :class:`~ckpt.CorruptError` (inside DCP's ``CheckpointException`` when
     DCP gathers the ranks' failures).
     """
