@@ -2,6 +2,7 @@
 
     dcp_worker.py save URL OUT --step S [--async thread|process]
     dcp_worker.py load URL OUT --step S
+    dcp_worker.py failures URL OUT --step S
 
 ``save`` builds a small MLP whose dimensions do not divide by the rank count,
 shards it with FSDP2 (``fully_shard``) over all ranks, trains it two steps
@@ -11,7 +12,11 @@ thread or a process) into ckpt (:mod:`ckpt.dcp`), step ``S``. ``load`` builds
 the same model on the current ranks (any count), loads step ``S`` with
 ``dcp.load`` and hands it to the model and optimizer. Each rank writes
 ``OUT/<mode>-rank<r>.json``: digests of the full state (as PyTorch gathers
-it itself) and the plain data.
+it itself) and the plain data. ``failures`` makes saves of step ``S`` fail
+on one rank (a write item it cannot resolve, metadata ckpt cannot store, a
+dtype it cannot store), then saves it, then saves it again (a conflict),
+and records how each went on each rank: every failure must reach every rank
+at once, with no engine save left waiting for a rank that will not come.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -70,7 +76,7 @@ def digests(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["save", "load"])
+    ap.add_argument("mode", choices=["save", "load", "failures"])
     ap.add_argument("url")
     ap.add_argument("out")
     ap.add_argument("--step", type=int, required=True)
@@ -81,6 +87,15 @@ def main() -> None:
     model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     row: dict = {"world": dist.get_world_size()}
+    if a.mode == "failures":
+        train(model, opt, 1)
+        row["cases"] = failures(a.url, a.step, {"model": get_state_dict(model, opt)[0]})
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"failures-rank{rank}.json").write_text(json.dumps(row))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if a.mode == "save":
         train(model, opt, 2)
         msd, osd = get_state_dict(model, opt)
@@ -110,6 +125,47 @@ def main() -> None:
     (out / f"{a.mode}-rank{rank}.json").write_text(json.dumps(row))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def failures(url: str, step: int, state: dict) -> dict:
+    """Each case: the failure's type on this rank (``None``: saved) and the seconds it took."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    rank = dist.get_rank()
+
+    class FailsOnRank1(DefaultSavePlanner):
+        def resolve_data(self, write_item):  # type: ignore[no-untyped-def]
+            if rank == 1:
+                raise RuntimeError("rank 1 cannot resolve its items")
+            return super().resolve_data(write_item)
+
+    class UnstorableMetadata(DefaultSavePlanner):
+        def create_global_plan(self, all_plans):  # type: ignore[no-untyped-def]
+            plans, md = super().create_global_plan(all_plans)
+            md.planner_data = {"not plain": object()}
+            return plans, md
+
+    writer = StorageWriter(url, collective_timeout=120.0)
+    cases = {}
+
+    def attempt(name: str, s: dict, planner: object = None) -> None:
+        t0 = time.perf_counter()
+        outcome = None
+        try:
+            dcp.save(s, checkpoint_id=step, storage_writer=writer, planner=planner)
+        except CheckpointException as e:
+            (exc, _), *_ = e.failures.values()
+            outcome = type(exc).__name__
+        cases[name] = [outcome, time.perf_counter() - t0]
+
+    attempt("resolve", state, FailsOnRank1())
+    attempt("metadata", state, UnstorableMetadata())
+    attempt("dtype", {**state, "odd": torch.zeros(3, dtype=torch.complex128)})
+    attempt("ok", state)
+    attempt("again", state)
+    writer.close()
+    return cases
 
 
 if __name__ == "__main__":

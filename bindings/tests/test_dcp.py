@@ -262,3 +262,19 @@ def test_fsdp2_async_save_by_2_loads_into_1(tmp_path: Path, kind: str) -> None:
     torchrun(2, "save", url, str(out / "save"), "--step", "8", "--async", kind)
     torchrun(1, "load", url, str(out / "load"), "--step", "8")
     check_loaded(out, 2, 1)
+
+
+def test_a_failure_on_one_rank_fails_the_save_on_every_rank_at_once(tmp_path: Path) -> None:
+    url, out = (tmp_path / "ck").as_uri(), tmp_path / "out"
+    torchrun(2, "failures", url, str(out), "--step", "5")
+    ranks = [json.loads((out / f"failures-rank{r}.json").read_text())["cases"] for r in range(2)]
+    for cases in ranks:
+        assert cases["resolve"][0] is not None  # rank 1's RuntimeError, on both ranks
+        assert cases["metadata"][0] == "UnsupportedError"  # rank 0's finish could not store it
+        assert cases["dtype"][0] == "InvalidInputError"  # refused before anything was written
+        assert cases["ok"][0] is None  # the step is saved after all that
+        assert cases["again"][0] == "ConflictError"
+        # No failure waited for a collective timeout (120 s here).
+        assert all(seconds < 30 for _, seconds in cases.values()), cases
+    assert ckpt.Checkpointer(url, read_only=True).steps() == [5]
+    assert ckpt.cli.main(["verify", url]) == 0

@@ -34,7 +34,7 @@ from ckpt._ckpt import TensorRef
 from ckpt._state.tensors import dtype_name, torch_dtype
 from ckpt.errors import CorruptError, UnsupportedError
 
-__all__ = ["FORMAT", "METADATA", "Names", "names", "tree", "pack", "unpack", "encode", "decode"]
+__all__ = ["FORMAT", "METADATA", "Names", "check", "names", "tree", "pack", "unpack", "encode", "decode"]
 
 #: The ``"format"`` of the encoded metadata, and its version.
 FORMAT = "ckpt.dcp"
@@ -129,6 +129,21 @@ def names(plans: Sequence[_planner.SavePlan]) -> Names:
     if clash or METADATA in tensors | byte_items:
         raise UnsupportedError(f"DCP items named both as tensors and bytes, or named {METADATA!r}: {sorted(clash)[:5]}")
     return {"tensors": sorted(tensors), "bytes": sorted(byte_items)}
+
+
+def check(plans: Sequence[_planner.SavePlan]) -> None:
+    """Refuse, before anything is written, what :func:`encode` would refuse
+    of the metadata these plans make: a dtype or layout ckpt does not store,
+    planner data that is not plain."""
+    for plan in plans:
+        _plain(plan.planner_data, "DCP planner_data")
+        for item in plan.items:
+            td = item.tensor_data
+            if td is None:
+                continue
+            dtype_name(td.properties.dtype)
+            if td.properties.layout != torch.strided:
+                raise UnsupportedError(f"{item.index.fqn}: tensor layout {td.properties.layout} is not supported (strided is)")
 
 
 def tree(names: Names) -> Dict[str, Any]:

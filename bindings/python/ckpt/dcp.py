@@ -40,12 +40,12 @@ from torch.distributed.checkpoint import storage as _storage
 from torch.futures import Future
 
 from ckpt import _ckpt
-from ckpt._dcpmeta import METADATA, Names, names, pack, tree, unpack
+from ckpt._dcpmeta import METADATA, Names, check, names, pack, tree, unpack
 from ckpt._state.tensors import dtype_name
 from ckpt._runtime import exit as _exit
-from ckpt.distributed import _resolve
+from ckpt.distributed import Coordinator, _agree, _resolve
 from ckpt.handles import SaveHandle
-from ckpt.errors import CheckpointError, InvalidInputError, NotFoundError, UnsupportedError
+from ckpt.errors import CheckpointError, ConflictError, InvalidInputError, NotFoundError, UnsupportedError
 
 if TYPE_CHECKING:
     import numpy
@@ -143,6 +143,7 @@ class StorageWriter(_storage.StorageWriter):
         self._step: Optional[int] = None
         self.save_id = uuid.uuid4().hex
         self._native: Optional[_ckpt.Checkpointer] = None
+        self._ranks: Optional[Coordinator] = None  # (None alone)
         self._coordinator = False
         #: Rank 0's tensors, handed to the engine with the metadata at ``finish``.
         self._held: List[_ckpt.TensorSpec] = []
@@ -167,7 +168,7 @@ class StorageWriter(_storage.StorageWriter):
         if self._process_group is not None:
             raise UnsupportedError("a StorageWriter with a process_group cannot be sent to another process")
         state = dict(self.__dict__)
-        state.update(_native=None, _held=[], _pending=None, _meta=None)
+        state.update(_native=None, _ranks=None, _held=[], _pending=None, _meta=None)
         return state
 
     def reset(self, checkpoint_id: Optional[CheckpointId] = None) -> None:
@@ -196,36 +197,56 @@ class StorageWriter(_storage.StorageWriter):
     def _open(self) -> _ckpt.Checkpointer:
         if self._native is None:
             timeout = self._options["collective_timeout"]
-            coordinator = _resolve("auto", self._process_group, timeout)
-            self._native = _ckpt.Checkpointer(self.url, coordinator=coordinator, **self._options)
+            self._ranks = _resolve("auto", self._process_group, timeout)
+            self._native = _ckpt.Checkpointer(self.url, coordinator=self._ranks, **self._options)
         return self._native
 
     def prepare_local_plan(self, plan: _planner.SavePlan) -> _planner.SavePlan:
         return plan
 
     def prepare_global_plan(self, plans: List[_planner.SavePlan]) -> List[_planner.SavePlan]:
+        # What would fail the save at rank 0's finish fails it here, before any
+        # rank writes: a committed step (as far as rank 0 knows), what ckpt
+        # cannot store of DCP's metadata.
+        step = self._step
+        if step in {s for s, _ in self._open().committed()}:
+            raise ConflictError(f"step {step} is already committed under {self.url}; a DCP checkpoint is written once")
+        check(plans)
         # Every rank hands the engine the same state, naming every item.
         every = names(plans)
         return [dataclasses.replace(p, storage_data=every) for p in plans]
 
     def write_data(self, plan: _planner.SavePlan, planner: _planner.SavePlanner) -> Future[List[_storage.WriteResult]]:
-        specs: List[_ckpt.TensorSpec] = []
-        results: List[_storage.WriteResult] = []
-        for item in plan.items:
-            spec, size = _spec(item, planner.resolve_data(item))
-            if spec is not None:
-                specs.append(spec)
-            results.append(_storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=item.index.fqn))
         native, step = self._open(), self._step
         assert step is not None  # (set_up_storage_writer checked it)
-        every = cast(Optional[Names], plan.storage_data)
-        if not isinstance(every, dict):
-            raise InvalidInputError("write_data of a plan that StorageWriter.prepare_global_plan did not prepare")
-        self._meta = _ckpt.meta(tree(every), [], None, None)
+        specs: List[_ckpt.TensorSpec] = []
+        results: List[_storage.WriteResult] = []
+        error: Optional[Exception] = None
+        meta: object = None
+        try:
+            every = cast(Optional[Names], plan.storage_data)
+            if not isinstance(every, dict):
+                raise InvalidInputError("write_data of a plan that StorageWriter.prepare_global_plan did not prepare")
+            for item in plan.items:
+                spec, size = _spec(item, planner.resolve_data(item))
+                if spec is not None:
+                    specs.append(spec)
+                results.append(_storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=item.index.fqn))
+            meta = _ckpt.meta(tree(every), [], None, None)
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it
+            error = e
+        # The ranks agree first (on ckpt's group, idle between saves): once one
+        # rank's engine save starts, the commit needs every rank's, so none
+        # starts unless every rank can.
+        native.flush(None)
+        verdict = _agree(self._ranks, error)
+        if verdict is not None:
+            raise verdict
+        self._meta = meta
         if self._coordinator:
             self._held = specs
         else:
-            self._pending = SaveHandle(native.save(step, specs, self._meta))
+            self._pending = SaveHandle(native.save(step, specs, meta))
             _exit.track_save(self._pending)
         done: Future[List[_storage.WriteResult]] = Future()
         done.set_result(results)
@@ -234,13 +255,28 @@ class StorageWriter(_storage.StorageWriter):
     def finish(self, metadata: _md.Metadata, results: List[List[_storage.WriteResult]]) -> None:
         step = self._step
         assert step is not None
-        metadata.storage_meta = self.storage_meta()
-        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+        native = self._open()
         specs, self._held = self._held, []
-        data = pack(metadata)
-        specs.append(_ckpt.TensorSpec(name=METADATA, dtype="U8", shape=[len(data)], data=data))
-        handle = self._open().save(step, specs, self._meta)
-        handle.wait()
+        try:
+            metadata.storage_meta = self.storage_meta()
+            metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+            data = pack(metadata)
+            specs.append(_ckpt.TensorSpec(name=METADATA, dtype="U8", shape=[len(data)], data=data))
+        except BaseException:
+            self._abort(native, step)
+            raise
+        native.save(step, specs, self._meta).wait()
+
+    def _abort(self, native: _ckpt.Checkpointer, step: int) -> None:
+        """End the other ranks' engine saves of ``step`` now, when rank 0
+        cannot save its part: a save of nothing with another state fails
+        on every rank at once (the engine compares the ranks' states)."""
+        if native.world_size <= 1:
+            return
+        try:
+            native.save(step, [], _ckpt.meta({"aborted": True}, [], None, None)).wait()
+        except CheckpointError:
+            pass
 
     def storage_meta(self) -> Optional[_md.StorageMeta]:
         cid = self._id
