@@ -107,6 +107,9 @@ class StorageWriter(_storage.StorageWriter):
     is committed, so ``dcp.save`` returns on every rank after the commit (or
     raises its failure). Other ranks' engine saves end with that commit; the
     writer's next save, :meth:`close` or the interpreter's exit waits for them.
+    A failure on any rank fails the save on every rank at once (no rank is
+    left waiting for a collective timeout): the ranks agree before any engine
+    save starts, and rank 0 ends them if its own part then fails.
 
     Args:
         url: the ckpt root (``file:///abs/dir``, a plain path, ``s3://...``).
