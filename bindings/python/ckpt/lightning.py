@@ -15,6 +15,10 @@ own file handling (``ckpt_path=``, ``"last"``, top-k bookkeeping) works as
 with its own files. ckpt steps count the saves (Lightning's ``global_step``
 is in the checkpoint itself).
 
+A value that is neither a tensor nor plain data (a ``Path`` or an object in
+``hyper_parameters``, say) is refused with :class:`~ckpt.InvalidInputError`
+naming it, before anything is written: store it as plain data.
+
 ``remove_checkpoint`` removes the pointer; which checkpoints the root keeps
 is ckpt's retention (``keep_last``, ``keep_every``). Lightning saves from
 the global-zero rank only, so this checkpointer saves alone
