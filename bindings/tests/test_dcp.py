@@ -133,6 +133,21 @@ def test_save_load_bitwise_and_readable_by_ckpt(mesh: object, url: str) -> None:
     assert ckpt.cli.main(["list", url]) == 0
 
 
+def test_a_state_comes_back_without_a_model(mesh: object, url: str) -> None:
+    """DCP rebuilds a nested state from the checkpoint alone, by the planner's
+    data (each flattened key's path), which ckpt keeps as plain data."""
+    from torch.distributed.checkpoint import state_dict_loader
+
+    load_keys = getattr(state_dict_loader, "_load_state_dict_from_keys", None)
+    if load_keys is None:
+        pytest.skip("this PyTorch cannot load a DCP checkpoint without a state dict")
+    saved = {"model": {"a": torch.randn(3), "layers": [torch.ones(2), {"x": torch.zeros(1)}]}, "extra": {"epoch": 3}}
+    dcp.save(saved, checkpoint_id=1, storage_writer=StorageWriter(url))
+    got = load_keys(storage_reader=StorageReader(url))
+    assert same(got["model"]["a"], saved["model"]["a"]) and same(got["model"]["layers"][1]["x"], torch.zeros(1))
+    assert got["extra"] == {"epoch": 3}
+
+
 def test_unchanged_tensors_are_stored_once(mesh: object, url: str, root: Path) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
 
