@@ -169,6 +169,11 @@ def test_unchanged_tensors_are_stored_once(mesh: object, url: str, root: Path) -
     loaded = {k: torch.zeros_like(v) for k, v in s.items()}
     dcp.load(loaded, checkpoint_id=2, storage_reader=StorageReader(url))
     assert all(same(s[k], loaded[k]) for k in s)
+    # A change in place, of one element, is saved too.
+    s["b"][7] += 1
+    dcp.save(s, checkpoint_id=3, storage_writer=writer)
+    dcp.load(loaded, checkpoint_id=3, storage_reader=StorageReader(url))
+    assert all(same(s[k], loaded[k]) for k in s)
 
 
 def test_async_save_in_a_thread(mesh: object, url: str) -> None:
