@@ -1,0 +1,107 @@
+"""Lightning training with ckpt as its ``CheckpointIO`` (``ckpt.lightning``), on CPU.
+
+A tiny model trains two epochs with a checkpoint at each epoch's end; a
+second run resumes from the first epoch's checkpoint with ``ckpt_path=`` and
+must end with the same weights and optimizer state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+L = pytest.importorskip("lightning")
+
+import ckpt  # noqa: E402
+import ckpt.cli  # noqa: E402
+from ckpt.lightning import CkptCheckpointIO  # noqa: E402
+
+
+class Tiny(L.LightningModule):  # type: ignore[misc, name-defined]
+    def __init__(self, width: int = 8, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1))
+
+    def training_step(self, batch, _i):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return ((self.net(x) - y) ** 2).mean()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)}
+
+
+def data() -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True) ** 2), batch_size=16, shuffle=False)
+
+
+def trainer(tmp: Path, url: str, epochs: int) -> "L.Trainer":
+    every = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp / "points", save_top_k=-1, save_last=True)
+    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, plugins=[CkptCheckpointIO(url)],
+                     callbacks=[every], logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     default_root_dir=str(tmp), deterministic=True)
+
+
+def weights(model: nn.Module, opt: torch.optim.Optimizer) -> Dict[str, bytes]:
+    out = {k: v.detach().contiguous().numpy().tobytes() for k, v in model.state_dict().items()}
+    for i, s in opt.state_dict()["state"].items():
+        for k, v in s.items():
+            out[f"opt.{i}.{k}"] = v.detach().contiguous().reshape(-1).numpy().tobytes()
+    return out
+
+
+def test_resume_from_a_ckpt_checkpoint_is_bitwise(tmp_path: Path, url: str) -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    t = trainer(tmp_path / "a", url, 2)
+    t.fit(model, data())
+    ended = weights(model, t.optimizers[0])
+
+    points = sorted((tmp_path / "a" / "points").iterdir())
+    names: List[str] = [p.name for p in points]
+    assert "last.ckpt" in names and "epoch=0-step=4.ckpt" in names, names
+    pointer = json.loads((tmp_path / "a" / "points" / "epoch=0-step=4.ckpt").read_text())
+    assert pointer["format"] == "ckpt.lightning" and pointer["url"] == url
+
+    # Every checkpoint Lightning saved is an ordinary ckpt checkpoint of the root.
+    cp = ckpt.Checkpointer(url, read_only=True)
+    assert len(cp.steps()) == 4  # each epoch, and last.ckpt after each
+    first = cp.read(pointer["step"]).state
+    assert first["global_step"] == 4 and first["epoch"] == 0
+    assert ckpt.cli.main(["verify", url]) == 0
+
+    torch.manual_seed(123)  # another initialisation: everything must come from the checkpoint
+    resumed = Tiny()
+    t2 = trainer(tmp_path / "b", url, 2)
+    t2.fit(resumed, data(), ckpt_path=str(tmp_path / "a" / "points" / "epoch=0-step=4.ckpt"))
+    assert t2.global_step == 8
+    assert weights(resumed, t2.optimizers[0]) == ended
+    # The resumed run's own checkpoints went to the same root, after the first run's.
+    assert len(ckpt.Checkpointer(url, read_only=True).steps()) == 6
+
+
+def test_load_and_remove(tmp_path: Path, url: str) -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    t = trainer(tmp_path, url, 1)
+    t.fit(model, data())
+    io = CkptCheckpointIO(url)
+    last = tmp_path / "points" / "last.ckpt"
+    loaded = io.load_checkpoint(last)
+    assert loaded["hyper_parameters"]["width"] == 8
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded["state_dict"][k], v), k
+    io.remove_checkpoint(last)
+    assert not last.exists()
+    (tmp_path / "other.ckpt").write_text("{}")
+    with pytest.raises(ckpt.UnsupportedError):
+        io.load_checkpoint(tmp_path / "other.ckpt")
