@@ -349,7 +349,10 @@ async fn per_rank_values_under_one_name_are_refused_on_every_rank() {
     for s in futures::future::join_all(saves).await {
         match s.unwrap() {
             Err(Error::InvalidInput(why)) => {
-                assert!(why.contains("differ") && why.contains("differs per rank"), "{why}")
+                assert!(
+                    why.contains("differ") && why.contains("differs per rank"),
+                    "{why}"
+                )
             }
             other => panic!("expected InvalidInput, got {other:?}"),
         }

@@ -118,10 +118,12 @@ async fn retention_and_gc_keep_every_needed_chunk() {
 #[tokio::test]
 async fn gc_removes_incomplete_saves() {
     let url = memory_root("gc-incomplete");
-    // The leftovers below are made now: collect them without a grace period.
+    // The leftovers below are made now: collect them without a grace period,
+    // with a full sweep (which finds incomplete saves) after every commit.
     let opts = CheckpointerOptions {
         retention: Retention::keep_last(3),
         gc_grace: std::time::Duration::ZERO,
+        gc_sweep_every: 1,
         ..Default::default()
     };
     let cp = ckpt_formats::builder(&url)

@@ -26,6 +26,7 @@ use object_store::ObjectStore;
 use crate::error::{Error, Result};
 use crate::layout::manifest::is_hash;
 use crate::layout::paths::CHUNKS;
+use crate::model::CheckpointId;
 use crate::sync::MutexExt;
 
 /// Known chunk hashes (hex), with their stored sizes.
@@ -33,6 +34,9 @@ use crate::sync::MutexExt;
 pub struct ChunkIndex {
     present: Mutex<HashMap<String, u64>>,
     seeded: std::sync::atomic::AtomicBool,
+    /// The chunks this rank's records of each checkpoint reference, so that
+    /// it forgets those of a retired one without being sent what GC deleted.
+    notes: Mutex<HashMap<CheckpointId, Vec<String>>>,
 }
 
 impl ChunkIndex {
@@ -55,7 +59,43 @@ impl ChunkIndex {
         Ok(ChunkIndex {
             present: Mutex::new(set),
             seeded: true.into(),
+            notes: Default::default(),
         })
+    }
+
+    /// Remember that this rank's records of `id` reference `hashes`.
+    pub fn note(&self, id: &CheckpointId, hashes: Vec<String>) {
+        self.notes.lock_unpoisoned().insert(id.clone(), hashes);
+    }
+
+    /// Checkpoints were retired: forget the chunks this rank's records of
+    /// them referenced that none of its other noted checkpoints does (GC may
+    /// have deleted them; one another rank still uses is written again).
+    pub fn retire(&self, ids: &[CheckpointId]) {
+        let mut notes = self.notes.lock_unpoisoned();
+        let gone: Vec<String> = ids
+            .iter()
+            .filter_map(|id| notes.remove(id))
+            .flatten()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let kept: std::collections::HashSet<&str> =
+            notes.values().flatten().map(String::as_str).collect();
+        let mut present = self.lock();
+        for h in gone.iter().filter(|h| !kept.contains(h.as_str())) {
+            present.remove(h);
+        }
+    }
+
+    /// Forget everything (a full sweep deleted what nothing references):
+    /// the next save seeds the index again.
+    pub fn forget_all(&self) {
+        self.lock().clear();
+        self.notes.lock_unpoisoned().clear();
+        self.seeded
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     /// Seed the index once ([`seed`]); with `again`, replace what it knows
@@ -67,7 +107,11 @@ impl ChunkIndex {
             return;
         }
         let known = match seed(store, rank).await {
-            Ok(k) => k,
+            Ok(Some((id, k))) => {
+                self.note(&id, k.keys().cloned().collect());
+                k
+            }
+            Ok(None) => HashMap::new(),
             Err(e) => {
                 tracing::info!("chunk index not seeded ({e}); this save writes every chunk");
                 HashMap::new()
@@ -125,9 +169,12 @@ impl ChunkIndex {
 /// reference (its fragment, or the manifest that holds every record), with
 /// their stored sizes. Reads `manifests/`'s listing, one manifest and at
 /// most one fragment.
-pub async fn seed(store: &dyn ObjectStore, rank: u32) -> Result<HashMap<String, u64>> {
+pub async fn seed(
+    store: &dyn ObjectStore,
+    rank: u32,
+) -> Result<Option<(CheckpointId, HashMap<String, u64>)>> {
     let Some(id) = crate::layout::catalog::committed(store).await?.pop() else {
-        return Ok(HashMap::new());
+        return Ok(None);
     };
     let root = crate::layout::catalog::read_manifest(store, &id).await?;
     let only = std::collections::BTreeSet::from([rank]);
@@ -138,7 +185,7 @@ pub async fn seed(store: &dyn ObjectStore, rank: u32) -> Result<HashMap<String, 
             out.extend(chunks.iter().map(|c| (c.hash.clone(), c.stored)));
         }
     }
-    Ok(out)
+    Ok(Some((id, out)))
 }
 
 type Fetch = Shared<BoxFuture<'static, std::result::Result<Bytes, Arc<Error>>>>;

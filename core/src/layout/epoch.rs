@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::layout::catalog;
+use crate::layout::manifest::Manifest;
 use crate::layout::paths;
 use crate::model::CheckpointId;
 use crate::sync::MutexExt;
@@ -233,7 +234,13 @@ impl ManifestEpochs {
         if let Some(e) = self.0.lock_unpoisoned().get(id) {
             return Ok(*e);
         }
-        let e = catalog::read_manifest(store, id).await?.epoch;
+        // The header line says it (256 bytes read); an older manifest's is read whole.
+        let key = crate::layout::paths::manifest_key(id);
+        let head = store.get_range(&key, 0..256).await;
+        let e = match head.ok().and_then(|h| Manifest::header_epoch(&h)) {
+            Some(e) => e,
+            None => catalog::read_manifest(store, id).await?.epoch,
+        };
         self.0.lock_unpoisoned().insert(id.clone(), e);
         Ok(e)
     }

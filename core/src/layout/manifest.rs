@@ -252,11 +252,14 @@ impl Manifest {
         let body = serde_json::to_vec(self)
             .map_err(|e| Error::Internal(format!("encode manifest: {e}")))?;
         let hash = blake3::hash(&body);
+        // The epoch is in the header too (readers before it ignore a fifth
+        // field), so that judging a checkpoint's epoch reads one line.
         let mut out = format!(
-            "{MAGIC} {} {} {}\n",
+            "{MAGIC} {} {} {} {}\n",
             self.version,
             hash.to_hex(),
-            body.len()
+            body.len(),
+            self.epoch
         )
         .into_bytes();
         out.extend_from_slice(&body);
@@ -307,6 +310,7 @@ impl Manifest {
             .next()
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| bad("bad length field".into()))?;
+        let header_epoch = fields.next();
         let body = &bytes[nl + 1..];
         if body.len() != len {
             return Err(bad(format!(
@@ -343,11 +347,27 @@ impl Manifest {
                 m.version
             )));
         }
+        if header_epoch.is_some_and(|e| e.parse::<u64>().ok() != Some(m.epoch)) {
+            return Err(bad(
+                "the header's epoch is not the body's (damaged header)".into()
+            ));
+        }
         m.validate().map_err(|e| match e {
             Error::InvalidInput(reason) => bad(reason),
             other => other,
         })?;
         Ok(m)
+    }
+
+    /// The epoch a stored manifest's header line says, if it says one
+    /// (written since the header carries it). Not verified: a load checks it
+    /// against the body, and a damaged one is damage there.
+    pub fn header_epoch(head: &[u8]) -> Option<u64> {
+        let nl = head.iter().take(256).position(|&b| b == b'\n')?;
+        let line = std::str::from_utf8(&head[..nl]).ok()?;
+        let mut f = line.split(' ');
+        (f.next()? == MAGIC).then_some(())?;
+        f.nth(3)?.parse().ok()
     }
 
     /// Check internal consistency (used on decode, and before commit).

@@ -95,6 +95,8 @@ pub struct GcReport {
     pub chunk_sweep_skipped: bool,
     /// Hashes of the chunks deleted.
     pub deleted_chunks: Vec<String>,
+    /// True for a full sweep (listing `data/` and `chunks/`).
+    pub full_sweep: bool,
 }
 
 /// How a GC round treats what may still be in use.
@@ -162,7 +164,10 @@ pub async fn collect(
     protected: &HashSet<CheckpointId>,
     sweep: &mut Sweep,
 ) -> Result<GcReport> {
-    let mut report = GcReport::default();
+    let mut report = GcReport {
+        full_sweep: !sweep.incremental,
+        ..GcReport::default()
+    };
     let view = EpochView::read(store).await?;
     let (valid, zombies) = epoch::partition_committed(store, &view, &sweep.epochs).await?;
     let (kept, mut retired) = retention.partition(&valid);

@@ -13,8 +13,7 @@ use crate::model::CheckpointId;
 
 impl Checkpointer {
     /// A round after a commit is incremental but every `gc_sweep_every`-th
-    /// (the first of a checkpointer included, so a restarted job sweeps what
-    /// its predecessor left); one on request is a full sweep.
+    /// (the last of each run of that many); one on request is a full sweep.
     fn sweep(&self, fence: Option<Fence>, after_commit: bool) -> Sweep {
         let (refs, round) = self.gc_memo();
         let every = u64::from(self.options().gc_sweep_every);
@@ -22,7 +21,7 @@ impl Checkpointer {
             grace: self.options().gc_grace,
             fence,
             epochs: self.fencing().manifest_epochs().clone(),
-            incremental: after_commit && every > 0 && round % every != 0,
+            incremental: after_commit && every > 0 && round % every != every - 1,
             refs: refs.clone(),
         }
     }

@@ -95,6 +95,10 @@ struct GcSummary {
     incomplete_removed: Vec<(u64, String)>,
     chunks_deleted: u64,
     chunk_sweep_skipped: bool,
+    /// A full sweep: every rank forgets the chunks it knew (what GC deleted
+    /// is not sent: it grows with the job).
+    #[serde(default)]
+    full_sweep: bool,
 }
 
 /// A digest of a rank's metadata, to compare across ranks (`PlanMsg::meta_digest`).
@@ -220,13 +224,17 @@ impl Checkpointer {
 
         // 3. Rank 0 commits; everyone learns the outcome.
         let mut commit = Duration::ZERO;
+        let mut deleted = Vec::new();
         let outcome = if rank == 0 {
             let t = Instant::now();
             let ctx = self.write_context(&id, &job.meta, stats.clone());
-            let o = self
+            let mut o = self
                 .commit(&ctx, &id, &shares, job.meta, &agreed.index)
                 .await;
             commit = t.elapsed();
+            // What GC deleted stays here: it grows with the job (the other
+            // ranks forget what their own records of retired ones used).
+            deleted = std::mem::take(&mut o.deleted_chunks);
             o
         } else {
             CommitOutcome {
@@ -267,14 +275,32 @@ impl Checkpointer {
                 attempt: attempt.clone(),
             });
         }
+        let mut mine = Vec::new();
         for r in &written.records {
             if let Layout::Chunks { chunks } = &r.layout {
                 for c in chunks {
                     self.chunks().insert(c.hash.clone(), c.stored);
+                    mine.push(c.hash.clone());
                 }
             }
         }
-        for h in &outcome.deleted_chunks {
+        self.chunks().note(&id, mine);
+        if let Some(g) = &outcome.gc {
+            if g.full_sweep {
+                self.chunks().forget_all();
+            } else {
+                let retired: Vec<CheckpointId> = g
+                    .retired
+                    .iter()
+                    .map(|(step, attempt)| CheckpointId {
+                        step: *step,
+                        attempt: attempt.clone(),
+                    })
+                    .collect();
+                self.chunks().retire(&retired);
+            }
+        }
+        for h in &deleted {
             self.chunks().remove(h);
         }
         let written = stats.totals();
@@ -306,7 +332,8 @@ impl Checkpointer {
                     .collect(),
                 chunks_deleted: g.chunks_deleted,
                 chunk_sweep_skipped: g.chunk_sweep_skipped,
-                deleted_chunks: outcome.deleted_chunks.clone(),
+                deleted_chunks: deleted,
+                full_sweep: g.full_sweep,
             }),
         })
     }
@@ -462,6 +489,7 @@ impl Checkpointer {
                     .collect(),
                 chunks_deleted: g.chunks_deleted,
                 chunk_sweep_skipped: g.chunk_sweep_skipped,
+                full_sweep: g.full_sweep,
             }),
         }
     }
