@@ -95,20 +95,34 @@ impl MpiCoordinator {
     }
 }
 
+/// Where each rank's message starts in the receive buffer, and the total.
+fn displacements(lens: &[i32]) -> Result<(Vec<i32>, i32)> {
+    let mut displs = Vec::with_capacity(lens.len());
+    let mut total = 0i32;
+    for &l in lens {
+        displs.push(total);
+        total = total
+            .checked_add(l)
+            .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
+    }
+    Ok((displs, total))
+}
+
+/// Each rank's message out of the receive buffer.
+fn split(buf: &[u8], lens: &[i32], displs: &[i32]) -> Vec<Vec<u8>> {
+    lens.iter()
+        .zip(displs)
+        .map(|(&l, &d)| buf[d as usize..(d + l) as usize].to_vec())
+        .collect()
+}
+
 fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<Vec<Vec<u8>>> {
     let size = world.size() as usize;
     let len = i32::try_from(data.len())
         .map_err(|_| Error::InvalidInput("collective message over 2 GiB".into()))?;
     let mut lens = vec![0i32; size];
     world.all_gather_into(&len, &mut lens[..]);
-    let mut displs = Vec::with_capacity(size);
-    let mut total = 0i32;
-    for &l in &lens {
-        displs.push(total);
-        total = total
-            .checked_add(l)
-            .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
-    }
+    let (displs, total) = displacements(&lens)?;
     if total == 0 {
         // Every rank sent nothing (a barrier): OpenMPI refuses a gather into an
         // empty buffer (MPI_ERR_ARG, fatal), and there is nothing to move.
@@ -119,11 +133,7 @@ fn all_gather(world: &mpi::topology::SimpleCommunicator, data: &[u8]) -> Result<
         let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
         world.all_gather_varcount_into(data, &mut part);
     }
-    Ok(lens
-        .iter()
-        .zip(&displs)
-        .map(|(&l, &d)| buf[d as usize..(d + l) as usize].to_vec())
-        .collect())
+    Ok(split(&buf, &lens, &displs))
 }
 
 fn gather(
@@ -147,14 +157,7 @@ fn gather(
     }
     let mut lens = vec![0i32; size];
     process.gather_into_root(&len, &mut lens[..]);
-    let mut displs = Vec::with_capacity(size);
-    let mut total = 0i32;
-    for &l in &lens {
-        displs.push(total);
-        total = total
-            .checked_add(l)
-            .ok_or_else(|| Error::InvalidInput("collective messages over 2 GiB".into()))?;
-    }
+    let (displs, total) = displacements(&lens)?;
     // An empty receive buffer is refused by OpenMPI (see all_gather); one
     // byte more than needed is not.
     let mut buf = vec![0u8; total.max(1) as usize];
@@ -162,11 +165,7 @@ fn gather(
         let mut part = PartitionMut::new(&mut buf[..], &lens[..], &displs[..]);
         process.gather_varcount_into_root(data, &mut part);
     }
-    Ok(lens
-        .iter()
-        .zip(&displs)
-        .map(|(&l, &d)| buf[d as usize..(d + l) as usize].to_vec())
-        .collect())
+    Ok(split(&buf, &lens, &displs))
 }
 
 fn broadcast(
