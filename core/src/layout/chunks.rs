@@ -125,16 +125,6 @@ impl ChunkIndex {
         }
     }
 
-    /// Replace what the index knows by one new listing of `chunks/` (after a
-    /// writer epoch was claimed: an older writer may have deleted chunks since
-    /// the index was built).
-    pub async fn refresh(&self, store: &dyn ObjectStore) -> Result<()> {
-        let fresh = Self::scan(store).await?;
-        let map = std::mem::take(&mut *fresh.lock());
-        *self.lock() = map;
-        Ok(())
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
         self.present.lock_unpoisoned()
     }
