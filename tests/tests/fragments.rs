@@ -233,21 +233,18 @@ async fn a_root_lists_fragments_and_a_load_reads_only_those_it_needs() {
     let id = cps[0].committed().await.unwrap().pop().unwrap();
     let root = cps[0].root(&id).await.unwrap();
     assert_eq!(root.version, MANIFEST_VERSION);
-    assert!(root.tensors.is_empty());
     assert_eq!(root.fragments.len(), 4);
     let w = root.index.iter().find(|e| e.name == "w").unwrap();
     assert!(w.split.is_some() && w.pieces.is_empty(), "{w:?}");
-    let b = root
-        .index
-        .iter()
-        .find(|e| e.name == "b")
-        .unwrap()
-        .rank
-        .unwrap();
+    // The replicated `b` is recorded in the root itself, whoever wrote it.
+    let b = root.index.iter().find(|e| e.name == "b").unwrap();
+    assert!(b.in_root() && b.rank.is_none(), "{b:?}");
+    let names: Vec<&str> = root.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["b"]);
 
     // Rank 2's own rows (3..6 of 10 over 4: torch.chunk gives 3, 3, 3, 1)
-    // and `b` need fragments 2 and b's writer alone: remove the others.
-    for r in (0..4).filter(|&r| r != 2 && r != b) {
+    // and `b` need fragment 2 alone: remove the others.
+    for r in (0..4).filter(|&r| r != 2) {
         std::fs::remove_file(fragment_path(dir.path(), &root, r)).unwrap();
     }
     let reader = ckpt_formats::builder(&url)
@@ -327,6 +324,44 @@ async fn the_single_manifest_layout_still_loads() {
     let latest = two[0].load_latest().await.unwrap().unwrap();
     assert_eq!(latest.id, id);
     assert_eq!(latest.manifest.version, MANIFEST_VERSION_INLINE);
+    assert_eq!(
+        latest.state.tensor("w").unwrap().data[..],
+        expect(3, "w", 0, ROWS)[..]
+    );
+}
+
+/// A root of the first fragment layout (version 2: a replica's record in
+/// its writer's fragment, named by the index) loads as it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_fragment_layout_still_loads() {
+    use ckpt_core::layout::{Fragment, MANIFEST_VERSION_FRAGMENTS};
+    let (dir, url) = temp_root();
+    let cps = open(&url, &Ring::new(4)).await;
+    save_all(&cps, 3).await;
+    let id = cps[0].committed().await.unwrap().pop().unwrap();
+    let mut root = cps[0].root(&id).await.unwrap();
+    // `b` goes back into rank 3's fragment, as version 2 kept it.
+    let path = fragment_path(dir.path(), &root, 3);
+    let mut frag = Fragment::decode(&std::fs::read(&path).unwrap(), "fragment").unwrap();
+    frag.tensors.append(&mut root.tensors);
+    let bytes = frag.encode().unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let r3 = root.fragments.iter_mut().find(|f| f.rank == 3).unwrap();
+    r3.blake3 = blake3::hash(&bytes).to_hex().to_string();
+    r3.len = bytes.len() as u64;
+    root.index.iter_mut().find(|e| e.name == "b").unwrap().rank = Some(3);
+    root.version = MANIFEST_VERSION_FRAGMENTS;
+    let key = ckpt_core::layout::manifest_key(&id);
+    std::fs::write(dir.path().join(key.as_ref()), root.encode().unwrap()).unwrap();
+
+    let two = open(&url, &Ring::new(2)).await;
+    let got = two[1].load_tensors(&id, &["b"]).await.unwrap();
+    assert_eq!(got[0].data, Bytes::from(global(3, "b", 5)));
+    let latest = two[0].load_latest().await.unwrap().unwrap();
+    assert_eq!(
+        (latest.id, latest.manifest.version),
+        (id, MANIFEST_VERSION_FRAGMENTS)
+    );
     assert_eq!(
         latest.state.tensor("w").unwrap().data[..],
         expect(3, "w", 0, ROWS)[..]

@@ -83,7 +83,7 @@ pub async fn expand(
     mut root: Manifest,
     only: Option<&BTreeSet<u32>>,
 ) -> Result<Manifest> {
-    if !root.has_fragments() || !root.tensors.is_empty() {
+    if !root.has_fragments() {
         return Ok(root);
     }
     let id = root.id();
@@ -103,14 +103,16 @@ pub async fn expand(
         .await?;
     let index: HashMap<&str, &IndexEntry> =
         root.index.iter().map(|e| (e.name.as_str(), e)).collect();
-    let mut tensors = Vec::new();
+    // The root's own records (replicated tensors), then the fragments'.
+    let mut tensors = std::mem::take(&mut root.tensors);
     let mut objects = Vec::new();
     for f in frags {
         let key = fragment::fragment_key(&id, f.rank);
         for t in &f.tensors {
             let global = t.shard.as_ref().map_or(&t.shape, |s| &s.global_shape);
             let listed = IndexEntry::find(&index, &t.name).is_some_and(|(e, own)| {
-                e.dtype == t.dtype
+                !e.in_root()
+                    && e.dtype == t.dtype
                     && &e.shape == global
                     && e.sharded == t.shard.is_some()
                     && own.is_none_or(|r| r == f.rank)

@@ -214,7 +214,9 @@ pub struct IndexEntry {
     /// the suffix).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own: bool,
-    /// A whole tensor: the rank whose fragment holds it.
+    /// A whole tensor: the rank whose fragment holds it; `None` for one
+    /// several ranks hold (a replica), whose record is in the root itself
+    /// ([`in_root`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     /// A sharded tensor split as torch.chunk splits it over every rank.
@@ -229,6 +231,11 @@ impl IndexEntry {
     /// Raw bytes of the whole tensor.
     pub fn nbytes(&self) -> Result<u64> {
         self.dtype.byte_len(numel(&self.shape)?)
+    }
+
+    /// True for a whole tensor whose record the root holds (see [`in_root`]).
+    pub fn in_root(&self) -> bool {
+        !self.own && !self.sharded && self.rank.is_none()
     }
 
     /// Stored pieces (the non-empty ones of a split).
@@ -303,15 +310,15 @@ pub(crate) fn validate(index: &[IndexEntry], world: u32) -> std::result::Result<
             return Err(bad("empty or repeated name"));
         }
         e.nbytes().map_err(|x| bad(&x.to_string()))?;
-        let whole = e.rank.is_some() && e.split.is_none() && e.pieces.is_empty();
+        let whole = e.split.is_none() && e.pieces.is_empty();
         if e.own {
             if e.sharded || e.rank.is_some() || e.split.is_some() || !e.pieces.is_empty() {
                 return Err(bad("an own entry names no rank and no pieces"));
             }
             continue;
         }
-        if !(e.sharded || whole && e.rank < Some(world)) {
-            return Err(bad("a whole tensor names one rank of the job"));
+        if !(e.sharded || whole && e.rank.is_none_or(|r| r < world)) {
+            return Err(bad("a whole tensor names one rank of the job, or none"));
         }
         if e.sharded && e.rank.is_some() {
             return Err(bad("a sharded tensor names no single rank"));
@@ -340,6 +347,14 @@ pub(crate) fn validate(index: &[IndexEntry], world: u32) -> std::result::Result<
 
 /// An item several ranks may hold: a whole tensor, or a piece at offsets.
 pub type Item = (String, Option<Vec<u64>>);
+
+/// Whether the record of `e` goes in the root rather than its writer's
+/// fragment: a whole tensor several ranks hold (a replica, with an owner in
+/// `owners`). Its one record then costs the root O(1), and a restart reads
+/// the root and its own fragment, not the fragment of every replica's writer.
+pub fn in_root(owners: &std::collections::BTreeMap<Item, u32>, e: &Entry) -> bool {
+    e.placement == Placement::Whole && owners.contains_key(&(e.name.clone(), None))
+}
 
 /// The index of a save, from the distinct tables (with the ranks that hold
 /// each, ascending, every rank in one) and the writer of each replicated item
@@ -392,8 +407,7 @@ pub fn build(
             match &e.placement {
                 Placement::Own => {}
                 Placement::Whole => {
-                    let key = (e.name.clone(), None);
-                    a.entry.rank = Some(owners.get(&key).copied().unwrap_or(first));
+                    a.entry.rank = (!in_root(owners, e)).then_some(first);
                 }
                 Placement::Chunk { dim } => a.chunks.push((*dim, ranks)),
                 Placement::Box { offsets, shape } => {
@@ -512,7 +526,8 @@ mod tests {
         assert_eq!(w.ranks_for(&[3, 0], &[3, 3]), vec![1, 2]);
         assert_eq!(w.ranks_for(&[8, 0], &[1, 3]), vec![4]);
         let b = index.iter().find(|e| e.name == "b").unwrap();
-        assert_eq!(b.ranks_for(&[0], &[2]), vec![3]);
+        // A replica's record is in the root: no fragment holds it.
+        assert!(b.in_root() && b.ranks_for(&[0], &[2]).is_empty());
         let by: std::collections::HashMap<&str, &IndexEntry> =
             index.iter().map(|e| (e.name.as_str(), e)).collect();
         let (own, rank) = IndexEntry::find(&by, "__rank4__.rng").unwrap();

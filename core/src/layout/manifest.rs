@@ -31,8 +31,11 @@ use crate::model::tensor::{numel, ShardSpec};
 use crate::model::value::Value;
 use crate::model::CheckpointId;
 
-/// Newest schema version written by this library: a root with fragments.
-pub const MANIFEST_VERSION: u32 = 2;
+/// Newest schema version written by this library: a root with fragments,
+/// holding the records of replicated tensors itself.
+pub const MANIFEST_VERSION: u32 = 3;
+/// The first schema with fragments (every record in one; still read).
+pub const MANIFEST_VERSION_FRAGMENTS: u32 = 2;
 /// The schema of a manifest that holds every record itself (still written
 /// when there are no fragments, so older readers open single-rank checkpoints).
 pub const MANIFEST_VERSION_INLINE: u32 = 1;
@@ -321,7 +324,13 @@ impl Manifest {
         if blake3::hash(body).to_hex().as_str() != hash {
             return Err(bad("manifest hash mismatch".into()));
         }
-        if version != MANIFEST_VERSION && version != MANIFEST_VERSION_INLINE {
+        if ![
+            MANIFEST_VERSION,
+            MANIFEST_VERSION_FRAGMENTS,
+            MANIFEST_VERSION_INLINE,
+        ]
+        .contains(&version)
+        {
             // Another schema only if the body (which the hash covers, unlike
             // the header) says so too: a damaged version digit in the header
             // is damage, which a load falls back past, not a newer writer's
@@ -376,7 +385,7 @@ impl Manifest {
         if !self.attempt.bytes().all(|b| b.is_ascii_alphanumeric()) || self.attempt.is_empty() {
             return Err(bad(format!("bad attempt id `{}`", self.attempt)));
         }
-        let fragmented = self.version >= MANIFEST_VERSION;
+        let fragmented = self.version >= MANIFEST_VERSION_FRAGMENTS;
         if fragmented != self.has_fragments() || (!fragmented && !self.index.is_empty()) {
             return Err(bad(format!(
                 "schema version {} with {} fragments and {} index entries",
@@ -386,8 +395,22 @@ impl Manifest {
             )));
         }
         if fragmented {
-            if !self.tensors.is_empty() {
-                return Err(bad("a root with fragments holds no records itself".into()));
+            // Its own records: exactly those of the replicated tensors.
+            let in_root: std::collections::HashSet<&str> = self
+                .index
+                .iter()
+                .filter(|e| e.in_root())
+                .map(|e| e.name.as_str())
+                .collect();
+            let only_replicas = self.tensors.len() == in_root.len()
+                && self
+                    .tensors
+                    .iter()
+                    .all(|t| t.shard.is_none() && in_root.contains(t.name.as_str()));
+            if !only_replicas {
+                return Err(bad(
+                    "a root with fragments holds the records of its replicated tensors, and no others".into(),
+                ));
             }
             crate::layout::fragment::validate_refs(&self.fragments, self.world_size)
                 .map_err(bad)?;

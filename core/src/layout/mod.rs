@@ -33,8 +33,8 @@ pub use fragment::{Fragment, FragmentRef};
 pub use index::IndexEntry;
 pub use local_root::LocalRoot;
 pub use manifest::{
-    ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MANIFEST_VERSION_INLINE,
-    MAX_MANIFEST_BYTES,
+    ChunkRef, Layout, Manifest, TensorRecord, MANIFEST_VERSION, MANIFEST_VERSION_FRAGMENTS,
+    MANIFEST_VERSION_INLINE, MAX_MANIFEST_BYTES,
 };
 pub use paths::{
     checkpoint_name, chunk_key, data_prefix, manifest_key, parse_checkpoint_name, CHUNKS, DATA,

@@ -72,8 +72,13 @@ enum Share {
         records: Vec<TensorRecord>,
         objects: Vec<String>,
     },
-    /// Where they are (a job of several ranks).
-    Fragment(FragmentRef),
+    /// Where they are (a job of several ranks), and the records of the
+    /// replicated tensors this rank wrote, which the root holds
+    /// ([`index::in_root`]).
+    Fragment {
+        fragment: FragmentRef,
+        replicas: Vec<TensorRecord>,
+    },
 }
 
 /// What rank 0 broadcasts after the commit.
@@ -167,14 +172,17 @@ impl Checkpointer {
                 agreed.fence_in.is_some(),
             )
             .await;
+        // What this rank writes, and of it the replicas (their records go to the root).
+        let mut replicas = std::collections::HashSet::new();
         let mine: Vec<Tensor> = tensors
             .into_iter()
             .filter(|t| {
-                plan::writes(
-                    &agreed.owners,
-                    rank as u32,
-                    &index::entry_of(t, rank, world),
-                )
+                let e = index::entry_of(t, rank, world);
+                let writes = plan::writes(&agreed.owners, rank as u32, &e);
+                if writes && index::in_root(&agreed.owners, &e) {
+                    replicas.insert(t.name.clone());
+                }
+                writes
             })
             .collect();
         let raw_bytes: u64 = mine.iter().map(|t| t.data.len() as u64).sum();
@@ -187,15 +195,23 @@ impl Checkpointer {
             let ctx = self.write_context(&id, &job.meta, stats.clone());
             let out = self.format().write(&ctx, &mine).await?;
             let share = if world > 1 {
+                let (replicas, tensors) = out
+                    .records
+                    .iter()
+                    .cloned()
+                    .partition(|r| replicas.contains(r.name.as_str()));
                 let f = Fragment {
                     version: FRAGMENT_VERSION,
                     step: id.step,
                     attempt: id.attempt.clone(),
                     rank: rank as u32,
-                    tensors: out.records.clone(),
+                    tensors,
                     objects: out.objects.clone(),
                 };
-                Share::Fragment(fragment::put(self.store().as_ref(), &f).await?)
+                Share::Fragment {
+                    fragment: fragment::put(self.store().as_ref(), &f).await?,
+                    replicas,
+                }
             } else {
                 Share::Inline {
                     records: out.records.clone(),
@@ -384,7 +400,10 @@ impl Checkpointer {
                     tensors.extend(records.iter().cloned());
                     objects.extend(o.iter().cloned());
                 }
-                Ok(Share::Fragment(f)) => fragments.push(f.clone()),
+                Ok(Share::Fragment { fragment, replicas }) => {
+                    fragments.push(fragment.clone());
+                    tensors.extend(replicas.iter().cloned());
+                }
                 Err(e) => return fail(r, e.clone()),
             }
         }
@@ -415,7 +434,7 @@ impl Checkpointer {
             }
             // A format whose finish needs every record (an index file) reads
             // the fragments back: O(ranks) reads, for interchange formats only.
-            let mut all = Vec::new();
+            let mut all = tensors.clone();
             for f in &fragments {
                 all.extend(fragment::read(self.store().as_ref(), id, f).await?.tensors);
             }
