@@ -7,11 +7,11 @@
 //!   in-memory store, with every collective byte and store request counted
 //!   per rank: what each rank and rank 0 cost as the job grows.
 //!
-//! The simulation runs the commit protocol the engine has. Where it sends
-//! every rank's records to every rank, what ranks receive grows with the
-//! square of the job: a rank count whose projection (the largest smaller
-//! count's bytes, scaled by the square of the ratio) exceeds the budget is
-//! skipped and says so.
+//! A rank count whose collective bytes, projected from the two largest
+//! smaller counts' growth, exceed the budget is skipped and says so. The
+//! root of a job larger than this process can save (16,384 ranks of 1,600
+//! tensors) is built by the commit's own code from one rank's tensors
+//! ([`ckpt_core::testing::root_of`]).
 
 pub mod mpi;
 mod render;
@@ -60,6 +60,48 @@ pub struct SimBench {
     pub stored: Vec<usize>,
 }
 
+/// Ranks and tensors per rank of the job whose root is built, not saved.
+pub const ROOT_RANKS: usize = 16384;
+/// Sharded tensors per rank of it (an FSDP2 job's parameters and Adam's
+/// moments), besides [`ROOT_REPLICATED`] replicated ones (Adam's steps).
+pub const ROOT_SHARDED: usize = 1200;
+/// Replicated tensors per rank of it.
+pub const ROOT_REPLICATED: usize = 400;
+/// Bytes a record takes in a fragment, for the built root's fragment sizes.
+const RECORD_BYTES: u64 = 256;
+
+/// The root of a job too large to save here, built by the commit's code.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuiltRoot {
+    /// Ranks.
+    pub ranks: usize,
+    /// Tensors per rank (sharded, replicated, and one of its own).
+    pub tensors: usize,
+    /// The encoded root's bytes.
+    pub bytes: u64,
+}
+
+impl BuiltRoot {
+    /// Build it.
+    pub fn make() -> Result<BuiltRoot, Error> {
+        let shape = state::Shape {
+            sharded: ROOT_SHARDED,
+            replicated: ROOT_REPLICATED,
+        };
+        let st = state::of_rank(shape, 0, ROOT_RANKS, 1)?;
+        let bytes = ckpt_core::testing::root_of(
+            &st.tensors,
+            ROOT_RANKS,
+            RECORD_BYTES * ROOT_SHARDED as u64,
+        )?;
+        Ok(BuiltRoot {
+            ranks: ROOT_RANKS,
+            tensors: st.tensors.len(),
+            bytes: bytes.len() as u64,
+        })
+    }
+}
+
 /// Results of the simulation.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimResults {
@@ -67,6 +109,8 @@ pub struct SimResults {
     pub bench: SimBench,
     /// One per rank count, smallest first.
     pub rows: Vec<SimRow>,
+    /// The root of a job of [`ROOT_RANKS`] ranks of 1,600 tensors.
+    pub built_root: Option<BuiltRoot>,
     /// The retention and restart figures by checkpoints stored.
     pub stored: Vec<StoredFigures>,
 }
@@ -91,11 +135,7 @@ impl SimBench {
         let mut rows: Vec<SimRow> = Vec::new();
         for n in counts {
             pb.set_message(format!("{n} ranks"));
-            let before = rows.iter().rev().find_map(|r| r.run.as_ref());
-            let projected = before.map(|b| {
-                let f = n as f64 / b.ranks as f64;
-                (b.received_all() as f64 * f * f) as u64
-            });
+            let projected = project(&rows, n);
             let mut row = SimRow {
                 ranks: n,
                 run: None,
@@ -125,27 +165,43 @@ impl SimBench {
         Ok(SimResults {
             bench: self.clone(),
             rows,
+            built_root: Some(BuiltRoot::make()?),
             stored,
         })
     }
 
-    /// Seconds on a 2-core machine. The engine's all-gathers make a save and
-    /// a load cost about the square of the ranks: on a busy 2-core machine,
-    /// 1 s at 64 ranks, 60 s at 512, 250 s at 1,024 (4 sharded tensors),
-    /// when about 2 GiB are received in all per save.
+    /// Seconds on a 2-core machine: about linear in the ranks (each rank's
+    /// share of a save is flat; rank 0's gathers grow with the job).
     fn estimate_s(&self) -> f64 {
         let per_rank = (self.shape.state.sharded + 3) as f64 / 7.0;
         let mut s = 1.0 + self.stored.iter().map(|&k| 0.01 * k as f64).sum::<f64>();
         for n in self.counts() {
-            let x = n as f64 / 1024.0;
-            let received_all = 2.0 * (1u64 << 30) as f64 * per_rank * x * x;
-            if n > PROBE_RANKS && received_all > self.budget_bytes as f64 {
-                continue;
-            }
-            s += per_rank * (5.0 * x + 245.0 * x * x);
+            s += per_rank * SECS_PER_1024_RANKS * n as f64 / 1024.0;
         }
         s
     }
+}
+
+/// Seconds the simulation takes per 1,024 ranks (7 tensors each) on a busy
+/// 2-core machine: three saves and two loads.
+const SECS_PER_1024_RANKS: f64 = 6.0;
+
+/// Collective bytes every rank together would receive in one save at `n`
+/// ranks: the largest measured count's, grown as the two largest grew
+/// (linearly when only one ran).
+fn project(rows: &[SimRow], n: usize) -> Option<u64> {
+    let mut ran = rows.iter().rev().filter_map(|r| r.run.as_ref());
+    let last = ran.next()?;
+    let slope = ran
+        .next()
+        .filter(|prev| prev.ranks < last.ranks && prev.received_all() > 0)
+        .map_or(1.0, |prev| {
+            (last.received_all() as f64 / prev.received_all() as f64).ln()
+                / (last.ranks as f64 / prev.ranks as f64).ln()
+        })
+        .max(1.0);
+    let f = n as f64 / last.ranks as f64;
+    Some((last.received_all() as f64 * f.powf(slope)) as u64)
 }
 
 fn gib(b: u64) -> f64 {
@@ -298,7 +354,7 @@ impl Experiment for Scale {
         });
         if sim.rows.iter().any(|r| r.skipped.is_some()) {
             notes.push(
-                "scale (simulated): a rank count is skipped when the collective bytes every rank together would receive in one save, projected from the largest smaller count's measured bytes times the square of the ratio of ranks, exceed --sim-budget-gib".into(),
+                "scale (simulated): a rank count is skipped when the collective bytes every rank together would receive in one save, projected from the two largest smaller counts' growth, exceed --sim-budget-gib".into(),
             );
         }
         tables.extend(render::tables(&sim));

@@ -43,6 +43,7 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
             "recv/rank KiB",
             "rank 0 recv KiB",
             "rank 0 largest recv KiB",
+            "sent + recv, other ranks (max) KiB",
             "requests (all ranks)",
             "requests/rank (max)",
             "commit s (slowest wait)",
@@ -63,6 +64,7 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
                 kib(s.received_max as f64),
                 kib(s.rank0.received_bytes() as f64),
                 kib(s.rank0.max_received_bytes() as f64),
+                kib(s.others_max as f64),
                 reqs(&s.requests),
                 reqs(&s.requests_rank_max),
                 format!("{:.3}", s.commit_s),
@@ -72,10 +74,11 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
     }
     let mut loads = Table::new(
         "sim_scale_load",
-        "Scale, simulated: the root's metadata (bytes of the newest checkpoint's objects under manifests/) and a load of the newest checkpoint by as many ranks as saved it and by half as many (each box two old pieces, every byte checked). Per rank: requests to open a read-only checkpointer (and the objects its listings returned), requests of the load (list the checkpoints, read the boxes), bytes read, and of them metadata (keys outside chunks/)".into(),
+        "Scale, simulated: the root's metadata (bytes of the newest checkpoint's objects under manifests/, and its largest fragment of records) and a load of the newest checkpoint by as many ranks as saved it and by half as many (each box two old pieces, every byte checked). Per rank: requests to open a read-only checkpointer (and the objects its listings returned), requests of the load (list the checkpoints, read the boxes), bytes read, and of them metadata (keys outside chunks/)".into(),
         &[
             "ranks saved",
             "root KiB",
+            "largest fragment KiB",
             "loading ranks",
             "open requests/rank (max)",
             "load requests/rank (max)",
@@ -92,6 +95,7 @@ pub fn tables(sim: &SimResults) -> Vec<Table> {
             loads.rows.push(vec![
                 run.ranks.to_string(),
                 kib(run.root_bytes as f64),
+                kib(run.fragment_max_bytes as f64),
                 l.ranks.to_string(),
                 reqs_listed(&l.open_rank_max),
                 reqs(&l.rank_max),
@@ -170,41 +174,40 @@ pub fn chart(sim: &SimResults) -> Chart {
     }
 }
 
-/// Ranks the target on root bytes is about.
-const ROOT_AT: usize = 16384;
-
 /// Reported, not asserted.
 pub fn targets(sim: &SimResults) -> Vec<Target> {
     let mut out = Vec::new();
     let runs: Vec<&RankRun> = ran(sim).collect();
-    let per_rank = |r: &RankRun| r.saves.get(1).map_or(0, |s| s.sent_max + s.received_max) as f64;
+    let per_rank = |r: &RankRun| r.saves.get(1).map_or(0, |s| s.others_max) as f64;
     if let (Some(small), Some(large)) = (runs.first(), runs.last()) {
         if large.ranks > small.ranks {
             out.push(Target::new(
                 format!(
-                    "scale (simulated): save 2 collective bytes per rank (max sent + received), {} ranks over {} ranks",
+                    "scale (simulated): save 2 collective bytes per rank (sent + received, the most of any rank but rank 0), {} ranks over {} ranks",
                     large.ranks, small.ranks
                 ),
                 per_rank(large) / per_rank(small).max(1.0),
                 1.5,
             ));
         }
-        let (bytes, how) = match runs.iter().find(|r| r.ranks == ROOT_AT) {
-            Some(r) => (r.root_bytes as f64, "measured".to_string()),
-            None => (
-                large.root_bytes as f64 * ROOT_AT as f64 / large.ranks as f64,
-                format!(
-                    "projected from {} ranks × {ROOT_AT}/{}",
-                    large.ranks, large.ranks
-                ),
-            ),
-        };
         out.push(Target::new(
             format!(
-                "scale (simulated): root metadata at {ROOT_AT} ranks, MiB ({how}; bound: one MiB)"
+                "scale (simulated): metadata a same-shape restart read per rank (the most of any) over the root + 2× its largest fragment, {} ranks",
+                large.ranks
             ),
-            bytes / (1u64 << 20) as f64,
+            large.load_same.meta_bytes_max as f64
+                / (large.root_bytes + 2 * large.fragment_max_bytes).max(1) as f64,
             1.0,
+        ));
+    }
+    if let Some(b) = &sim.built_root {
+        out.push(Target::new(
+            format!(
+                "scale: root of {} ranks × {} tensors each, MiB (built by the commit's code from one rank's tensors)",
+                b.ranks, b.tensors
+            ),
+            b.bytes as f64 / (1u64 << 20) as f64,
+            8.0,
         ));
     }
     if let (Some(few), Some(many)) = (sim.stored.first(), sim.stored.last()) {

@@ -40,6 +40,9 @@ pub struct SaveFigures {
     pub sent_max: u64,
     /// Collective bytes a rank received, the most of any rank.
     pub received_max: u64,
+    /// Collective bytes a rank other than rank 0 sent and received, the
+    /// most of any (rank 0 receives what the commit gathers: O(ranks)).
+    pub others_max: u64,
     /// Rank 0's collectives, by kind.
     pub rank0: CollectiveCounts,
     /// Collective bytes received by every rank together.
@@ -92,6 +95,8 @@ pub struct RankRun {
     pub saves: Vec<SaveFigures>,
     /// Bytes of the newest checkpoint's objects under `manifests/`.
     pub root_bytes: u64,
+    /// Bytes of the newest checkpoint's largest fragment of records.
+    pub fragment_max_bytes: u64,
     /// The load by as many ranks as saved.
     pub load_same: LoadFigures,
     /// The load by half as many (each box two old pieces), from 2 ranks on.
@@ -126,14 +131,34 @@ where
     Fut: Future<Output = Result<T, ckpt_core::Error>> + Send + 'static,
     T: Send + 'static,
 {
-    let tasks: Vec<_> = (0..n).map(|r| tokio::spawn(f(r))).collect();
+    on_ranks_in_waves(n, n, f).await
+}
+
+/// Loading ranks in flight at once. A load takes part in no collective, so
+/// ranks may run in waves: each still reads and parses the root itself, but
+/// the process does not hold 16,384 parsed roots at once (a real job holds
+/// one per host process).
+const LOAD_WAVE: usize = 512;
+
+/// [`on_ranks`], at most `wave` ranks at a time (ranks that meet in
+/// collectives must all be in one wave).
+async fn on_ranks_in_waves<T, F, Fut>(n: usize, wave: usize, f: F) -> Result<Vec<T>, Error>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<T, ckpt_core::Error>> + Send + 'static,
+    T: Send + 'static,
+{
     let mut out = Vec::with_capacity(n);
-    for (r, t) in tasks.into_iter().enumerate() {
-        let v = t
-            .await
-            .map_err(|e| format!("rank {r}: {e}"))?
-            .map_err(|e| format!("rank {r} of {n}: {e}"))?;
-        out.push(v);
+    for start in (0..n).step_by(wave.max(1)) {
+        let end = (start + wave.max(1)).min(n);
+        let tasks: Vec<_> = (start..end).map(|r| tokio::spawn(f(r))).collect();
+        for (t, r) in tasks.into_iter().zip(start..) {
+            let v = t
+                .await
+                .map_err(|e| format!("rank {r}: {e}"))?
+                .map_err(|e| format!("rank {r} of {n}: {e}"))?;
+            out.push(v);
+        }
     }
     Ok(out)
 }
@@ -235,6 +260,12 @@ pub async fn save(
         save,
         sent_max: coll.iter().map(|c| c.sent_bytes()).max().unwrap_or(0),
         received_max: coll.iter().map(|c| c.received_bytes()).max().unwrap_or(0),
+        others_max: coll
+            .iter()
+            .skip(1)
+            .map(|c| c.sent_bytes() + c.received_bytes())
+            .max()
+            .unwrap_or(0),
         rank0: coll[0],
         received_all: coll.iter().map(|c| c.received_bytes()).sum(),
         requests: sum(&reqs),
@@ -247,19 +278,30 @@ pub async fn save(
 }
 
 /// Bytes of the objects under `manifests/` of checkpoint `id` (the root
-/// manifest, and whatever else a commit keeps there).
-pub async fn root_bytes(store: &dyn ObjectStore, id: &CheckpointId) -> Result<u64, Error> {
+/// manifest, and whatever else a commit keeps there), and of its largest
+/// fragment of records (under `data/<id>/records/`).
+pub async fn root_bytes(store: &dyn ObjectStore, id: &CheckpointId) -> Result<(u64, u64), Error> {
     let name = format!("{:020}-{}", id.step, id.attempt);
-    let objects: Vec<_> = store
-        .list(Some(&Path::from("manifests")))
-        .try_collect()
-        .await
-        .map_err(ckpt_core::Error::from)?;
-    Ok(objects
+    let listed = |prefix: Path| async move {
+        store
+            .list(Some(&prefix))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(ckpt_core::Error::from)
+    };
+    let root = listed(Path::from(ckpt_core::layout::MANIFESTS))
+        .await?
         .iter()
         .filter(|o| o.location.as_ref().contains(&name))
         .map(|o| o.size)
-        .sum())
+        .sum();
+    let fragment = listed(ckpt_core::layout::data_prefix(id).clone().join("records"))
+        .await?
+        .iter()
+        .map(|o| o.size)
+        .max()
+        .unwrap_or(0);
+    Ok((root, fragment))
 }
 
 /// Open `loaders` read-only ranks on the root and load, on each, its box of
@@ -277,7 +319,7 @@ pub async fn load(
     let (job, opened) = start;
     let before = job.counts();
     let t = Instant::now();
-    let checked = on_ranks(loaders, |q| {
+    let checked = on_ranks_in_waves(loaders, LOAD_WAVE, |q| {
         let cp = job.cps[q].clone();
         async move {
             let ids = cp.committed().await?;
@@ -370,7 +412,7 @@ pub async fn run_ranks(n: usize, sim: SimShape) -> Result<RankRun, Error> {
     }
     drop(job);
     let id = last.ok_or("no save")?;
-    let root_bytes = root_bytes(inner.as_ref(), &id).await?;
+    let (root_bytes, fragment_max_bytes) = root_bytes(inner.as_ref(), &id).await?;
     let load_same = load(&inner, &url, sim, n, n, 3).await?;
     let load_half = if n >= 2 && n % 2 == 0 {
         Some(load(&inner, &url, sim, n / 2, n, 3).await?)
@@ -383,6 +425,7 @@ pub async fn run_ranks(n: usize, sim: SimShape) -> Result<RankRun, Error> {
         open_s,
         saves,
         root_bytes,
+        fragment_max_bytes,
         load_same,
         load_half,
     })

@@ -46,9 +46,11 @@ pub fn replicated_name(j: usize) -> String {
     format!("replicated{j}")
 }
 
-/// Name of rank `r`'s own tensor.
+/// Name of rank `r`'s own tensor: under the rank's own prefix, as the
+/// Python layer names a rank's RNG state, so that every rank's table of what
+/// it holds is alike (the plan then exchanges one table, not one per rank).
 pub fn local_name(r: usize) -> String {
-    format!("rank{r}/rng")
+    format!("{}.rng", ckpt_core::layout::pymeta::own_name(r as u64))
 }
 
 /// Rows `rows` of sharded tensor `i` (every column).
@@ -195,8 +197,11 @@ mod tests {
             w[2].expect,
             &saved[0].tensor("replicated0").unwrap().data[..]
         );
-        assert_eq!(w[3].name, "rank2/rng");
-        assert_eq!(w[4].expect, &saved[3].tensor("rank3/rng").unwrap().data[..]);
+        assert_eq!(w[3].name, "__rank2__.rng");
+        assert_eq!(
+            w[4].expect,
+            &saved[3].tensor(&local_name(3)).unwrap().data[..]
+        );
         // Another seed, other bytes.
         assert_ne!(wants(shape, 1, 2, 4, 10)[0].expect, both);
     }
