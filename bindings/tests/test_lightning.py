@@ -2,7 +2,10 @@
 
 A tiny model trains two epochs with a checkpoint at each epoch's end; a
 second run resumes from the first epoch's checkpoint with ``ckpt_path=`` and
-must end with the same weights and optimizer state, bit for bit.
+must end with the same weights and optimizer state, bit for bit. And a
+``Trainer.fit`` job (lightning_worker.py) saving at each epoch's end is
+killed with SIGKILL in the middle of the next, rerun with ``ckpt_path="last"``,
+and must end where a job never killed does, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ L = pytest.importorskip("lightning")
 import ckpt  # noqa: E402
 import ckpt.cli  # noqa: E402
 from ckpt.lightning import CkptCheckpointIO  # noqa: E402
+from conftest import PYTHON, python_env  # noqa: E402
+from killed import assert_same_end, run, run_killed  # noqa: E402
+
+WORKER = str(Path(__file__).with_name("lightning_worker.py"))
 
 
 class Tiny(L.LightningModule):  # type: ignore[misc, name-defined]
@@ -105,3 +112,17 @@ def test_load_and_remove(tmp_path: Path, url: str) -> None:
     (tmp_path / "other.ckpt").write_text("{}")
     with pytest.raises(ckpt.UnsupportedError):
         io.load_checkpoint(tmp_path / "other.ckpt")
+
+
+def test_a_killed_fit_resumes_from_last_bitwise(tmp_path: Path) -> None:
+    def job(url: str, out: Path, *extra: str) -> List[str]:
+        return [PYTHON, WORKER, url, str(out), "--steps", "16", "--every", "1", *extra]  # 8 steps an epoch
+
+    run(job((tmp_path / "ref").as_uri(), tmp_path / "ref-out"), python_env())
+    url, out = (tmp_path / "ck").as_uri(), tmp_path / "out"
+    run_killed(job(url, out, "--slow-after", "8"), python_env(), out, 8)  # in the second epoch
+    pointer = json.loads((out / "points" / "last.ckpt").read_text())
+    assert ckpt.Checkpointer(url, read_only=True).read(pointer["step"]).state["global_step"] == 8
+    assert "ended at 16" in run(job(url, out), python_env())
+    assert_same_end(tmp_path / "ref-out", out)
+    assert ckpt.cli.main(["verify", url]) == 0
