@@ -610,6 +610,15 @@ impl Checkpointer {
         Ok(ids.into_iter().map(|id| (id.step, id.attempt)).collect())
     }
 
+    /// Saves cut off before their commit that left a folder under `data/`,
+    /// oldest first, as `(step, attempt)` (two listings; no object read).
+    fn uncommitted(&self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
+        let cp = self.core()?.clone();
+        let ids = runtime::wait(py, move || async move { cp.uncommitted().await })
+            .and_then(IntoPyResult::py)?;
+        Ok(ids.into_iter().map(|id| (id.step, id.attempt)).collect())
+    }
+
     /// Every checkpoint under the root, committed or incomplete, as dicts with
     /// `step`, `attempt`, `status` (`committed`, `incomplete`, `corrupt`),
     /// `reason`, `bytes`, `tensors`, `format`. `verify=True` reads all data.

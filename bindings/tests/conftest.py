@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,3 +134,23 @@ def python_env() -> dict:
 
 
 PYTHON = sys.executable
+
+
+@contextlib.contextmanager
+def logged(match: str) -> Iterator[List[str]]:
+    """The messages logger ``"ckpt"`` gives at ``WARNING`` and above inside
+    the block; exactly one, matching ``match`` (a regular expression)."""
+    got: List[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    log = logging.getLogger("ckpt")
+    handler = Keep(logging.WARNING)
+    log.addHandler(handler)
+    try:
+        yield got
+    finally:
+        log.removeHandler(handler)
+    assert len(got) == 1 and re.search(match, got[0]), (match, got)

@@ -6,7 +6,6 @@ import json
 import sys
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sized
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Literal, Optional, Tuple, Type, Union, cast, overload
@@ -15,13 +14,13 @@ from ckpt import _ckpt
 from ckpt._save import ahead as _ahead
 from ckpt._runtime import exit as _exit
 from ckpt._restore import load as _load
+from ckpt._restore import passed as _passed
 from ckpt._state import own as _own
 from ckpt._runtime.gc import collector_paused
 from ckpt.handles import Checkpoint, RestorePhases, SaveHandle, SavePhases
 from ckpt._ckpt import GcReport
 from ckpt.distributed import _agree, _resolve
 from ckpt.errors import CheckpointError, CorruptError, InvalidInputError, NotFoundError
-from ckpt.rng import RNGState
 from ckpt._state.tree import Flattened, flatten
 
 if TYPE_CHECKING:
@@ -50,11 +49,13 @@ class Checkpointer:
             ``s3://bucket/prefix`` or ``tiered+<fast URL>?durable=<URL>``.
         keep_last: keep only the newest N checkpoints (default: keep all).
         keep_every: also keep every checkpoint whose step is a multiple of K.
-        compression: ``None`` or ``"zstd"`` (``level`` 1..22).
-        lazy: ``save`` returns at once; a step pre-hook on each optimizer in
-            the state blocks ``optimizer.step()`` until parameters and
-            optimizer state are copied. Anything else that mutates them must
-            call :meth:`wait_snapshot` first.
+        compression: ``None`` (the default) or ``"zstd"`` (``level`` 1..22).
+        lazy: ``False`` (the default: ``save`` returns once the state is
+            copied) or ``True``: ``save`` returns at once, and a step
+            pre-hook on each optimizer in the state blocks
+            ``optimizer.step()`` until parameters and optimizer state are
+            copied. Anything else that mutates them must call
+            :meth:`wait_snapshot` first.
         staging_budget: bytes of host staging and page-locked memory
             (default: twice the first save's state).
         device_staging: bytes of GPU memory a lazy save may snapshot CUDA
@@ -141,6 +142,11 @@ class Checkpointer:
         #: Where the last restore's time went (:meth:`load_latest` or :meth:`load`
         #: that restored a checkpoint); None before one.
         self.last_restore: Optional[RestorePhases] = None
+        #: This rank's ``per_rank`` state as the last restore found it (a
+        #: dict, its tensors new), or None: no restore asked for it, or the
+        #: checkpoint holds none for this rank (the saving job had no rank
+        #: of this number).
+        self.last_per_rank: Optional[Dict[str, object]] = None
         #: Removes the step post-hooks that ready a fresh start's first save (:mod:`ckpt._save.ahead`).
         self._ahead_hooks_off: Callable[[], None] = _ahead.nothing
         self._slabs: Optional[SlabPool] = None  # host slabs of CUDA snapshots
@@ -190,6 +196,14 @@ class Checkpointer:
         ``cp.save(step, model=model, optimizer=opt, extra={"epoch": e})``. Values
         may be objects with ``state_dict()`` (modules, optimizers, schedulers),
         torch tensors (CPU or CUDA), numpy arrays, and nested plain data.
+
+        Every rank saves the same names; a name's value is taken for a
+        replica, stored once, and ranks whose values differ fail the save.
+        State of this rank alone (its data loader, a prefetched batch) goes
+        in ``per_rank``, a mapping stored in this rank's own part beside its
+        RNG state: ``cp.save(step, model=m, optimizer=o, per_rank={"loader":
+        loader, "batch": (x, y)})``; :meth:`load_latest` with ``per_rank=``
+        gives it back to the same rank.
 
         A save still in progress when the interpreter exits normally is
         finished then (see :mod:`ckpt._runtime.exit`); :meth:`wait` is where its
@@ -263,7 +277,7 @@ class Checkpointer:
         handles, the walk's result and ``also``'s failure."""
         me, ranks = self._own_identity()
         prefix = _own.name(me)
-        local = {"rng": RNGState()} if self._rng else None
+        local = _own.local(entries, self._rng)  # (entries: this save's own dict)
         t0 = time.perf_counter()
         flat = flatten(entries, self.lazy, exporter, local, prefix)
         own_ranks: Optional[int] = None
@@ -388,9 +402,11 @@ class Checkpointer:
         stepped yet gets its state with its parameters' layout. A checkpoint
         saved by N ranks loads into M ranks, or into one plain process.
 
-        Damaged newer checkpoints are skipped with a warning; with several ranks
-        every rank skips the same ones (a checkpoint counts as intact only if
-        every rank read its part intact). If every checkpoint is damaged after
+        Damaged newer checkpoints are skipped; with several ranks every rank
+        skips the same ones (a checkpoint counts as intact only if every rank
+        read its part intact). Rank 0 says once, on logger ``"ckpt"``
+        (``WARNING``), what it passed over: those, and newer saves that never
+        committed (:mod:`ckpt._restore.passed`). If every checkpoint is damaged after
         some data was already written into the live tensors, this raises
         :class:`~ckpt.CorruptError` instead of returning ``None``.
 
@@ -402,7 +418,18 @@ class Checkpointer:
         or on the meta device. That is the caller's mistake, not damage: no checkpoint is skipped
         for it (see :mod:`ckpt._state.match`).
 
-        :attr:`last_restore` then says where the call's time went.
+        ``per_rank=d`` (a dict) restores this rank's ``per_rank`` state of
+        the save into ``d`` as ``extra`` entries are restored: objects with
+        ``load_state_dict`` (a ``StatefulDataLoader``) in place, tensors
+        copied into, other values (a tuple batch) replaced in ``d``; stored
+        keys ``d`` lacks are added, keys the save lacks stay as they are.
+        Rank r gets what rank r saved. A rank the saving job did not have
+        (a restart with more ranks) gets nothing: ``d`` stays as it was, a
+        logger ``"ckpt"`` says so and :attr:`last_per_rank` is None; with fewer
+        ranks, the state of the ranks beyond them is not read.
+
+        :attr:`last_restore` then says where the call's time went, and
+        :attr:`last_per_rank` what ``per_rank`` state it found.
         """
         t0 = time.perf_counter()
         skipped: List[Tuple[int, str, CheckpointError]] = []
@@ -426,8 +453,7 @@ class Checkpointer:
                 f"no intact checkpoint to restore, and the live state was partly overwritten while trying "
                 f"({len(skipped)} damaged; the newest, step {s} attempt {a}: {err})"
             )
-        for s, a, err in skipped:
-            warnings.warn(f"ckpt: skipped damaged checkpoint of step {s} (attempt {a}): {err}", stacklevel=2)
+        _passed.say(self._native, restored, skipped)
         if restored is None:
             _ahead.reserve(self, state, named)
         else:
@@ -597,6 +623,7 @@ class Checkpointer:
         error: Optional[BaseException] = None
         restore: Optional[_load.Restore] = None
         stage: Optional[HostStage] = None
+        self.last_per_rank = None
         marks = [time.perf_counter()]  # start, planned, read, agreed, applied
         try:
             me = self._own_identity()[0]
@@ -622,7 +649,7 @@ class Checkpointer:
                 return verdict, wrote, _AttemptTimes(marks + [marks[-1]], stage)
             raise verdict
         assert restore is not None  # no rank failed, this one included
-        _load.apply(restore, state, targets, self._own_identity()[0], self._rng)
+        self.last_per_rank = _load.apply(restore, state, targets, self._own_identity()[0], self._rng)
         marks.append(time.perf_counter())
         return None, wrote, _AttemptTimes(marks, stage)
 

@@ -44,6 +44,26 @@ pub async fn incomplete(store: &dyn ObjectStore) -> Result<BTreeMap<CheckpointId
     Ok(out)
 }
 
+/// Ids that have a folder of their own under `data/` but no manifest: saves
+/// that were cut off (or are in progress), from one listing of `data/` by
+/// folder, not of its objects, and one of `manifests/`. A native save of
+/// one rank keeps nothing under `data/` before its commit (its chunks are
+/// named by content), so one cut off there is not among them.
+pub async fn uncommitted(store: &dyn ObjectStore) -> Result<Vec<CheckpointId>> {
+    let done: BTreeSet<CheckpointId> = committed(store).await?.into_iter().collect();
+    let folders = match store.list_with_delimiter(Some(&Path::from(DATA))).await {
+        Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
+        r => r?.common_prefixes,
+    };
+    let mut out: Vec<CheckpointId> = folders
+        .iter()
+        .filter_map(|p| paths::parse_checkpoint_name(p.filename()?))
+        .filter(|id| !done.contains(id))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
 /// Read and validate the manifest of a checkpoint.
 pub async fn read_manifest(store: &dyn ObjectStore, id: &CheckpointId) -> Result<Manifest> {
     let key = paths::manifest_key(id);

@@ -27,7 +27,7 @@ pub(crate) mod paths;
 pub mod pymeta;
 pub(crate) mod retention;
 
-pub use catalog::{committed, incomplete, read_manifest};
+pub use catalog::{committed, incomplete, read_manifest, uncommitted};
 pub use chunks::{ChunkCache, ChunkIndex};
 pub use fragment::{Fragment, FragmentRef};
 pub use index::IndexEntry;

@@ -108,6 +108,14 @@ impl Checkpointer {
         Ok(valid)
     }
 
+    /// Saves that left a folder under `data/` and no manifest, oldest first
+    /// (see [`catalog::uncommitted`]): what a restart passes over when such a
+    /// save is newer than the checkpoint it resumes from. Two listings, of
+    /// `data/` by folder and of `manifests/`; no object is read.
+    pub async fn uncommitted(&self) -> Result<Vec<CheckpointId>> {
+        catalog::uncommitted(self.store().as_ref()).await
+    }
+
     /// The manifest of a checkpoint, with every record (a root's fragments
     /// read: O(ranks) objects for a checkpoint of many ranks).
     pub async fn manifest(&self, id: &CheckpointId) -> Result<Manifest> {

@@ -50,16 +50,26 @@ struct Offer {
     same: Option<String>,
 }
 
-/// A fingerprint of the contents of `tensors` that other ranks may hold
-/// under the same names (whole tensors and boxes, not chunks or own state):
-/// each one's length and up to 4 KiB at its start, middle and end. Ranks
-/// that hold the same names must hold the same data, since one copy is
-/// stored; a per-rank batch saved under one name would differ here.
+/// What a rank holds that other ranks may hold under the same names (whole
+/// tensors and boxes, not chunks or own state): a fingerprint of each one's
+/// contents (its length and up to 4 KiB at its start, middle and end), and
+/// one of them all. Ranks that hold the same names must hold the same data,
+/// since one copy is stored; a per-rank batch saved under one name would
+/// differ here. Only `all` travels with every save; `each` is sent when
+/// ranks differ, so the error can name the tensors.
+pub(crate) struct Fingerprint {
+    /// Of every tensor below, by name.
+    pub all: String,
+    /// Per tensor (a box per piece), sorted by name.
+    pub each: Vec<(String, String)>,
+}
+
+/// The [`Fingerprint`] of `tensors` on rank `rank` of `world`.
 pub(crate) fn fingerprint(
     tensors: &[crate::model::tensor::Tensor],
     rank: usize,
     world: usize,
-) -> String {
+) -> Fingerprint {
     const SAMPLE: usize = 4096;
     let mut sampled: Vec<(&str, &[u8])> = tensors
         .iter()
@@ -72,9 +82,10 @@ pub(crate) fn fingerprint(
         .map(|t| (t.name.as_str(), &t.data[..]))
         .collect();
     sampled.sort_by(|a, b| a.0.cmp(b.0).then(a.1.len().cmp(&b.1.len())));
-    let mut h = blake3::Hasher::new();
+    let mut all = blake3::Hasher::new();
+    let mut each = Vec::with_capacity(sampled.len());
     for (name, d) in sampled {
-        h.update(name.as_bytes());
+        let mut h = blake3::Hasher::new();
         h.update(&(d.len() as u64).to_le_bytes());
         let mid = d.len() / 2;
         for at in [
@@ -84,8 +95,38 @@ pub(crate) fn fingerprint(
         ] {
             h.update(&d[at.min(d.len())..(at + SAMPLE).min(d.len())]);
         }
+        let one = h.finalize();
+        all.update(name.as_bytes());
+        all.update(&(name.len() as u64).to_le_bytes());
+        all.update(one.as_bytes());
+        each.push((name.to_owned(), one.to_hex()[..32].to_owned()));
     }
-    h.finalize().to_hex().to_string()
+    Fingerprint {
+        all: all.finalize().to_hex().to_string(),
+        each,
+    }
+}
+
+/// Names of the tensors whose fingerprints differ between `a` and `b`
+/// (sorted, each once).
+fn differing(a: &[(String, String)], b: &[(String, String)]) -> Vec<String> {
+    let group = |v: &[(String, String)]| {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (n, h) in v {
+            m.entry(n.clone()).or_default().push(h.clone());
+        }
+        m
+    };
+    let (a, b) = (group(a), group(b));
+    let mut names: Vec<String> = a
+        .iter()
+        .filter(|(n, h)| b.get(*n) != Some(*h))
+        .map(|(n, _)| n.clone())
+        .chain(b.keys().filter(|n| !a.contains_key(*n)).cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// What rank 0 answers.
@@ -99,6 +140,9 @@ enum Reply {
     },
     /// These ranks send their tables.
     Need { ranks: Vec<u32> },
+    /// These two ranks hold the same names with other contents: they send
+    /// their fingerprints of each tensor, so the failure can name them.
+    Explain { ranks: Vec<u32> },
     /// Write: the plan's number and, if it changed, its owners.
     Go {
         plan: u64,
@@ -125,6 +169,52 @@ fn decode<T: DeserializeOwned>(b: &[u8], what: &str) -> Result<T> {
     serde_json::from_slice(b).map_err(|e| Error::Internal(format!("{what}: bad message: {e}")))
 }
 
+/// Rank 0, with the fingerprints of each tensor of the two ranks in `ranks`
+/// (gathered from every rank, empty from the others): the failure naming
+/// the tensors whose contents differ.
+fn explain(id: &CheckpointId, ranks: &[u32], gathered: &[Vec<u8>]) -> Reply {
+    const SHOWN: usize = 8;
+    let (first, r) = (ranks[0] as usize, ranks[1] as usize);
+    let each = |k: usize| -> Result<Vec<(String, String)>> {
+        decode(
+            gathered.get(k).map(Vec::as_slice).unwrap_or_default(),
+            "fingerprints",
+        )
+    };
+    let names = match (each(first), each(r)) {
+        (Ok(a), Ok(b)) => differing(&a, &b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Reply::Fail {
+                rank: 0,
+                error: WireError::from(&e),
+                context: String::new(),
+            }
+        }
+    };
+    let mut shown = names
+        .iter()
+        .take(SHOWN)
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        shown += &format!(" and {} more", names.len() - SHOWN);
+    }
+    let e = Error::InvalidInput(format!(
+        "step {}: ranks {first} and {r} hold tensors of the same names whose contents differ \
+         ({shown}); a tensor several ranks hold under one name is taken for a replica and \
+         stored once, so state that differs per rank (a prefetched batch, a data loader's \
+         position) cannot be saved under one name: save it with per_rank= (Python) or under \
+         names of each rank's own",
+        id.step
+    ));
+    Reply::Fail {
+        rank: 0,
+        error: WireError::from(&e),
+        context: String::new(),
+    }
+}
+
 impl Checkpointer {
     /// Agree on who writes what (see the module docs). `table` is this
     /// rank's, or the error that left it without one; `fence_in_ms` is rank
@@ -134,7 +224,7 @@ impl Checkpointer {
         id: &CheckpointId,
         table: std::result::Result<&Table, &Error>,
         meta: Option<String>,
-        same: Option<String>,
+        same: Option<&Fingerprint>,
         fence_in_ms: Option<u64>,
     ) -> Result<Agreed> {
         let coord = self.coord();
@@ -146,7 +236,7 @@ impl Checkpointer {
             table: table.map(index::digest).map_err(WireError::from),
             plan: held,
             meta,
-            same,
+            same: same.map(|f| f.all.clone()),
         };
         let offers = coord
             .gather(encode(&offer, "plan")?, 0, timeout)
@@ -163,6 +253,18 @@ impl Checkpointer {
             }
         }
         reply = self.tell(coord, &reply, timeout).await?;
+        if let Reply::Explain { ranks } = &reply {
+            let me = coord.rank() as u32;
+            let mine = match (ranks.contains(&me), same) {
+                (true, Some(f)) => encode(&f.each, "fingerprints")?,
+                _ => Vec::new(),
+            };
+            let each = coord.gather(mine, 0, timeout).await?;
+            if coord.rank() == 0 {
+                reply = explain(id, ranks, &each);
+            }
+            reply = self.tell(coord, &reply, timeout).await?;
+        }
         if let Reply::Need { ranks } = &reply {
             let me = coord.rank() as u32;
             let mine = match (ranks.binary_search(&me), own) {
@@ -178,6 +280,9 @@ impl Checkpointer {
         match reply {
             Reply::Fail { error, context, .. } => Err(error.into_error(&context)),
             Reply::Need { .. } => Err(Error::Internal("plan: a second request for tables".into())),
+            Reply::Explain { .. } => Err(Error::Internal(
+                "plan: a late request for fingerprints".into(),
+            )),
             Reply::Go {
                 plan,
                 owners,
@@ -268,14 +373,9 @@ impl Checkpointer {
             };
             let first = *first_of.entry(d.as_str()).or_insert(r);
             if offers[first].same.as_deref().is_some_and(|g| g != f) {
-                let e = Error::InvalidInput(format!(
-                    "step {}: ranks {first} and {r} hold tensors of the same names whose contents \
-                     differ; a tensor several ranks hold under one name is taken for a replica and \
-                     stored once, so state that differs per rank (a prefetched batch, a data \
-                     loader's position) cannot be saved under one name",
-                    id.step
-                ));
-                return fail(0, &e, String::new());
+                return Reply::Explain {
+                    ranks: vec![first as u32, r as u32],
+                };
             }
         }
         let memo = self.plan_memo().lock_unpoisoned();
@@ -377,5 +477,38 @@ impl Checkpointer {
             error: WireError::from(&e),
             context: String::new(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DType, Tensor};
+
+    fn t(name: &str, bytes: &[u8]) -> Tensor {
+        Tensor::new(name, DType::U8, vec![bytes.len() as u64], bytes.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn fingerprints_name_the_tensors_that_differ() {
+        let a = fingerprint(
+            &[t("w", &[1; 64]), t("batch", &[2; 64]), t("y", &[3; 8])],
+            0,
+            2,
+        );
+        let b = fingerprint(
+            &[t("w", &[1; 64]), t("batch", &[9; 64]), t("y", &[4; 8])],
+            1,
+            2,
+        );
+        assert_ne!(a.all, b.all);
+        assert_eq!(differing(&a.each, &b.each), ["batch", "y"]);
+        let c = fingerprint(
+            &[t("y", &[3; 8]), t("w", &[1; 64]), t("batch", &[2; 64])],
+            1,
+            2,
+        );
+        assert_eq!(a.all, c.all, "the order of the tensors does not count");
+        assert!(differing(&a.each, &c.each).is_empty());
     }
 }

@@ -143,16 +143,17 @@ impl Checkpointer {
         // 1. Plan: who writes what.
         let world = coord.world_size();
         let table = local.as_ref().map(|ts| index::table_of(ts, rank, world));
+        let same = local
+            .as_ref()
+            .ok()
+            .filter(|_| world > 1)
+            .map(|ts| exchange::fingerprint(ts, rank, world));
         let agreed = self
             .agree_plan(
                 &id,
                 table.as_ref().map_err(|e| *e),
                 (world > 1).then(|| meta_digest(&job.meta)),
-                local
-                    .as_ref()
-                    .ok()
-                    .filter(|_| world > 1)
-                    .map(|ts| exchange::fingerprint(ts, rank, world)),
+                same.as_ref(),
                 fence_in_ms,
             )
             .await;

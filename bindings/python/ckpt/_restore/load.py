@@ -16,6 +16,7 @@ What passes from step 1 to step 3 is a :class:`Restore`.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from ckpt._device.hoststage import HostStage
 
 __all__ = ["Layout", "Restore", "Loaded", "plan", "apply", "read"]
+
+#: ckpt's logger (where a rank says it has no ``per_rank`` state to restore).
+LOG = logging.getLogger("ckpt")
 
 @dataclass(frozen=True)
 class Layout:
@@ -68,8 +72,10 @@ class Restore:
     lives: Dict[str, object]
     #: This rank's own tensors (its tree and RNG), read in the same load into
     #: fresh buffers, as ``{name: (dtype, shape, buffer)}``; None when the
-    #: checkpoint holds none for this rank or RNGs are not restored.
+    #: checkpoint holds none for this rank or neither RNGs nor ``per_rank`` are restored.
     own: Optional[Dict[str, _own.Loaded]]
+    #: The live mapping given as ``per_rank``, restored from this rank's own state.
+    per_rank: Optional[object] = None
 
     @property
     def writes(self) -> bool:
@@ -96,6 +102,12 @@ def plan(
     rp = RestorePlan(table, layout.numpy_names, stage)
     values: Dict[str, object] = {}
     lives: Dict[str, object] = {}
+    per_rank = next((t for k, t in targets if k == _own.PER_RANK), None)
+    targets = [(k, t) for k, t in targets if k != _own.PER_RANK]
+    if per_rank is not None and not isinstance(per_rank, MutableMapping):
+        raise InvalidInputError(
+            f"per_rank must be a dict to restore in place (its values are restored or replaced), not {type(per_rank).__name__}"
+        )
     _match.entries(step, layout.state, [key for key, _ in targets])
     for key, target in targets:
         live, hint = live_state(target)
@@ -105,7 +117,7 @@ def plan(
         values[key] = rp.value(stored, live, key, hint)
     own: Optional[Dict[str, _own.Loaded]] = None
     rank = native.rank if rank is None else rank
-    if rng and _own.name(rank) in table:
+    if (rng or per_rank is not None) and _own.name(rank) in table:
         own = {}
         for name, info in table.items():
             if _own.holds(name, rank):
@@ -118,17 +130,22 @@ def plan(
     elif rng and "rng" in layout.state:  # written before RNG states were kept per rank
         values.setdefault("rng", rp.value(layout.state["rng"], None, "rng"))
     rp.place()
-    return Restore(step, layout, rp, values, lives, own)
+    return Restore(step, layout, rp, values, lives, own, per_rank)
 
 
 def apply(
     restore: Restore, state: Optional[MutableMapping[str, object]], targets: List[Tuple[str, object]], rank: int, rng: bool
-) -> None:
+) -> Optional[Dict[str, object]]:
     """Step 3, once every rank read its part intact: hand the values to the live
     objects (replacing, in ``state``, those that cannot be restored in place),
-    and restore this rank's random generators."""
+    and restore this rank's random generators and ``per_rank`` state.
+
+    Returns this rank's per-rank state as stored (None when the checkpoint
+    holds none for it, or none was asked for)."""
     values = restore.plan.finish(restore.values)
     for key, target in targets:
+        if key == _own.PER_RANK:
+            continue
         if not restore_into(target, values[key], key, restore.lives.get(key)):
             if state is not None and key in state:
                 state[key] = values[key]
@@ -137,21 +154,28 @@ def apply(
                     f"{key!r}: a {type(target).__name__} cannot be restored in place; pass it inside a "
                     "dict (load_latest(state)) or read it with read_latest()"
                 )
-    if not rng:
-        return
-    if restore.own is not None:
-        own = _own.decode(restore.own, rank)
-        if own is not None and "rng" in own:
-            RNGState().load_state_dict(cast(Mapping[str, object], own["rng"]))
-    elif "rng" in values:
+    own = _own.decode(restore.own, rank) if restore.own is not None else None
+    per_rank = None if own is None else own.get(_own.PER_RANK)
+    if restore.per_rank is not None and per_rank is not None:
+        restore_into(restore.per_rank, per_rank, _own.PER_RANK)  # (a mutable mapping: see plan)
+    saved = "" if restore.layout.ranks is None else f" was saved by {restore.layout.ranks} rank(s) and"
+    if rng and own is not None and "rng" in own:
+        RNGState().load_state_dict(cast(Mapping[str, object], own["rng"]))
+    elif rng and own is None and "rng" in values:  # written before RNG states were kept per rank
         if rank == 0:
             RNGState().load_state_dict(cast(Mapping[str, object], values["rng"]))
-    elif restore.layout.ranks is not None:
+    elif rng and restore.layout.ranks is not None:
         warnings.warn(
-            f"ckpt: the checkpoint of step {restore.step} was saved by {restore.layout.ranks} rank(s) and holds "
-            f"no RNG state for rank {rank}; this rank keeps its current random generators",
+            f"ckpt: the checkpoint of step {restore.step}{saved} holds no RNG state for rank {rank}; this rank "
+            "keeps its current random generators",
             stacklevel=4,  # apply, Checkpointer._attempt, Checkpointer.load_latest/load, the caller
         )
+    if restore.per_rank is not None and per_rank is None:
+        LOG.warning(
+            "ckpt: the checkpoint of step %d%s holds no per_rank state for rank %d; its per_rank dict stays as it was",
+            restore.step, saved, rank,
+        )
+    return cast(Optional[Dict[str, object]], per_rank) if restore.per_rank is not None else None
 
 
 #: A checkpoint as the native ``load``/``load_latest`` return it:

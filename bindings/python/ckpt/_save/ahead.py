@@ -39,7 +39,6 @@ from ckpt._runtime import exit as _exit
 from ckpt._state import own as _own
 from ckpt._runtime.gc import collect_now, collector_paused
 from ckpt._sharded.dtensor import local_tensor
-from ckpt.rng import RNGState
 from ckpt._state.tree import flatten
 
 if TYPE_CHECKING:
@@ -219,9 +218,10 @@ def _walk(
     Nothing is queued: its device copies are let go (buffers' clones are
     dropped)."""
     try:
-        local = {"rng": RNGState()} if cp._rng else None
         with collector_paused():
-            flat = flatten(cp._entries(state, named), cp.lazy, exporter, local, _own.name(cp._own_identity()[0]))
+            entries = cp._entries(state, named)
+            local = _own.local(entries, cp._rng)
+            flat = flatten(entries, cp.lazy, exporter, local, _own.name(cp._own_identity()[0]))
         if exporter.device is None:
             return [], flat.tensors
         from ckpt._device.cuda import Pending

@@ -1,4 +1,5 @@
-"""A rank's own state (its random generators), stored beside the shared state.
+"""A rank's own state (its random generators, and what the caller passes as
+``per_rank``), stored beside the shared state.
 
 Only rank 0's metadata reaches a checkpoint's manifest, so each rank's own
 tree travels as a tensor of its own: a ``U8`` tensor (named by
@@ -14,16 +15,33 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, cast
 
 from ckpt import _ckpt
-from ckpt.errors import UnsupportedError
+from ckpt.errors import InvalidInputError, UnsupportedError
+from ckpt.rng import RNGState
 from ckpt._state.tree import Tree, tensor_maker, unflatten
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["name", "holds", "encode", "check", "decode"]
+__all__ = ["PER_RANK", "name", "holds", "local", "encode", "check", "decode"]
+
+#: The keyword of ``save`` and ``load_latest`` whose mapping is this rank's
+#: own (a data loader, a prefetched batch), and its key in the own tree.
+PER_RANK = "per_rank"
 
 #: A tensor as a load hands it over: ``(dtype, shape, buffer)``.
 Loaded = Tuple[str, Sequence[int], "Buffer"]
+
+
+def local(entries: Dict[str, object], rng: bool) -> Optional[Dict[str, object]]:
+    """This rank's own part of a save's ``entries``, taken out of them: its
+    RNG (with ``rng``) and the mapping given as ``per_rank``; None when neither."""
+    per_rank = entries.pop(PER_RANK, None)
+    own: Dict[str, object] = {"rng": RNGState()} if rng else {}
+    if per_rank is not None:
+        if not isinstance(per_rank, Mapping):
+            raise InvalidInputError(f"per_rank must be a mapping of names to values, not {type(per_rank).__name__}")
+        own[PER_RANK] = per_rank
+    return own or None
 
 
 def name(rank: int) -> str:
@@ -49,7 +67,7 @@ def check(dtype: str, shape: Sequence[int], rank: int) -> None:
 
 
 def decode(tensors: Mapping[str, Loaded], rank: int, framework: Optional[str] = None) -> Optional[Dict[str, object]]:
-    """Rank ``rank``'s own state (``{"rng": ...}``) from loaded tensors, or None
+    """Rank ``rank``'s own state (``{"rng": ..., "per_rank": ...}``) from loaded tensors, or None
     when the checkpoint holds none for it."""
     entry = tensors.get(name(rank))
     if entry is None:
