@@ -96,7 +96,7 @@ def instrument(phases: Phases) -> None:
     cudam.DeviceCopy.wait_landed = phases.wrap("wait landed", cudam.DeviceCopy.wait_landed)
     torch.nn.Module.state_dict = phases.wrap("module state_dict", torch.nn.Module.state_dict)
     torch.optim.Optimizer.state_dict = phases.wrap("optimizer state_dict", torch.optim.Optimizer.state_dict)
-    cpm.RNGState.state_dict = phases.wrap("rng state", cpm.RNGState.state_dict)
+    ckpt.RNGState.state_dict = phases.wrap("rng state", ckpt.RNGState.state_dict)
 
 
 def restores(tr: Trainer, root: str, n: int) -> Dict[str, Any]:

@@ -591,11 +591,11 @@ async fn suite_report_holds_every_table_csv_and_plot() {
     for t in tables {
         let csv = std::fs::read_to_string(out.join(format!("{t}.csv"))).unwrap();
         assert!(csv.lines().count() >= 2, "{t}.csv has no rows");
-        let header: Vec<String> = csv
-            .lines()
-            .next()
+        // Parsed as CSV: a header may hold a comma (quoted).
+        let header: Vec<String> = csv::Reader::from_reader(csv.as_bytes())
+            .headers()
             .unwrap()
-            .split(',')
+            .iter()
             .map(ckpt_eval::table::md_escape)
             .collect();
         assert!(
