@@ -13,8 +13,7 @@
 # with the `eval-build` feature, which
 # gives the crates both share the same features: the package's build then
 # compiles only its own crates (PyO3, the extension, the ckpt command), about
-# 30 crate builds instead of 280; then the recovery experiment's victim. All
-# are done before the suite starts (a build running beside a benchmark would
+# 30 crate builds instead of 280. Both are done before the suite starts (a build running beside a benchmark would
 # skew it). Garage (S3 tests only) is never built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +36,7 @@ source scripts/env.sh
 # Python package has it anyway, and the two builds share those crates.
 features=mpi,hdf5,s3
 if [ ! -x target/release/ckpt-eval ]; then
-  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it and the recovery experiment's fault_victim (usually 6.5-7.5 min the first time on 2 cores) ..." >&2
+  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it (usually 4.5-5.5 min the first time on 2 cores) ..." >&2
 fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
@@ -85,20 +84,6 @@ if [ -n "$bindings_pid" ]; then
     # The Python experiments then say at the top of the report that they did not run, and why.
     echo "[eval] building the ckpt Python package failed (runs/setup-python-package.log):" >&2
     tail -5 runs/setup-python-package.log >&2 || true
-  fi
-fi
-# The recovery experiment's victim, `fault_victim`: a tch training loop that
-# links libtorch (the venv's), with ckpt's failpoints compiled in, so its
-# ckpt-core differs from ckpt-eval's and it is a build of its own (about 2.5
-# min the first time on 2 cores; then a no-op).
-# Built last, before the suite, not beside it. Without it, the report says
-# that recovery did not run, and why.
-if [ "$help" = 0 ]; then
-  if cargo build --release -q -p ckpt-faults --features victim >runs/build-fault-victim.log 2>&1; then
-    echo "[eval] fault_victim ready (the recovery experiment)" >&2
-  else
-    echo "[eval] building fault_victim failed (runs/build-fault-victim.log); the recovery experiment will not run:" >&2
-    tail -5 runs/build-fault-victim.log >&2 || true
   fi
 fi
 echo "[eval] ready after $((SECONDS - start)) s; running the suite" >&2

@@ -163,7 +163,7 @@ suite! {
     python: crate::experiments::pytrain::Python => Python,
         "A GPT-2-shaped PyTorch model and AdamW from Python: ckpt beside its peers, and real training loops.";
     recovery: crate::experiments::recovery::Recovery => Recovery,
-        "Restarts after SIGKILLs of a tch job (ckpt-faults) beside libtorch's serializer (needs fault_victim).";
+        "Restarts after SIGKILLs of a PyTorch job (ckpt-faults, evaluator/python/recovery_victim.py) beside torch.save.";
     memtier: crate::experiments::memtier::Memtier => Memtier,
         "Restart to first step from the memory tier, a peer's replica, local disk, S3 and torch.load (evaluator/python/memtier_bench.py).";
     gpu: crate::experiments::gpu::Gpu => Gpu,

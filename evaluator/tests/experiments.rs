@@ -629,8 +629,8 @@ async fn recovery_restarts_or_why_not() {
         recovery_kills: Some(2),
     };
     if let Some(why) = e.unavailable(&c) {
-        // The victim links libtorch: built by the workspace's --all-features runs.
-        assert!(why.contains("fault_victim"), "{why}");
+        // The victim is a PyTorch script: without the venv it cannot run.
+        assert!(why.contains("Python") || why.contains("import"), "{why}");
         return;
     }
     let out = e.run(&c).await.unwrap();

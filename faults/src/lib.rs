@@ -64,8 +64,11 @@ pub struct CampaignConfig {
     pub device: String,
     /// Most failures in one run before it is taken to its end.
     pub per_run: u64,
-    /// The `fault_victim` binary.
+    /// The victim's program: the `fault_victim` binary, or an interpreter
+    /// whose script (`victim_args`) takes the same arguments.
     pub victim: PathBuf,
+    /// Arguments before the victim's own (a script's path).
+    pub victim_args: Vec<String>,
     /// The MPI jobs.
     pub mpi: mpi::MpiBins,
     /// Where runs keep their checkpoints.
@@ -90,6 +93,7 @@ impl CampaignConfig {
             device: "cpu".into(),
             per_run: 8,
             victim,
+            victim_args: Vec::new(),
             mpi: mpi::MpiBins::default(),
             work,
             progress: false,
@@ -131,6 +135,7 @@ pub fn campaign(cfg: &CampaignConfig) -> Result<CampaignReport, error::Error> {
     let mut ctx = run::TchCtx {
         job: victim::Job {
             bin: cfg.victim.clone(),
+            bin_args: cfg.victim_args.clone(),
             steps: cfg.steps,
             every: cfg.every.max(1),
             keep: cfg.keep,

@@ -15,8 +15,10 @@ use super::event::{self, Event};
 /// The training job every start of a run shares.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// The `fault_victim` binary.
+    /// The victim's program: the `fault_victim` binary, or an interpreter.
     pub bin: PathBuf,
+    /// Arguments before the victim's own (an interpreter's script).
+    pub bin_args: Vec<String>,
     /// Steps to train.
     pub steps: u64,
     /// Checkpoint every this many steps.
@@ -187,7 +189,8 @@ impl Running {
     ) -> std::io::Result<Running> {
         let offset = std::fs::metadata(report).map(|m| m.len()).unwrap_or(0);
         let mut cmd = Command::new(&job.bin);
-        cmd.arg("--root")
+        cmd.args(&job.bin_args)
+            .arg("--root")
             .arg(root)
             .arg("--out")
             .arg(out)

@@ -1,13 +1,15 @@
 //! Recovery: what a restart after a crash costs. A short fault campaign of
-//! `ckpt-faults` (SIGKILLs of its tch training job at random instants, inside
+//! `ckpt-faults` (SIGKILLs of a PyTorch training job at random instants, inside
 //! saves as well as between them): the time from spawning the restarted
 //! process to its first new step and `load_latest` within it, beside the same
-//! state restarted through libtorch's own serializer (`Tensor::save_multi` /
-//! `load_multi`); and that no restart loaded a torn checkpoint or resumed
-//! anywhere but where the on-disk oracle says.
+//! state restarted through `torch.save` / `torch.load(weights_only=True)`; and
+//! that no restart loaded a torn checkpoint or resumed anywhere but where the
+//! on-disk oracle says.
 //!
-//! It needs the campaign's victim, `fault_victim`, which links libtorch (`cargo
-//! build --release -p ckpt-faults --features victim`); without it, it is not run.
+//! The job is `evaluator/python/recovery_victim.py`, which checkpoints through
+//! the `ckpt` Python package as a user's loop does and speaks the campaign's
+//! victim protocol (the Rust `fault_victim`, which links libtorch, serves the
+//! campaigns that also inject store faults). It needs the venv's torch and ckpt.
 
 use std::path::PathBuf;
 
@@ -16,6 +18,7 @@ use ckpt_faults::record::Spread;
 use ckpt_faults::report::CampaignReport;
 use ckpt_faults::CampaignConfig;
 
+use super::script::python_missing;
 use super::{Ctx, Error, Experiment, Output, Target};
 use crate::table::Table;
 
@@ -35,8 +38,9 @@ impl Recovery {
     }
 }
 
-fn victim() -> Option<PathBuf> {
-    ckpt_faults::find_binary("fault_victim")
+/// The victim script: `CKPT_EVAL_RECOVERY_VICTIM`, else the source tree's.
+fn victim() -> PathBuf {
+    crate::python::source_path("CKPT_EVAL_RECOVERY_VICTIM", "python/recovery_victim.py")
 }
 
 #[async_trait::async_trait]
@@ -47,26 +51,29 @@ impl Experiment for Recovery {
 
     fn about(&self, ctx: &Ctx) -> String {
         format!(
-            "{} SIGKILLs of the tch job, its restarts beside libtorch's serializer",
+            "{} SIGKILLs of a PyTorch training job, its restarts beside torch.save's",
             self.kills(ctx)
         )
     }
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
         // Each run: a failure-free reference, the job through its kills, the
-        // torch baseline; a few seconds a start.
-        20.0 + 5.0 * self.kills(ctx) as f64
+        // torch baseline; about 3 s a start (most of it importing torch).
+        20.0 + 6.0 * self.kills(ctx) as f64
     }
 
-    fn unavailable(&self, _ctx: &Ctx) -> Option<String> {
-        victim().is_none().then(|| {
-            "fault_victim is not built (source scripts/env.sh && cargo build --release -p ckpt-faults --features victim)".into()
-        })
+    fn unavailable(&self, ctx: &Ctx) -> Option<String> {
+        let script = victim();
+        if !script.exists() {
+            return Some(format!("its script {} is absent", script.display()));
+        }
+        python_missing(ctx.python.as_deref(), "torch, ckpt")
     }
 
     async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
-        let victim = victim().ok_or("fault_victim is not built")?;
-        let mut cfg = CampaignConfig::new(self.kills(ctx), 1, victim, ctx.fresh_dir("recovery")?);
+        let python = ctx.python.clone().ok_or("no Python interpreter")?;
+        let mut cfg = CampaignConfig::new(self.kills(ctx), 1, python, ctx.fresh_dir("recovery")?);
+        cfg.victim_args = vec![victim().display().to_string()];
         cfg.kinds = vec![Kind::Kill];
         cfg.progress = false;
         let report = tokio::task::spawn_blocking(move || ckpt_faults::campaign(&cfg))
@@ -80,7 +87,7 @@ fn spread(s: &Spread) -> String {
     format!("{:.0} [p95 {:.0}, max {:.0}]", s.median, s.p95, s.max)
 }
 
-/// The restart figures, the comparison with libtorch's serializer, and the
+/// The restart figures, the comparison with torch.save, and the
 /// campaign's guarantees as targets.
 pub fn render(r: &CampaignReport) -> Output {
     let s = &r.summary;
@@ -88,10 +95,10 @@ pub fn render(r: &CampaignReport) -> Output {
     let mut t = Table::new(
         "recovery",
         format!(
-            "Recovery: {} SIGKILLs of the tch job over {} runs ({} restarts, {} of them from scratch); ms, median [95th percentile, max]",
+            "Recovery: {} SIGKILLs of the PyTorch job over {} runs ({} restarts, {} of them from scratch); ms, median [95th percentile, max]",
             s.failures_total, s.runs, s.restarts, s.restarts_from_scratch
         ),
-        &["figure", "ckpt ms", "libtorch ms", "ckpt / libtorch"],
+        &["figure", "ckpt ms", "torch.save ms", "ckpt / torch.save"],
     );
     let ratio = |r: Option<f64>| r.map_or_else(String::new, |x| format!("{x:.2}"));
     match &s.torch_baseline {
