@@ -33,7 +33,7 @@ pub struct Common {
     #[arg(long, global = true, default_value = "gpt2-xl")]
     pub model: String,
     /// Size of the shared model-shaped state in MiB (parameters plus optimizer
-    /// state) [default: 128; --full: 256].
+    /// state) [default: 64; --full: 256].
     #[arg(long, global = true)]
     pub mib: Option<usize>,
     /// Dtype mix: fp32, or bf16 (bf16 parameters, f32 master copy and moments).
@@ -79,7 +79,7 @@ impl Common {
         ctx.s3_url = self.s3_url.clone();
         ctx.spec = StateSpec {
             model: self.model.clone(),
-            mib: self.mib.unwrap_or(if self.full { 256 } else { 128 }),
+            mib: self.mib.unwrap_or(if self.full { 256 } else { 64 }),
             mix,
             optimizer: !self.no_optimizer,
         };

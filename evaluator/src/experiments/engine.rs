@@ -24,7 +24,7 @@ use crate::workload::{uniform_f32, Params};
 /// Options of the engine benchmark (its own state, not the shared one).
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Engine {
-    /// Engine: state size in MiB [default: 256; --full: 1024].
+    /// Engine: state size in MiB [default: 128; --full: 1024].
     #[arg(long)]
     pub engine_mib: Option<usize>,
     /// Engine: number of tensors [default: 64].
@@ -34,7 +34,7 @@ pub struct Engine {
 
 impl Engine {
     fn bench(&self, ctx: &Ctx) -> EngineBench {
-        let mib = self.engine_mib.unwrap_or(if ctx.full { 1024 } else { 256 });
+        let mib = self.engine_mib.unwrap_or(if ctx.full { 1024 } else { 128 });
         EngineBench {
             bytes: mib << 20,
             tensors: self.engine_tensors.unwrap_or(64).max(1),

@@ -25,7 +25,7 @@ use crate::table::Table;
 /// Options of the recovery experiment.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Recovery {
-    /// Recovery: SIGKILLs of the training job [default: 6; --full: 30].
+    /// Recovery: SIGKILLs of the training job [default: 3; --full: 30].
     #[arg(long)]
     pub recovery_kills: Option<u64>,
 }
@@ -33,7 +33,7 @@ pub struct Recovery {
 impl Recovery {
     fn kills(&self, ctx: &Ctx) -> u64 {
         self.recovery_kills
-            .unwrap_or(if ctx.full { 30 } else { 6 })
+            .unwrap_or(if ctx.full { 30 } else { 3 })
             .max(1)
     }
 }

@@ -34,7 +34,7 @@ use results::{BenchResults, CampaignResults, LoopResults, MemtierResults};
 /// Options of the memory-tier experiment.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct Memtier {
-    /// Memory tier: MiB of state per rank of the restarted job [default: 128; --full: 1024].
+    /// Memory tier: MiB of state per rank of the restarted job [default: 64; --full: 1024].
     #[arg(long)]
     pub memtier_mib: Option<usize>,
     /// Memory tier: restarts per source [default: 2; --full: 5].
@@ -45,7 +45,7 @@ pub struct Memtier {
     #[arg(long)]
     pub memtier_episodes: Option<usize>,
     /// Memory tier: rounds of the training loop with and without replication
-    /// (about 9 s per round at the default compute) [default: 3; --full: 5; 0: not run].
+    /// (about 9 s per round at the default compute) [default: 1; --full: 5; 0: not run].
     #[arg(long)]
     pub memtier_loop_rounds: Option<usize>,
 }
@@ -59,7 +59,7 @@ pub fn script_dir() -> PathBuf {
 impl Memtier {
     fn mib(&self, ctx: &Ctx) -> usize {
         self.memtier_mib
-            .unwrap_or(if ctx.full { 1024 } else { 128 })
+            .unwrap_or(if ctx.full { 1024 } else { 64 })
             .max(16)
     }
 
@@ -76,7 +76,7 @@ impl Memtier {
 
     fn loop_rounds(&self, ctx: &Ctx) -> usize {
         self.memtier_loop_rounds
-            .unwrap_or(if ctx.full { 5 } else { 3 })
+            .unwrap_or(if ctx.full { 5 } else { 1 })
     }
 
     /// The loop: two loops of 40 steps per round, and the job's start.

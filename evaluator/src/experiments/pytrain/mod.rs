@@ -322,7 +322,7 @@ pub struct Python {
     /// Python: transformer blocks of the GPT-2-shaped model (GPT-2's vocabulary) [default: 2; --full: 6].
     #[arg(long)]
     pub python_layers: Option<usize>,
-    /// Python: embedding width of the model (heads of 64) [default: 256; --full: 384].
+    /// Python: embedding width of the model (heads of 64) [default: 128; --full: 384].
     #[arg(long)]
     pub python_width: Option<usize>,
     /// Python: tokens per sequence (also the context length) [default: 128].
@@ -337,7 +337,7 @@ pub struct Python {
     /// 0.94 to 1.89 between two runs.
     #[arg(long)]
     pub python_repeats: Option<usize>,
-    /// Python: checkpoints per method in the training loop [default: 4; --full: 5].
+    /// Python: checkpoints per method in the training loop [default: 2; --full: 5].
     /// A step's time varies by 10-20 % on a shared 2-core machine, as much as a
     /// checkpoint costs the loop: two rounds gave `torch.save` 1 % one run and
     /// 45 % another.
@@ -363,14 +363,14 @@ impl Python {
                 .max(1),
             width: self
                 .python_width
-                .unwrap_or(if full { 384 } else { 256 })
+                .unwrap_or(if full { 384 } else { 128 })
                 .max(64),
             seq: self.python_seq.unwrap_or(128).max(2),
             batch: self.python_batch.unwrap_or(1).max(1),
             repeats: self.python_repeats.unwrap_or(3).max(1),
             rounds: self
                 .python_rounds
-                .unwrap_or(if full { 5 } else { 4 })
+                .unwrap_or(if full { 5 } else { 2 })
                 .max(1),
             every: self.python_every.unwrap_or(4).max(1),
             experts: self.python_experts.unwrap_or(0),

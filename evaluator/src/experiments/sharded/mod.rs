@@ -220,7 +220,7 @@ pub struct Sharded {
     #[arg(long, value_delimiter = ',')]
     pub sharded_ranks: Option<Vec<usize>>,
     /// Sharded: MiB of f32 parameters of the FSDP2 model (AdamW adds twice that)
-    /// [default: 64; --full: 256, far above the engine's fixed costs per rank].
+    /// [default: 32; --full: 256, far above the engine's fixed costs per rank].
     #[arg(long)]
     pub sharded_mib: Option<f64>,
     /// Sharded: timed saves and loads per method, after a cold and a warm save
@@ -241,7 +241,7 @@ impl Sharded {
                     vec![2]
                 }
             }),
-            mib: self.sharded_mib.unwrap_or(if full { 256.0 } else { 64.0 }),
+            mib: self.sharded_mib.unwrap_or(if full { 256.0 } else { 32.0 }),
             repeats: self
                 .sharded_repeats
                 .unwrap_or(if full { 3 } else { 2 })
