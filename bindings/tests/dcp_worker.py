@@ -3,6 +3,7 @@
     dcp_worker.py save URL OUT --step S [--async thread|process]
     dcp_worker.py load URL OUT --step S
     dcp_worker.py failures URL OUT --step S
+    dcp_worker.py train URL OUT --steps N --every K [--slow-after S]
 
 ``save`` builds a small MLP whose dimensions do not divide by the rank count,
 shards it with FSDP2 (``fully_shard``) over all ranks, trains it two steps
@@ -17,6 +18,10 @@ on one rank (a write item it cannot resolve, metadata ckpt cannot store, a
 dtype it cannot store), then saves it, then saves it again (a conflict),
 and records how each went on each rank: every failure must reach every rank
 at once, with no engine save left waiting for a rank that will not come.
+``train`` is a training loop of N steps that saves model and optimizer
+with ``dcp.save`` every K steps, and at its start resumes with ``dcp.load``
+from the root's newest committed step (killed.py's crash pattern: rank 0
+marks each committed save, and writes the final full state at the end).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+import ckpt
+import killed
 from ckpt.dcp import StorageReader, StorageWriter
 
 DIMS = (64, 97, 31, 5)  # 97, 31 and 5 shard unevenly over 2 and 3 ranks
@@ -76,10 +83,13 @@ def digests(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["save", "load", "failures"])
+    ap.add_argument("mode", choices=["save", "load", "failures", "train"])
     ap.add_argument("url")
     ap.add_argument("out")
-    ap.add_argument("--step", type=int, required=True)
+    ap.add_argument("--step", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--every", type=int, default=1)
+    ap.add_argument("--slow-after", type=int)
     ap.add_argument("--async", dest="async_", choices=["thread", "process"])
     a = ap.parse_args()
     dist.init_process_group("gloo")
@@ -87,6 +97,11 @@ def main() -> None:
     model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     row: dict = {"world": dist.get_world_size()}
+    if a.mode == "train":
+        loop(a.url, Path(a.out), model, opt, a.steps, a.every, a.slow_after)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if a.mode == "failures":
         train(model, opt, 1)
         row["cases"] = failures(a.url, a.step, {"model": get_state_dict(model, opt)[0]})
@@ -125,6 +140,40 @@ def main() -> None:
     (out / f"{a.mode}-rank{rank}.json").write_text(json.dumps(row))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def loop(url: str, out: Path, model: nn.Module, opt: torch.optim.Optimizer, steps: int, every: int,
+         slow_after: "int | None") -> None:
+    """Train ``steps`` steps from the newest committed step, saving every ``every``."""
+    rank = dist.get_rank()
+    committed = ckpt.Checkpointer(url, read_only=True).steps()
+    start = committed[-1] if committed else 0
+    if committed:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=start, storage_reader=StorageReader(url))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if rank == 0:
+            print(f"resumed from {start}", flush=True)
+    writer = StorageWriter(url)
+    for step in range(start, steps):
+        if step != start and step % every == 0:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=step, storage_writer=writer)
+            if rank == 0:  # dcp.save returns on every rank once the coordinator's finish committed it
+                killed.mark(out, step)
+        killed.slow(out, slow_after)
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    writer.close()
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    if rank == 0:
+        tensors = {f"model.{k}": v for k, v in msd.items()}
+        tensors.update(killed.optimizer_tensors("optim", osd["state"]))
+        killed.write_final(out, tensors, {"steps": steps, "world": dist.get_world_size()})
 
 
 def failures(url: str, step: int, state: dict) -> dict:

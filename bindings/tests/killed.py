@@ -86,9 +86,45 @@ def run(cmd: List[str], env: Mapping[str, str]) -> str:
     return p.stdout
 
 
+def descendants(pid: int) -> List[int]:
+    """Every live process below ``pid`` (from /proc): torchrun starts its
+    workers in sessions of their own, out of reach of a kill of its group."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_all(pid: int) -> None:
+    """SIGKILL ``pid``'s process group and every process below it."""
+    below = descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for c in below:
+        try:
+            os.kill(c, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_killed(cmd: List[str], env: Mapping[str, str], out: Path, step: int) -> str:
     """Start ``cmd`` in a session of its own, and SIGKILL every process of it
-    as soon as the marker of ``step`` appears in ``out``; its output. Fails
+    (its group and everything below it) as soon as the marker of ``step`` appears in ``out``; its output. Fails
     the test if the job ends (or times out) before the marker."""
     log = out / "killed.log"
     out.mkdir(parents=True, exist_ok=True)
@@ -102,13 +138,10 @@ def run_killed(cmd: List[str], env: Mapping[str, str], out: Path, step: int) -> 
                 if time.monotonic() > deadline:
                     raise AssertionError(f"no save of step {step} in {LIMIT} s:\n{log.read_text()[-6000:]}")
                 time.sleep(0.02)
-            os.killpg(p.pid, signal.SIGKILL)
+            kill_all(p.pid)
         finally:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_all(p.pid)
             p.wait()
     assert p.returncode == -signal.SIGKILL, p.returncode
     assert not (out / "final.safetensors").exists(), "the job trained to the end before the kill"

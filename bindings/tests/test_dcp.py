@@ -24,6 +24,7 @@ import ckpt
 import ckpt.cli
 from ckpt.dcp import StorageReader, StorageWriter, step_of
 from conftest import PYTHON, python_env
+from killed import assert_same_end, run_killed
 
 WORKER = str(Path(__file__).with_name("dcp_worker.py"))
 LIMIT = 240
@@ -236,11 +237,16 @@ def test_a_step_is_written_once_and_needs_an_id(mesh: object, url: str) -> None:
 # ------------------------------------------------------------------ sharded jobs
 
 
-def torchrun(n: int, *args: str) -> None:
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), WORKER, *args]
-    p = subprocess.run(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LIMIT)
+def torchrun_cmd(n: int, *args: str) -> List[str]:
+    return [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), WORKER, *args]
+
+
+def torchrun(n: int, *args: str) -> str:
+    p = subprocess.run(torchrun_cmd(n, *args), env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=LIMIT)
     assert p.returncode == 0, p.stdout[-6000:]
+    return p.stdout
 
 
 def rows(out: Path, mode: str, n: int) -> List[Dict]:
@@ -269,6 +275,22 @@ def test_fsdp2_saved_by_n_loads_into_m_bitwise(tmp_path: Path, saved_by: int, lo
     got = cp.read(4)
     weight = got.state["tensors"]["model.0.weight"]
     assert tuple(weight.shape) == (97, 64)  # the global tensor, assembled from the ranks' pieces
+
+
+def test_fsdp2_dcp_loop_killed_with_sigkill_resumes_bitwise(tmp_path: Path) -> None:
+    # 2 ranks of FSDP2 saving with dcp.save into ckpt every 4 of 16 steps; the
+    # whole torchrun job is killed after step 8 is committed, mid-training.
+    steps = ["--steps", "16", "--every", "4"]
+    ref_url, url = (tmp_path / "ref").as_uri(), (tmp_path / "ck").as_uri()
+    torchrun(2, "train", ref_url, str(tmp_path / "ref-out"), *steps)
+    out = tmp_path / "out"
+    run_killed(torchrun_cmd(2, "train", url, str(out), *steps, "--slow-after", "8"), python_env(), out, 8)
+    committed = ckpt.Checkpointer(url, read_only=True).steps()
+    assert committed and committed[-1] >= 8, committed
+    log = torchrun(2, "train", url, str(out), *steps)
+    assert f"resumed from {committed[-1]}" in log, log[-3000:]
+    assert_same_end(tmp_path / "ref-out", out)
+    assert ckpt.cli.main(["verify", url]) == 0
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
