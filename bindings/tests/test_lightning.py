@@ -23,7 +23,7 @@ L = pytest.importorskip("lightning")
 
 import ckpt  # noqa: E402
 import ckpt.cli  # noqa: E402
-from ckpt.lightning import CkptCheckpointIO  # noqa: E402
+from ckpt.lightning import CheckpointIO  # noqa: E402
 from conftest import PYTHON, python_env  # noqa: E402
 from killed import assert_same_end, run, run_killed  # noqa: E402
 
@@ -53,7 +53,7 @@ def data() -> DataLoader:
 
 def trainer(tmp: Path, url: str, epochs: int) -> "L.Trainer":
     every = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp / "points", save_top_k=-1, save_last=True)
-    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, plugins=[CkptCheckpointIO(url)],
+    return L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, plugins=[CheckpointIO(url)],
                      callbacks=[every], logger=False, enable_progress_bar=False, enable_model_summary=False,
                      default_root_dir=str(tmp), deterministic=True)
 
@@ -101,7 +101,7 @@ def test_load_and_remove(tmp_path: Path, url: str) -> None:
     model = Tiny()
     t = trainer(tmp_path, url, 1)
     t.fit(model, data())
-    io = CkptCheckpointIO(url)
+    io = CheckpointIO(url)
     last = tmp_path / "points" / "last.ckpt"
     loaded = io.load_checkpoint(last)
     assert loaded["hyper_parameters"]["width"] == 8

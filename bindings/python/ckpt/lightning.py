@@ -1,7 +1,7 @@
 """Lightning's checkpoints in a ckpt root: a ``CheckpointIO`` plugin.
 
->>> from ckpt.lightning import CkptCheckpointIO
->>> trainer = lightning.Trainer(plugins=[CkptCheckpointIO("file:///ckpt/run")])   # doctest: +SKIP
+>>> import ckpt.lightning
+>>> trainer = lightning.Trainer(plugins=[ckpt.lightning.CheckpointIO("file:///ckpt/run")])   # doctest: +SKIP
 >>> trainer.fit(model, ckpt_path="checkpoints/last.ckpt")                           # doctest: +SKIP
 
 Each checkpoint Lightning saves (its whole dict: ``state_dict``, optimizer
@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 import torch
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _CheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from ckpt.checkpointer import Checkpointer
 from ckpt.errors import CorruptError, InvalidInputError, UnsupportedError
 
-__all__ = ["CkptCheckpointIO", "FORMAT"]
+__all__ = ["CheckpointIO", "CkptCheckpointIO", "FORMAT"]
 
 #: The ``"format"`` of a pointer file.
 FORMAT = "ckpt.lightning"
@@ -48,7 +48,7 @@ _POINTER_MAX = 1 << 16
 _Path = Union[str, Path]
 
 
-class CkptCheckpointIO(CheckpointIO):
+class CkptCheckpointIO(_CheckpointIO):
     """Saves Lightning's checkpoints into the ckpt root ``url``.
 
     Args:
@@ -154,3 +154,7 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, tuple):
         return tuple(_to(v, device) for v in value)
     return value
+
+
+#: The plugin by the name Lightning gives its own kind: ``ckpt.lightning.CheckpointIO(url)``.
+CheckpointIO = CkptCheckpointIO
