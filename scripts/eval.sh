@@ -13,8 +13,9 @@
 # with the `eval-build` feature, which
 # gives the crates both share the same features: the package's build then
 # compiles only its own crates (PyO3, the extension, the ckpt command), about
-# 30 crate builds instead of 280. Both are done before the suite starts (a build running beside a benchmark would
-# skew it). Garage (S3 tests only) is never built here.
+# 30 crate builds instead of 280. Both are done before the suite starts (a
+# build running beside a benchmark would skew it). Garage (S3 tests only) is
+# never built here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS

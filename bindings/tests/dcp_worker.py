@@ -59,13 +59,18 @@ def build() -> nn.Module:
     return model
 
 
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """One step on the batch of (``step``, this rank)."""
+    g = torch.Generator().manual_seed(100 * step + dist.get_rank())
+    x, y = torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
     for step in range(steps):
-        g = torch.Generator().manual_seed(100 * step + dist.get_rank())
-        x, y = torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
-        ((model(x) - y) ** 2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, step)
 
 
 def digests(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -163,11 +168,7 @@ def loop(url: str, out: Path, model: nn.Module, opt: torch.optim.Optimizer, step
             if rank == 0:  # dcp.save returns on every rank once the coordinator's finish committed it
                 killed.mark(out, step)
         killed.slow(out, slow_after)
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(8, DIMS[0], generator=g), torch.randn(8, DIMS[3], generator=g)
-        ((model(x) - y) ** 2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train_step(model, opt, step)
     writer.close()
     msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
     if rank == 0:
