@@ -1,11 +1,12 @@
 """``lightning.Trainer.fit`` checkpointed with ckpt (test_lightning.py runs it).
 
-    lightning_worker.py URL OUT --steps N --every K [--slow-after J]
+    lightning_worker.py URL OUT --steps N --every K [--slow-after J] [--asynchronous ckpt|lightning]
 
 Fits a small model (AdamW, a per-step schedule) for N steps, 8 an epoch, with a
 ``ModelCheckpoint`` every K epochs and ``last.ckpt``, through
-``ckpt.lightning.CkptCheckpointIO`` into URL, resuming with
-``ckpt_path="last"``. Each committed ``last.ckpt`` is marked in OUT with its
+``ckpt.lightning.CkptCheckpointIO`` into URL (``--asynchronous ckpt``: its
+own asynchronous mode; ``lightning``: wrapped in Lightning's
+``AsyncCheckpointIO``), resuming with ``ckpt_path="last"``. Each committed ``last.ckpt`` is marked in OUT with its
 global step; once done, the final state is written there (killed.py).
 
 Checkpoints are at epoch ends: Lightning resumes a plain ``DataLoader``
@@ -48,13 +49,13 @@ class Tiny(L.LightningModule):  # type: ignore[misc]
 class Marked(CkptCheckpointIO):
     """Marks each committed ``last.ckpt`` (the checkpoint ``ckpt_path="last"`` resumes from)."""
 
-    def __init__(self, url: str, out: Path) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, out: Path, asynchronous: bool) -> None:
+        super().__init__(url, asynchronous=asynchronous)
         self.out = out
 
-    def save_checkpoint(self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        super().save_checkpoint(checkpoint, path, storage_options)
-        if Path(str(path)).name == "last.ckpt":
+    def _publish(self, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
+        super()._publish(path, step, checkpoint)
+        if Path(path).name == "last.ckpt":
             mark(self.out, int(checkpoint["global_step"]))
 
 
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--every", type=int, required=True, help="epochs")
     ap.add_argument("--slow-after", type=int)
+    ap.add_argument("--asynchronous", choices=["ckpt", "lightning"])
     a = ap.parse_args()
     out = Path(a.out)
 
@@ -83,7 +85,10 @@ def main() -> None:
     data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True) ** 2), batch_size=8, shuffle=False)
     every = L.pytorch.callbacks.ModelCheckpoint(dirpath=out / "points", every_n_epochs=a.every, save_top_k=-1,
                                                 save_last=True)
-    trainer = L.Trainer(max_epochs=a.steps // 8, accelerator="cpu", devices=1, plugins=[Marked(a.url, out)],
+    io: Any = Marked(a.url, out, a.asynchronous == "ckpt")
+    if a.asynchronous == "lightning":
+        io = L.pytorch.plugins.AsyncCheckpointIO(io)
+    trainer = L.Trainer(max_epochs=a.steps // 8, accelerator="cpu", devices=1, plugins=[io],
                         callbacks=[every, Slow(out, a.slow_after)], logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(out), deterministic=True)
     trainer.fit(model, data, ckpt_path="last")

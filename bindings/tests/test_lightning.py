@@ -11,8 +11,9 @@ and must end where a job never killed does, bit for bit.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 import torch
@@ -114,9 +115,15 @@ def test_load_and_remove(tmp_path: Path, url: str) -> None:
         io.load_checkpoint(tmp_path / "other.ckpt")
 
 
-def test_a_killed_fit_resumes_from_last_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asynchronous", [None, "ckpt", "lightning"])
+def test_a_killed_fit_resumes_from_last_bitwise(tmp_path: Path, asynchronous: Optional[str]) -> None:
+    """Synchronous, ckpt's asynchronous mode, and Lightning's AsyncCheckpointIO
+    around the plugin: each killed with SIGKILL in the second epoch resumes
+    from the last committed ``last.ckpt`` bitwise."""
+    mode = ["--asynchronous", asynchronous] if asynchronous else []
+
     def job(url: str, out: Path, *extra: str) -> List[str]:
-        return [PYTHON, WORKER, url, str(out), "--steps", "16", "--every", "1", *extra]  # 8 steps an epoch
+        return [PYTHON, WORKER, url, str(out), "--steps", "16", "--every", "1", *mode, *extra]  # 8 steps an epoch
 
     run(job((tmp_path / "ref").as_uri(), tmp_path / "ref-out"), python_env())
     url, out = (tmp_path / "ck").as_uri(), tmp_path / "out"
@@ -126,3 +133,39 @@ def test_a_killed_fit_resumes_from_last_bitwise(tmp_path: Path) -> None:
     assert "ended at 16" in run(job(url, out), python_env())
     assert_same_end(tmp_path / "ref-out", out)
     assert ckpt.cli.main(["verify", url]) == 0
+
+
+def test_asynchronous_saves_return_before_the_commit_and_publish_in_order(tmp_path: Path) -> None:
+    """``asynchronous=True``: the pointers appear once committed (all of them
+    after ``teardown``), each naming the checkpoint of its own save."""
+    url = (tmp_path / "root").as_uri()
+    io = CheckpointIO(url, asynchronous=True)
+    for i in range(3):
+        io.save_checkpoint({"global_step": i, "w": torch.full((1000,), float(i))}, tmp_path / f"p{i}.ckpt")
+    io.remove_checkpoint(tmp_path / "p1.ckpt")  # after its pointer is written, not before
+    io.teardown()
+    assert not (tmp_path / "p1.ckpt").exists()
+    for i in (0, 2):
+        got = CheckpointIO(url).load_checkpoint(tmp_path / f"p{i}.ckpt")
+        assert got["global_step"] == i and torch.equal(got["w"], torch.full((1000,), float(i)))
+
+
+def test_an_asynchronous_failure_raises_at_teardown_and_publishes_nothing(tmp_path: Path) -> None:
+    """A save that fails in the background (another writer has claimed the
+    root since: this one is fenced) writes no pointer, and raises at
+    ``teardown``; nothing of the other writer's is touched."""
+    url = (tmp_path / "root").as_uri()
+    io = CheckpointIO(url, asynchronous=True)
+    io.save_checkpoint({"global_step": 0}, tmp_path / "p0.ckpt")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "p0.ckpt").exists():  # committed, and its pointer written
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    other = ckpt.Checkpointer(url, coordinate="none")
+    other.save(7, {"global_step": 7}).wait()
+    io.save_checkpoint({"global_step": 1}, tmp_path / "p1.ckpt")  # returns: the fence is found at the commit
+    with pytest.raises(ckpt.FencedError):
+        io.teardown()
+    assert (tmp_path / "p0.ckpt").exists() and not (tmp_path / "p1.ckpt").exists()
+    assert ckpt.Checkpointer(url, read_only=True).steps() == [0, 7]
+    other.close()

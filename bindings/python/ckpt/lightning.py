@@ -23,11 +23,21 @@ naming it, before anything is written: store it as plain data.
 is ckpt's retention (``keep_last``, ``keep_every``). Lightning saves from
 the global-zero rank only, so this checkpointer saves alone
 (``coordinate="none"``).
+
+Asynchronous: ``CheckpointIO(url, asynchronous=True)`` returns from
+``save_checkpoint`` once ckpt has its snapshot (the training step goes on
+while it is written); the pointer is written once the checkpoint is
+committed, in order, so a job killed meanwhile resumes from the last
+committed one. ``teardown`` (Lightning calls it when ``fit`` ends) waits for
+every save and raises the first failure; a failure also raises at the next
+``save_checkpoint``. Lightning's own ``AsyncCheckpointIO`` wrapped around
+the synchronous plugin works too, at the cost of a clone of every tensor.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
@@ -35,7 +45,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _CheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 
-from ckpt.checkpointer import Checkpointer
+from ckpt.checkpointer import Checkpointer, SaveHandle
 from ckpt.errors import CorruptError, InvalidInputError, UnsupportedError
 
 __all__ = ["CheckpointIO", "CkptCheckpointIO", "FORMAT"]
@@ -53,6 +63,8 @@ class CkptCheckpointIO(_CheckpointIO):
 
     Args:
         url: the ckpt root (``file:///abs/dir``, a plain path, ``s3://...``).
+        asynchronous: return from ``save_checkpoint`` once the snapshot is
+            taken, and write the pointer once the checkpoint is committed.
         keep_last, keep_every, compression, level: as for :class:`ckpt.Checkpointer`.
     """
 
@@ -60,6 +72,7 @@ class CkptCheckpointIO(_CheckpointIO):
         self,
         url: str,
         *,
+        asynchronous: bool = False,
         keep_last: Optional[int] = None,
         keep_every: Optional[int] = None,
         compression: Optional[str] = None,
@@ -69,6 +82,10 @@ class CkptCheckpointIO(_CheckpointIO):
         self.url = url
         self._options: Dict[str, Any] = dict(keep_last=keep_last, keep_every=keep_every, compression=compression, level=level)
         self._cp: Optional[Checkpointer] = None
+        self.asynchronous = asynchronous
+        self._next: Optional[int] = None  # the next ckpt step (saves still pending count)
+        self._commits: Optional[ThreadPoolExecutor] = None  # one thread: pointers in save order
+        self._failure: Optional[BaseException] = None
 
     def _checkpointer(self) -> Checkpointer:
         if self._cp is None:
@@ -76,19 +93,55 @@ class CkptCheckpointIO(_CheckpointIO):
         return self._cp
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path: _Path, storage_options: Optional[Any] = None) -> None:
-        """Save ``checkpoint`` as the root's next step, wait for its commit,
-        then write the pointer at ``path``."""
+        """Save ``checkpoint`` as the root's next step and write the pointer at
+        ``path`` once it is committed: before returning, or (``asynchronous``)
+        in the background, returning once the snapshot is taken."""
         if storage_options is not None:
             raise UnsupportedError(f"CkptCheckpointIO takes no storage_options (got {storage_options!r})")
+        self._raise_failure()
         cp = self._checkpointer()
-        steps = cp.steps()
-        step = steps[-1] + 1 if steps else 0
-        cp.save(step, checkpoint).wait()
+        if self._next is None:
+            steps = cp.steps()
+            self._next = steps[-1] + 1 if steps else 0
+        step, self._next = self._next, self._next + 1
+        handle = cp.save(step, checkpoint)
+        if not self.asynchronous:
+            handle.wait()
+            self._publish(str(path), step, checkpoint)
+            return
+        # The tensors are ckpt's snapshot now; the pointer needs the values it names.
+        plain = {k: v for k, v in checkpoint.items() if isinstance(v, (int, float, str))}
+        self._executor().submit(self._in_background, self._commit, handle, str(path), step, plain)
+
+    def _commit(self, handle: SaveHandle, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
+        handle.wait()
+        self._publish(path, step, checkpoint)
+
+    def _publish(self, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
+        """Write the pointer to the committed ``step`` at ``path``. ``checkpoint``:
+        what was saved (asynchronous: its top-level numbers and strings)."""
         fs = get_filesystem(path)
-        parent = str(Path(str(path)).parent)
-        fs.makedirs(parent, exist_ok=True)
-        with fs.open(str(path), "w") as f:
+        fs.makedirs(str(Path(path).parent), exist_ok=True)
+        with fs.open(path, "w") as f:
             f.write(json.dumps({"format": FORMAT, "url": self.url, "step": step}))
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._commits is None:
+            self._commits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-lightning")
+        return self._commits
+
+    def _in_background(self, fn: Any, *args: Any) -> None:
+        if self._failure is not None:
+            return  # after a failure nothing later is published
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised on the training thread
+            self._failure = e
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     def load_checkpoint(
         self, path: _Path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
@@ -107,15 +160,30 @@ class CkptCheckpointIO(_CheckpointIO):
         return state
 
     def remove_checkpoint(self, path: _Path) -> None:
-        """Remove the pointer at ``path`` (the root's retention decides what it keeps)."""
-        fs = get_filesystem(path)
-        if fs.exists(str(path)):
-            fs.rm(str(path))
+        """Remove the pointer at ``path`` (the root's retention decides what it
+        keeps); asynchronous: after the pending saves' pointers are written."""
+        if self._commits is not None:
+            self._executor().submit(self._in_background, _remove, str(path))
+        else:
+            _remove(str(path))
 
     def teardown(self) -> None:
+        """Wait for every save (their pointers written), close the checkpointer,
+        and raise the first failure of an asynchronous save."""
+        if self._commits is not None:
+            self._commits.shutdown(wait=True)
+            self._commits = None
         if self._cp is not None:
             self._cp.close()
             self._cp = None
+        self._next = None
+        self._raise_failure()
+
+
+def _remove(path: str) -> None:
+    fs = get_filesystem(path)
+    if fs.exists(path):
+        fs.rm(path)
 
 
 def _pointer(path: _Path) -> "tuple[str, int]":
