@@ -26,7 +26,7 @@ __all__ = [
     "tree_pss", "settle", "Peak", "drop_cache", "drop_cache_ranks", "fsync_path", "fsync_tree",
     "fsync_written", "tree_bytes", "rank", "world", "barrier", "broadcast", "floors", "write_read_floor",
     "Method", "timed_save", "Ckpt", "CkptAppState", "AppState", "TorchSave", "Safetensors",
-    "DcpSave", "DcpAsync", "TorchCheckpointing", "dcp_state", "dcp_apply", "MAKERS",
+    "DcpSave", "DcpAsync", "DcpCkpt", "DcpAsyncCkpt", "TorchCheckpointing", "dcp_state", "dcp_apply", "MAKERS",
 ]
 
 
@@ -711,6 +711,111 @@ class DcpAsync(DcpSave):
             self.stager = None
 
 
+class _IntoCkpt:
+    """What ``dcp.save`` and ``dcp.async_save`` into ckpt's storage share: one
+    ``ckpt.dcp.StorageWriter`` per job, kept across saves (as its docs say),
+    ``dcp.load`` through ``ckpt.dcp.StorageReader``, and bytes written by
+    ckpt's own counter (this rank's)."""
+
+    dir: str
+    writer = None
+
+    def prepare_writer(self) -> None:
+        import ckpt.dcp  # noqa: F401
+
+    def open_writer(self) -> None:
+        import ckpt.dcp
+
+        self.writer = ckpt.dcp.StorageWriter(self.dir)
+
+    def counted(self) -> int:
+        native = self.writer._native if self.writer is not None else None
+        return native.io_counts()["written_bytes"] if native is not None else 0
+
+    def measure_written(self, step: int) -> None:
+        pass  # counted by the save (ckpt's counter)
+
+    def load(self, step: int) -> None:
+        import ckpt.dcp
+        import torch.distributed.checkpoint as dcp
+
+        sd = dcp_state(self.model, self.opt)
+        dcp.load(sd, checkpoint_id=f"step-{step}", storage_reader=ckpt.dcp.StorageReader(self.dir))
+        dcp_apply(self.model, self.opt, sd)
+
+    def close_writer(self) -> None:
+        if self.writer is not None:
+            self.writer.close()  # waits for this rank's part
+            self.writer = None
+
+
+class DcpCkpt(_IntoCkpt, DcpSave):
+    """``dcp.save`` into ``ckpt.dcp.StorageWriter``: ckpt's commit, chunks and fsync."""
+
+    name = "dcp.save -> ckpt"
+
+    def prepare(self) -> None:
+        self.prepare_writer()
+        super().prepare()
+
+    def open(self) -> None:
+        super().open()
+        self.open_writer()
+
+    def start(self, step: int):
+        import torch.distributed.checkpoint as dcp
+
+        before = self.counted()
+        dcp.save(dcp_state(self.model, self.opt), checkpoint_id=f"step-{step}", storage_writer=self.writer)
+        # Rank 0 returns once committed, the others once their part is handed
+        # to the engine: durable once it is written (the commit waited for it).
+        self.writer.settle()
+        self.written = self.counted() - before
+        return done
+
+    def close(self) -> None:
+        self.close_writer()
+
+
+class DcpAsyncCkpt(_IntoCkpt, DcpAsync):
+    """``dcp.async_save`` (its ``DefaultStager``, one upload at a time) into ``ckpt.dcp.StorageWriter``."""
+
+    name = "dcp.async_save -> ckpt"
+
+    def prepare(self) -> None:
+        self.prepare_writer()
+        super().prepare()
+
+    def open(self) -> None:
+        super().open()
+        self.open_writer()
+
+    def start(self, step: int):
+        import torch.distributed.checkpoint as dcp
+
+        if self.upload is not None:
+            self.upload()
+        if self._stager_closed():
+            self.open_stager()
+        before = self.counted()
+        resp = self.resp = dcp.async_save(dcp_state(self.model, self.opt), checkpoint_id=f"step-{step}",
+                                          storage_writer=self.writer, process_group=self.pg, async_stager=self.stager)
+        fut = resp.upload_completion if hasattr(resp, "upload_completion") else resp
+        writer = self.writer
+
+        def upload() -> None:
+            fut.result()
+            writer.settle()
+            self.written = self.counted() - before
+
+        self.upload = upload
+        return upload
+
+    def close(self) -> None:
+        super().close()
+        self.close_writer()
+
+
 class TorchCheckpointing(Method):
     """torch-checkpointing's ``CheckpointManager``, asynchronous saver."""
 
@@ -779,5 +884,7 @@ MAKERS = {
     "safetensors": Safetensors,
     "dcp.save": DcpSave,
     "dcp.async_save": DcpAsync,
+    DcpCkpt.name: DcpCkpt,
+    DcpAsyncCkpt.name: DcpAsyncCkpt,
     "torch-checkpointing": TorchCheckpointing,
 }

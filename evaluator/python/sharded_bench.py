@@ -189,7 +189,8 @@ def main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--mib", type=float, default=64.0, help="MiB of f32 parameters (AdamW adds twice that)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--methods", default="ckpt eager,ckpt lazy,ckpt lazy (AppState),dcp.save,dcp.async_save,torch-checkpointing")
+    ap.add_argument("--methods", default="ckpt eager,ckpt lazy,ckpt lazy (AppState),dcp.save,dcp.async_save,"
+                    "dcp.save -> ckpt,dcp.async_save -> ckpt,torch-checkpointing")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

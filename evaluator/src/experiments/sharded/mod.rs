@@ -156,6 +156,36 @@ pub fn targets(runs: &[ShardedRun]) -> Vec<Target> {
                 1.1,
             );
         }
+        // DCP's own calls with ckpt's storage, against DCP's FileSystemWriter
+        // and reader: what a DCP user gets without changing anything else.
+        let durable = |name: &str| med(row(name), |x| x.durable_s.as_ref());
+        let load = |name: &str| med(row(name), |x| x.load_s.as_ref());
+        for (ours, what, ratio) in [
+            (
+                "dcp.save -> ckpt",
+                "time until durable / with DCP's FileSystemWriter",
+                durable("dcp.save -> ckpt").zip(durable("dcp.save")),
+            ),
+            (
+                "dcp.save -> ckpt",
+                "dcp.load / with DCP's FileSystemReader",
+                load("dcp.save -> ckpt").zip(load("dcp.save")),
+            ),
+            (
+                "dcp.async_save -> ckpt",
+                "time until durable / with DCP's FileSystemWriter",
+                durable("dcp.async_save -> ckpt").zip(durable("dcp.async_save")),
+            ),
+        ] {
+            if let Some((a, b)) = ratio {
+                out.push(Target {
+                    what: format!("{} ranks, {ours}: {what}", run.ranks),
+                    ratio: a / b,
+                    bound: 1.0,
+                    met: a / b <= 1.0,
+                });
+            }
+        }
     }
     out
 }
@@ -266,11 +296,11 @@ impl Experiment for Sharded {
     }
 
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        // Per rank count: start-up, then 6 methods of (2 + repeats) saves and
+        // Per rank count: start-up, then 8 methods of (2 + repeats) saves and
         // loads (55 s for 2 ranks of 64 MiB of parameters on a busy 2-core machine).
         let b = self.bench(ctx);
         let per_save = 0.026 * b.mib;
-        b.ranks.len() as f64 * (15.0 + 6.0 * (2 + b.repeats) as f64 * per_save)
+        b.ranks.len() as f64 * (15.0 + 8.0 * (2 + b.repeats) as f64 * per_save)
     }
 
     fn unavailable(&self, ctx: &Ctx) -> Option<String> {
@@ -306,19 +336,24 @@ mod tests {
                 m("ckpt eager", 0.1, 1.0, 0.5, 105.0),
                 m("dcp.save", 2.0, 2.0, 1.0, 10.0),
                 m("dcp.async_save", 0.1, 3.0, 1.0, 200.0),
+                m("dcp.save -> ckpt", 1.5, 1.5, 1.2, 10.0),
                 {"name": "torch-checkpointing", "skipped": "ModuleNotFoundError: x"},
             ]
         });
         let run = parse_run(&v).unwrap();
-        assert_eq!(run.rows.len(), 4);
+        assert_eq!(run.rows.len(), 5);
         assert!((run.rows[0].durable_vs_write - 1.0).abs() < 1e-12);
         assert!((run.rows[0].load_vs_read - 1.0).abs() < 1e-12);
         assert!((run.rows[0].peak_vs_local - 1.05).abs() < 1e-12);
         let t = targets(&[run]);
-        // Skipped peers give no target: stall vs dcp.async_save, durable, load, memory.
-        assert_eq!(t.len(), 4, "{t:?}");
+        // Skipped peers give no target: stall vs dcp.async_save, durable, load,
+        // memory; then DCP into ckpt's storage: durable and load (no async row).
+        assert_eq!(t.len(), 6, "{t:?}");
         assert!(!t[0].met && (t[0].ratio - 1.0).abs() < 1e-12);
         assert!(t[1].met && (t[1].ratio - 0.5).abs() < 1e-12);
         assert!(t[2].met && t[3].met);
+        assert!(t[4].met && (t[4].ratio - 0.75).abs() < 1e-12, "{:?}", t[4]);
+        assert!(!t[5].met && (t[5].ratio - 1.2).abs() < 1e-12, "{:?}", t[5]);
+        assert!(t[5].what.contains("dcp.save -> ckpt: dcp.load /"), "{}", t[5].what);
     }
 }
