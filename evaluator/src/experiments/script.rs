@@ -2,12 +2,83 @@
 //! [`crate::python::write_bench_script`]): whether they can run here, and a
 //! run under a time limit in a process group of its own.
 
+use std::collections::HashMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::Error;
+
+/// Every module some experiment asks [`python_missing`] for: the first call
+/// imports them all in one interpreter (about 5 s on 2 cores, most of it
+/// torch's import), and later calls answer from what it found. One probe per
+/// experiment cost the default suite about 4 s each.
+const PROBED: &[&str] = &[
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+    "ckpt",
+    "ckpt.memory",
+];
+
+/// Imports each module named after it, one by one, and prints what failed of
+/// each (`null` where it imported), as one JSON object.
+const PROBE: &str = "import importlib, json, sys
+out = {}
+for m in sys.argv[1:]:
+    try:
+        importlib.import_module(m)
+        out[m] = None
+    except BaseException as e:
+        out[m] = f'{type(e).__name__}: {e}'
+print(json.dumps(out))
+";
+
+/// What importing each module gave in each interpreter: `None` where it
+/// imported, else the error.
+type Probed = HashMap<(PathBuf, String), Option<String>>;
+static IMPORTS: Mutex<Option<Probed>> = Mutex::new(None);
+
+/// Import `modules` (and, the first time, every module of [`PROBED`]) in
+/// one process of `py`, remembering each one's outcome.
+fn probe(py: &Path, modules: &[&str], cache: &mut Probed) {
+    let mut ask: Vec<&str> = modules.to_vec();
+    if !cache.keys().any(|(p, _)| p == py) {
+        ask.extend(PROBED.iter().copied().filter(|m| !modules.contains(m)));
+    }
+    let out = Command::new(py)
+        .arg("-c")
+        .arg(PROBE)
+        .args(&ask)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output();
+    let found: HashMap<String, Option<String>> = match &out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default(),
+        _ => HashMap::new(),
+    };
+    for m in ask {
+        let got = match (found.get(m), &out) {
+            (Some(v), _) => v.clone(),
+            (None, Ok(o)) => Some(
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("the interpreter failed")
+                    .to_owned(),
+            ),
+            (None, Err(e)) => Some(e.to_string()),
+        };
+        cache.insert((py.to_path_buf(), m.to_owned()), got);
+    }
+}
 
 /// Why a Python-driven experiment cannot run: no interpreter, or `imports`
 /// (a Python `import` statement's list) fail in it; `None` when it can.
@@ -15,20 +86,27 @@ pub(crate) fn python_missing(python: Option<&Path>, imports: &str) -> Option<Str
     let Some(py) = python else {
         return Some("no Python interpreter (set CKPT_PYTHON or run scripts/setup.sh)".into());
     };
-    let out = Command::new(py)
-        .args(["-c", &format!("import {imports}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output();
-    let err = match out {
-        Ok(o) if o.status.success() => return None,
-        Ok(o) => String::from_utf8_lossy(&o.stderr)
-            .lines()
-            .last()
-            .unwrap_or("")
-            .to_owned(),
-        Err(e) => e.to_string(),
-    };
+    let modules: Vec<&str> = imports
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .collect();
+    let mut guard = IMPORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let cache = guard.get_or_insert_with(HashMap::new);
+    let unknown: Vec<&str> = modules
+        .iter()
+        .copied()
+        .filter(|m| !cache.contains_key(&(py.to_path_buf(), (*m).to_owned())))
+        .collect();
+    if !unknown.is_empty() {
+        probe(py, &unknown, cache);
+    }
+    let err = modules.iter().find_map(|m| {
+        cache
+            .get(&(py.to_path_buf(), (*m).to_owned()))
+            .cloned()
+            .flatten()
+    })?;
     let hint = if err.contains("'ckpt'") {
         " (the ckpt Python package is not built: run ./scripts/setup.sh)"
     } else {
@@ -101,4 +179,30 @@ pub(crate) fn run_bounded(
 pub(crate) fn tail(s: &str, lines: usize) -> String {
     let v: Vec<&str> = s.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_module_is_named_and_one_probe_answers_every_later_question() {
+        let py = Path::new("python3");
+        assert_eq!(python_missing(Some(py), "json, os.path"), None);
+        let why = python_missing(Some(py), "json, ckpt_no_such_module").expect("a missing module");
+        assert!(
+            why.contains("ModuleNotFoundError") && why.contains("ckpt_no_such_module"),
+            "{why}"
+        );
+        // Both answers, and every module of PROBED, are remembered.
+        let guard = IMPORTS.lock().unwrap();
+        let cache = guard.as_ref().unwrap();
+        for m in ["json", "os.path", "ckpt_no_such_module", "torch", "ckpt"] {
+            assert!(cache.contains_key(&(py.to_path_buf(), m.to_owned())), "{m}");
+        }
+        assert_eq!(cache[&(py.to_path_buf(), "json".to_owned())], None);
+        assert!(python_missing(None, "json")
+            .unwrap()
+            .contains("no Python interpreter"));
+    }
 }

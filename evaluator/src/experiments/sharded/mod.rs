@@ -354,6 +354,10 @@ mod tests {
         assert!(t[2].met && t[3].met);
         assert!(t[4].met && (t[4].ratio - 0.75).abs() < 1e-12, "{:?}", t[4]);
         assert!(!t[5].met && (t[5].ratio - 1.2).abs() < 1e-12, "{:?}", t[5]);
-        assert!(t[5].what.contains("dcp.save -> ckpt: dcp.load /"), "{}", t[5].what);
+        assert!(
+            t[5].what.contains("dcp.save -> ckpt: dcp.load /"),
+            "{}",
+            t[5].what
+        );
     }
 }
