@@ -203,13 +203,15 @@ def torch_restore(a: argparse.Namespace, report: Report) -> None:
     tr.step(0)
     for group in tr.opt.param_groups:
         group["lr"] = 3e-3
+    # Timed as ckpt's load_latest is: until the model, the optimizer and the
+    # RNG hold the checkpoint's values.
     t = time.perf_counter()
     loaded = torch.load(a.torch_file, weights_only=True)
-    load_ms = ms_since(t)
     with torch.no_grad():
         for name, dst in tr.tensors().items():
             dst.copy_(loaded[name])
     torch.set_rng_state(loaded["rng"])
+    load_ms = ms_since(t)
     step = int(loaded["step"])
     report("torch_load", pid=os.getpid(), step=step, load_ms=load_ms, since_exec_ms=ms_since(T0))
     print(f"resumed from step {step}", flush=True)
