@@ -4,7 +4,7 @@
 //! the baseline measured in the same run. Skipped without the AWS_* variables.
 
 use ckpt_core::{State, Tensor};
-use ckpt_eval::experiments::s3::{S3Bench, S3_BOUND};
+use ckpt_eval::experiments::s3::{dcp_peers, dcp_table, dcp_targets, S3Bench, S3_BOUND};
 
 fn s3_root() -> Option<String> {
     let have = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT"]
@@ -66,4 +66,52 @@ async fn the_s3_experiment_measures_ckpt_beside_the_plain_transfers() {
         assert!((t.ratio - mine / base).abs() < 1e-9, "{t:?}");
         assert_eq!(t.met, t.ratio <= S3_BOUND);
     }
+}
+
+/// The DCP storage peers from Python on the same server: s3torchconnector's
+/// DCP writer and reader (from PyPI), ckpt's, and ckpt's Checkpointer, each
+/// load checked equal inside the script; the targets are the ratios of the
+/// rows' medians.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dcp_storage_peers_run_on_the_same_server() {
+    let Some(url) = s3_root() else { return };
+    let Some(py) = ckpt_eval::python::interpreter() else {
+        eprintln!("skipping: no Python interpreter (scripts/setup.sh makes .venv)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let v = dcp_peers(&py, &url, 4.0, 1, dir.path()).await.unwrap();
+    let methods = v["methods"].as_array().unwrap();
+    let names: Vec<&str> = methods
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "s3torchconnector dcp.save",
+            "dcp.save -> ckpt",
+            "ckpt Checkpointer"
+        ]
+    );
+    for m in methods {
+        assert!(m["skipped"].is_null(), "{m}");
+        assert_eq!(m["save_s"].as_array().unwrap().len(), 1, "{m}");
+    }
+    let table = dcp_table(&v, "here");
+    assert_eq!(table.rows.len(), 3);
+    let targets = dcp_targets(&v);
+    assert_eq!(targets.len(), 4, "{targets:?}");
+    let save = |i: usize| methods[i]["save_s"][0].as_f64().unwrap();
+    assert!(
+        (targets[0].ratio - save(1) / save(0)).abs() < 1e-9,
+        "{targets:?}"
+    );
+    assert_eq!(targets[0].met, targets[0].ratio <= 1.0);
+    // Nothing is left under the prefix.
+    let store = ckpt_core::store::open_url(&url).unwrap();
+    use futures::TryStreamExt;
+    use object_store::ObjectStore;
+    let left: Vec<_> = store.list(None).try_collect().await.unwrap();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -10,6 +10,11 @@
 //! fresh checkpointer; each load is checked equal to the state. Every object is
 //! deleted after its repeat.
 //!
+//! Beside them, from Python (`evaluator/python/s3_dcp_bench.py`, one
+//! process): `dcp.save`/`dcp.load` through s3torchconnector's DCP storage,
+//! through ckpt's (`ckpt.dcp`), and ckpt's own `Checkpointer`, on a state of
+//! the same size, each save after every byte changed.
+//!
 //! Needs a server: `ckpt-eval s3 --s3-url s3://bucket/prefix` with the usual
 //! `AWS_*` variables (`scripts/garage.sh start` prints them for a Garage node
 //! on loopback). The target: ckpt's save and load at least 0.9x the baseline's
@@ -25,11 +30,19 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use serde::Serialize;
 
+use std::process::Command;
+use std::time::Duration;
+
+use super::script::{python_missing, run_bounded, tail};
 use super::Error;
 use super::{Ctx, Experiment, Output, Target};
 use crate::limits::Limits;
+use crate::python::write_bench_script;
 use crate::stats::Summary;
 use crate::table::{mib, secs, Table};
+
+/// The DCP storage peers' script.
+const DCP_SCRIPT: &str = include_str!("../../python/s3_dcp_bench.py");
 
 /// Bound of ckpt's time over the baseline's (0.9x its throughput).
 pub const S3_BOUND: f64 = 1.0 / 0.9;
@@ -253,8 +266,9 @@ impl Experiment for S3 {
 
     async fn run(&self, ctx: &Ctx) -> Result<Output, Error> {
         let shared = ctx.state().await?;
+        let url = ctx.s3_url.clone().unwrap_or_default();
         let r = S3Bench {
-            url: ctx.s3_url.clone().unwrap_or_default(),
+            url: url.clone(),
             repeats: ctx.repeats,
         }
         .run(&shared.0)
@@ -262,8 +276,136 @@ impl Experiment for S3 {
         let mut out = Output::of(&r);
         out.tables.push(table(&r));
         out.targets = r.targets.clone();
+        let imports = "torch.distributed.checkpoint, ckpt.dcp, s3torchconnector.dcp";
+        match python_missing(ctx.python.as_deref(), imports) {
+            Some(why) => out
+                .notes
+                .push(format!("s3: DCP storage peers not run: {why}")),
+            None => {
+                let py = ctx.python.clone().ok_or("no Python interpreter")?;
+                let (mib, repeats) = (ctx.spec.mib as f64, ctx.repeats);
+                let peers = format!("{}/dcp-peers", url.trim_end_matches('/'));
+                match dcp_peers(&py, &peers, mib, repeats, &ctx.fresh_dir("s3-dcp")?).await {
+                    Ok(v) => {
+                        out.tables.push(dcp_table(&v, r.endpoint.as_str()));
+                        out.targets.extend(dcp_targets(&v));
+                        out.results = serde_json::json!({"native": out.results, "dcp_peers": v});
+                    }
+                    Err(e) => out.notes.push(format!("s3: DCP storage peers failed: {e}")),
+                }
+            }
+        }
         Ok(out)
     }
+}
+
+/// Run `s3_dcp_bench.py` with `py` in the scratch directory `dir` (removed
+/// after), writing under `url` (emptied before and after); its JSON.
+pub async fn dcp_peers(
+    py: &std::path::Path,
+    url: &str,
+    mib: f64,
+    repeats: usize,
+    dir: &std::path::Path,
+) -> Result<serde_json::Value, Error> {
+    let store = ckpt_core::store::open_url(url)?;
+    delete_all(&store).await?;
+    let script = write_bench_script(dir, "s3_dcp_bench.py", DCP_SCRIPT)?;
+    let mut cmd = Command::new(py);
+    cmd.current_dir(dir)
+        .arg(&script)
+        .args(["--url", url, "--mib"])
+        .arg(mib.to_string())
+        .arg("--repeats")
+        .arg(repeats.max(1).to_string());
+    let ran = tokio::task::spawn_blocking(move || {
+        run_bounded(cmd, Duration::from_secs(900), "s3_dcp_bench.py")
+    })
+    .await?;
+    delete_all(&store).await?;
+    let _ = std::fs::remove_dir_all(dir);
+    let (ok, stdout, stderr) = ran?;
+    match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
+        (true, Some(l)) => Ok(serde_json::from_str(l)?),
+        _ => Err(format!(
+            "s3_dcp_bench.py failed:\n{}",
+            tail(&format!("{stdout}\n{stderr}"), 12)
+        )
+        .into()),
+    }
+}
+
+fn summary(v: &serde_json::Value) -> Option<Summary> {
+    let xs: Vec<f64> = v.as_array()?.iter().filter_map(|x| x.as_f64()).collect();
+    (!xs.is_empty()).then(|| Summary::of(&xs))
+}
+
+/// The DCP storage peers' table: save until stored, load checked equal.
+pub fn dcp_table(v: &serde_json::Value, endpoint: &str) -> Table {
+    let bytes = v["state_bytes"].as_f64().unwrap_or(0.0);
+    let mut t = Table::new(
+        "s3_dcp",
+        format!(
+            "S3 ({endpoint}) from Python: dcp.save/dcp.load through s3torchconnector's S3StorageWriter/S3StorageReader, through ckpt.dcp's StorageWriter/StorageReader, and ckpt's own Checkpointer (save + wait, load_latest by a fresh one); {} MiB in {} tensors, every byte changed before each save, one process (torch {}); median [min-max] of {} after a cold save and load; each load checked equal",
+            mib(bytes),
+            v["tensors"].as_u64().unwrap_or(0),
+            v["torch"].as_str().unwrap_or("?"),
+            v["repeats"].as_u64().unwrap_or(0),
+        ),
+        &["method", "save s", "load s", "save GB/s", "load GB/s"],
+    );
+    for m in v["methods"].as_array().into_iter().flatten() {
+        let name = m["name"].as_str().unwrap_or("?").to_owned();
+        if let Some(why) = m["skipped"].as_str() {
+            t.rows.push(vec![
+                name,
+                format!("not run: {why}"),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+            continue;
+        }
+        let (Some(save), Some(load)) = (summary(&m["save_s"]), summary(&m["load_s"])) else {
+            continue;
+        };
+        t.rows.push(vec![
+            name,
+            secs(&save),
+            secs(&load),
+            format!("{:.2}", bytes / save.median / 1e9),
+            format!("{:.2}", bytes / load.median / 1e9),
+        ]);
+    }
+    t
+}
+
+/// ckpt's DCP storage and its Checkpointer against s3torchconnector's, as
+/// ratios of median times (bound 1.0: no slower than the storage S3 users pick).
+pub fn dcp_targets(v: &serde_json::Value) -> Vec<Target> {
+    let median = |name: &str, key: &str| {
+        v["methods"]
+            .as_array()?
+            .iter()
+            .find(|m| m["name"] == name && m["skipped"].is_null())
+            .and_then(|m| summary(&m[key]))
+            .map(|s| s.median)
+    };
+    let peer = "s3torchconnector dcp.save";
+    let mut out = Vec::new();
+    for ours in ["dcp.save -> ckpt", "ckpt Checkpointer"] {
+        for (key, what) in [("save_s", "save"), ("load_s", "load")] {
+            if let (Some(a), Some(b)) = (median(ours, key), median(peer, key)) {
+                out.push(Target {
+                    what: format!("S3, {ours}: {what} / s3torchconnector's DCP storage"),
+                    ratio: a / b,
+                    bound: 1.0,
+                    met: a / b <= 1.0,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The S3 experiment: ckpt beside the plain transfers, then its targets.
