@@ -318,6 +318,8 @@ fn sharded_rows_for_every_method_on_two_ranks() {
             "ckpt lazy (AppState)",
             "dcp.save",
             "dcp.async_save",
+            "dcp.save -> ckpt",
+            "dcp.async_save -> ckpt",
             "torch-checkpointing"
         ]
     );
@@ -341,9 +343,12 @@ fn sharded_rows_for_every_method_on_two_ranks() {
             x.written_vs_local
         );
     }
-    // Five targets per ckpt mode when every peer ran.
+    // Five targets per ckpt mode when every peer ran, and three of DCP
+    // into ckpt's storage against DCP's own.
     if run.rows.iter().all(|x| x.skipped.is_none()) {
-        assert_eq!(r.targets.len(), 10, "{:?}", r.targets);
+        assert_eq!(r.targets.len(), 13, "{:?}", r.targets);
+        let into: Vec<&str> = r.targets[10..].iter().map(|t| t.what.as_str()).collect();
+        assert!(into.iter().all(|w| w.contains("-> ckpt")), "{into:?}");
     }
 }
 
@@ -399,6 +404,8 @@ fn python_rows_for_every_method_and_the_training_loop() {
             "safetensors",
             "dcp.save",
             "dcp.async_save",
+            "dcp.save -> ckpt",
+            "dcp.async_save -> ckpt",
             "torch-checkpointing"
         ]
     );
@@ -758,6 +765,8 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
             "torch.save",
             "dcp.save",
             "dcp.async_save",
+            "dcp.save -> ckpt",
+            "dcp.async_save -> ckpt",
             "torch-checkpointing"
         ]
     );
