@@ -404,8 +404,6 @@ fn python_rows_for_every_method_and_the_training_loop() {
             "safetensors",
             "dcp.save",
             "dcp.async_save",
-            "dcp.save -> ckpt",
-            "dcp.async_save -> ckpt",
             "torch-checkpointing"
         ]
     );
@@ -765,8 +763,6 @@ fn gpu_script_on_cpu_writes_what_the_gpu_experiment_renders() {
             "torch.save",
             "dcp.save",
             "dcp.async_save",
-            "dcp.save -> ckpt",
-            "dcp.async_save -> ckpt",
             "torch-checkpointing"
         ]
     );
