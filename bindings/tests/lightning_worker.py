@@ -20,6 +20,7 @@ an epoch-end checkpoint bitwise either.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -29,7 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ckpt.lightning import CkptCheckpointIO
-from killed import mark, optimizer_tensors, slow, write_final
+from killed import SLOW, mark, optimizer_tensors, slow, write_final
 
 
 class Tiny(L.LightningModule):  # type: ignore[misc]
@@ -60,11 +61,18 @@ class Marked(CkptCheckpointIO):
 
 
 class Slow(L.Callback):  # type: ignore[misc]
-    def __init__(self, out: Path, after: Optional[int]) -> None:
-        self.out, self.after = out, after
+    """Slows the steps after the marker of step ``after``; asynchronous, also
+    every step past ``after`` (the marker follows the background commit, and
+    a tiny model could otherwise finish before it appears)."""
 
-    def on_train_batch_end(self, *args: Any) -> None:
-        slow(self.out, self.after)
+    def __init__(self, out: Path, after: Optional[int], asynchronous: bool) -> None:
+        self.out, self.after, self.asynchronous = out, after, asynchronous
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.asynchronous and self.after is not None and trainer.global_step > self.after:
+            time.sleep(SLOW)
+        else:
+            slow(self.out, self.after)
 
 
 def main() -> None:
@@ -89,7 +97,7 @@ def main() -> None:
     if a.asynchronous == "lightning":
         io = L.pytorch.plugins.AsyncCheckpointIO(io)
     trainer = L.Trainer(max_epochs=a.steps // 8, accelerator="cpu", devices=1, plugins=[io],
-                        callbacks=[every, Slow(out, a.slow_after)], logger=False, enable_progress_bar=False,
+                        callbacks=[every, Slow(out, a.slow_after, a.asynchronous is not None)], logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(out), deterministic=True)
     trainer.fit(model, data, ckpt_path="last")
     print(f"ended at {trainer.global_step}", flush=True)

@@ -129,7 +129,10 @@ def test_a_killed_fit_resumes_from_last_bitwise(tmp_path: Path, asynchronous: Op
     url, out = (tmp_path / "ck").as_uri(), tmp_path / "out"
     run_killed(job(url, out, "--slow-after", "8"), python_env(), out, 8)  # in the second epoch
     pointer = json.loads((out / "points" / "last.ckpt").read_text())
-    assert ckpt.Checkpointer(url, read_only=True).read(pointer["step"]).state["global_step"] == 8
+    saved = ckpt.Checkpointer(url, read_only=True).read(pointer["step"]).state["global_step"]
+    # Synchronous, the kill lands right after step 8's commit; asynchronous,
+    # while the steps after it run (a later epoch's commit may be in too).
+    assert saved == 8 if asynchronous is None else 8 <= saved < 16, saved
     assert "ended at 16" in run(job(url, out), python_env())
     assert_same_end(tmp_path / "ref-out", out)
     assert ckpt.cli.main(["verify", url]) == 0
