@@ -37,7 +37,7 @@ source scripts/env.sh
 # Python package has it anyway, and the two builds share those crates.
 features=mpi,hdf5,s3
 if [ ! -x target/release/ckpt-eval ]; then
-  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it (usually 5-6 min the first time on 2 cores) ..." >&2
+  echo "[eval] building ckpt-eval (release) while the Python venv is made, then the ckpt Python package on top of it (usually 5-7 min the first time on 2 cores) ..." >&2
 fi
 # Without the release profile's line tables: 15% less CPU for this build
 # (measured: 246 s against 288 s of CPU time on 2 cores) and a binary of 11 MB
