@@ -33,7 +33,7 @@ use serde::Serialize;
 use std::process::Command;
 use std::time::Duration;
 
-use super::script::{python_missing, run_bounded, tail};
+use super::script::{last_json, python_missing, run_bounded};
 use super::Error;
 use super::{Ctx, Experiment, Output, Target};
 use crate::limits::Limits;
@@ -325,14 +325,7 @@ pub async fn dcp_peers(
     delete_all(&store).await?;
     let _ = std::fs::remove_dir_all(dir);
     let (ok, stdout, stderr) = ran?;
-    match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
-        (true, Some(l)) => Ok(serde_json::from_str(l)?),
-        _ => Err(format!(
-            "s3_dcp_bench.py failed:\n{}",
-            tail(&format!("{stdout}\n{stderr}"), 12)
-        )
-        .into()),
-    }
+    last_json(ok, &stdout, &stderr, "s3_dcp_bench.py")
 }
 
 fn summary(v: &serde_json::Value) -> Option<Summary> {

@@ -125,6 +125,24 @@ pub(crate) fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
+/// The JSON object a script printed last on its own line, given what
+/// [`run_bounded`] returned; else an error naming `what` with the output's tail.
+pub(crate) fn last_json(
+    ok: bool,
+    stdout: &str,
+    stderr: &str,
+    what: &str,
+) -> Result<serde_json::Value, Error> {
+    match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
+        (true, Some(line)) => Ok(serde_json::from_str(line)?),
+        _ => Err(format!(
+            "{what} failed:\n{}",
+            tail(&format!("{stdout}\n{stderr}"), 12)
+        )
+        .into()),
+    }
+}
+
 /// Run `cmd` to completion within `limit`; returns (success, stdout, stderr).
 /// It runs in a process group of its own, so past `limit` torchrun and every
 /// rank it started (or a script and its writer processes) are killed together

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
-use super::script::{python_missing, run_bounded, tail};
+use super::script::{last_json, python_missing, run_bounded};
 use super::{Ctx, Error, Experiment, Output};
 use crate::python::write_bench_script;
 use crate::stats::Summary;
@@ -88,14 +88,9 @@ pub fn parse_run(v: &Json) -> Result<FsdpScaleRun, Error> {
 
 /// A finished job's JSON line and run, or why there is none.
 fn parse_job(ok: bool, stdout: &str, stderr: &str) -> Result<(Json, FsdpScaleRun), Error> {
-    match (ok, stdout.lines().rev().find(|l| l.starts_with('{'))) {
-        (true, Some(line)) => {
-            let v: Json = serde_json::from_str(line)?;
-            let run = parse_run(&v)?;
-            Ok((v, run))
-        }
-        _ => Err(format!("failed:\n{}", tail(&format!("{stdout}\n{stderr}"), 12)).into()),
-    }
+    let v = last_json(ok, stdout, stderr, "the job")?;
+    let run = parse_run(&v)?;
+    Ok((v, run))
 }
 
 impl FsdpScaleBench {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
-use super::script::{python_missing, run_bounded, tail};
+use super::script::{last_json, python_missing, run_bounded};
 use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
 use crate::python::write_bench_script;
@@ -304,15 +304,7 @@ impl PyTrainBench {
         let (ok, stdout, stderr) = run_bounded(cmd, self.timeout, "pytrain_bench.py")?;
         pb.finish_and_clear();
         let _ = std::fs::remove_dir_all(&dir);
-        let line = stdout.lines().rev().find(|l| l.starts_with('{'));
-        match (ok, line) {
-            (true, Some(l)) => parse(&serde_json::from_str(l)?),
-            _ => Err(format!(
-                "pytrain_bench.py failed:\n{}",
-                tail(&format!("{stdout}\n{stderr}"), 12)
-            )
-            .into()),
-        }
+        parse(&last_json(ok, &stdout, &stderr, "pytrain_bench.py")?)
     }
 }
 

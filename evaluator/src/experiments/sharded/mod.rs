@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::Value as Json;
 
-use super::script::{free_port, python_missing, run_bounded, tail};
+use super::script::{free_port, last_json, python_missing, run_bounded};
 use super::{ratio, Ctx, Error, Experiment, Output, Target};
 use crate::python;
 use crate::python::write_bench_script;
@@ -216,18 +216,12 @@ impl ShardedBench {
                 .arg(self.repeats.max(1).to_string());
             let (ok, stdout, stderr) = run_bounded(cmd, self.timeout, "torchrun")?;
             let _ = std::fs::remove_dir_all(&work);
-            let line = stdout.lines().rev().find(|l| l.starts_with('{'));
-            let line = match (ok, line) {
-                (true, Some(l)) => l,
-                _ => {
-                    return Err(format!(
-                        "sharded_bench.py on {n} ranks failed:\n{}",
-                        tail(&format!("{stdout}\n{stderr}"), 12)
-                    )
-                    .into())
-                }
-            };
-            let v: Json = serde_json::from_str(line)?;
+            let v = last_json(
+                ok,
+                &stdout,
+                &stderr,
+                &format!("sharded_bench.py on {n} ranks"),
+            )?;
             torch = v["torch"].as_str().unwrap_or("").to_owned();
             runs.push(parse_run(&v)?);
             pb.inc(1);
