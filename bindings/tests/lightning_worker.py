@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from collections import deque
+from typing import Any, Deque, Dict, Optional
 
 import lightning as L
 import torch
@@ -53,11 +54,17 @@ class Marked(CkptCheckpointIO):
     def __init__(self, url: str, out: Path, asynchronous: bool) -> None:
         super().__init__(url, asynchronous=asynchronous)
         self.out = out
+        self.global_steps: Deque[int] = deque()  # of the saves not yet published, in order
 
-    def _publish(self, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
-        super()._publish(path, step, checkpoint)
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        self.global_steps.append(int(checkpoint["global_step"]))
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+    def _publish(self, path: str, step: int) -> None:
+        super()._publish(path, step)
+        global_step = self.global_steps.popleft()
         if Path(path).name == "last.ckpt":
-            mark(self.out, int(checkpoint["global_step"]))
+            mark(self.out, global_step)
 
 
 class Slow(L.Callback):  # type: ignore[misc]

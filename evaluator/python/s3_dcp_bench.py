@@ -26,12 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
 import traceback
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -54,12 +53,6 @@ def check(sd: Dict[str, torch.Tensor], got: Dict[str, torch.Tensor], name: str) 
     bad = [k for k, v in sd.items() if not torch.equal(got[k], v)]
     if bad:
         raise RuntimeError(f"{name}: {len(bad)} tensors differ after load, e.g. {bad[:3]}")
-
-
-def split(url: str) -> Tuple[str, str]:
-    rest = url[len("s3://"):]
-    bucket, _, prefix = rest.partition("/")
-    return bucket, prefix.strip("/")
 
 
 class S3tc:
@@ -186,8 +179,7 @@ def main() -> None:
                     if step > 0:
                         saves.append(s)
                         loads.append(ld)
-                row.update(save_s=saves, load_s=loads, save_median_s=statistics.median(saves),
-                           load_median_s=statistics.median(loads))
+                row.update(save_s=saves, load_s=loads)
             except Exception as e:  # noqa: BLE001 - a method that fails is said, the others go on
                 traceback.print_exc()
                 row = {"name": name, "skipped": f"failed: {type(e).__name__}: {e}"[:300]}

@@ -105,21 +105,18 @@ class CkptCheckpointIO(_CheckpointIO):
             self._next = steps[-1] + 1 if steps else 0
         step, self._next = self._next, self._next + 1
         handle = cp.save(step, checkpoint)
-        if not self.asynchronous:
-            handle.wait()
-            self._publish(str(path), step, checkpoint)
-            return
-        # The tensors are ckpt's snapshot now; the pointer needs the values it names.
-        plain = {k: v for k, v in checkpoint.items() if isinstance(v, (int, float, str))}
-        self._executor().submit(self._in_background, self._commit, handle, str(path), step, plain)
+        if self.asynchronous:
+            self._executor().submit(self._in_background, self._commit, handle, str(path), step)
+        else:
+            self._commit(handle, str(path), step)
 
-    def _commit(self, handle: SaveHandle, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
+    def _commit(self, handle: SaveHandle, path: str, step: int) -> None:
         handle.wait()
-        self._publish(path, step, checkpoint)
+        self._publish(path, step)
 
-    def _publish(self, path: str, step: int, checkpoint: Dict[str, Any]) -> None:
-        """Write the pointer to the committed ``step`` at ``path``. ``checkpoint``:
-        what was saved (asynchronous: its top-level numbers and strings)."""
+    def _publish(self, path: str, step: int) -> None:
+        """Write the pointer to the committed ``step`` at ``path`` (saves are
+        published in the order they were made)."""
         fs = get_filesystem(path)
         fs.makedirs(str(Path(path).parent), exist_ok=True)
         with fs.open(path, "w") as f:
@@ -163,7 +160,7 @@ class CkptCheckpointIO(_CheckpointIO):
         """Remove the pointer at ``path`` (the root's retention decides what it
         keeps); asynchronous: after the pending saves' pointers are written."""
         if self._commits is not None:
-            self._executor().submit(self._in_background, _remove, str(path))
+            self._commits.submit(self._in_background, _remove, str(path))
         else:
             _remove(str(path))
 

@@ -33,6 +33,7 @@ loads them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -102,7 +103,7 @@ class CheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
             {MODEL: ModelWrapper(model_parts), OPTIMIZER: optimizers, DATALOADER: dataloader, LR_SCHEDULER: lr_schedulers}
         )
         folder = filesystem.join(base_folder, config.folder)
-        url = config.url or ("file://" + _absolute(folder))
+        url = config.url or ("file://" + os.path.abspath(folder))
         self.url = url
         self.cp: Optional[Checkpointer] = Checkpointer(
             url, lazy=config.lazy, compression=config.compression, keep_last=config.keep_latest_k or None
@@ -164,9 +165,3 @@ class CheckpointManager(BaseCheckpointManager):  # type: ignore[misc]
         if cp is not None:
             self.cp = None
             cp.close()
-
-
-def _absolute(path: str) -> str:
-    import os
-
-    return os.path.abspath(path)
