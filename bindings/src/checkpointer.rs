@@ -17,7 +17,7 @@ use ckpt_core::{
     Loaded, Retention, SnapshotMode, SourceTensor, Status, Tensor, TensorData, Value,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use crate::args::{LoadTarget, SnapshotBytes, TensorSpec};
 use crate::buffer::{PySource, TensorBuffer};
@@ -600,6 +600,40 @@ impl Checkpointer {
     fn claim(&self, py: Python<'_>) -> PyResult<Option<u64>> {
         let cp = self.core()?.clone();
         runtime::wait(py, move || async move { cp.claim().await }).and_then(IntoPyResult::py)
+    }
+
+    /// Every rank's `data`, in rank order, on the checkpointer's coordinator
+    /// with its collective timeout (a rank that does not take part is named
+    /// in a `StragglerError`, with `phase`).
+    #[pyo3(signature = (data, phase="a collective"))]
+    fn all_gather<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        phase: &str,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let (cp, data, phase) = (self.core()?.clone(), data.to_vec(), phase.to_owned());
+        let all = runtime::wait(py, move || async move { cp.all_gather(data, &phase).await })
+            .and_then(IntoPyResult::py)?;
+        Ok(all.iter().map(|b| PyBytes::new(py, b)).collect())
+    }
+
+    /// `root`'s `data` on every rank; as `all_gather`.
+    #[pyo3(signature = (data, root, phase="a collective"))]
+    fn broadcast<'py>(
+        &self,
+        py: Python<'py>,
+        data: &[u8],
+        root: usize,
+        phase: &str,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let (cp, data, phase) = (self.core()?.clone(), data.to_vec(), phase.to_owned());
+        let out = runtime::wait(
+            py,
+            move || async move { cp.broadcast(data, root, &phase).await },
+        )
+        .and_then(IntoPyResult::py)?;
+        Ok(PyBytes::new(py, &out))
     }
 
     /// Committed checkpoints, oldest first, as `(step, attempt)`.

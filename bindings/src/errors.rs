@@ -17,6 +17,7 @@ pyo3::import_exception!(ckpt.errors, UnsupportedError);
 pyo3::import_exception!(ckpt.errors, StorageError);
 pyo3::import_exception!(ckpt.errors, CheckpointIOError);
 pyo3::import_exception!(ckpt.errors, CheckpointTimeoutError);
+pyo3::import_exception!(ckpt.errors, StragglerError);
 pyo3::import_exception!(ckpt.errors, SkippedError);
 pyo3::import_exception!(ckpt.errors, InternalError);
 
@@ -52,6 +53,18 @@ pub fn to_py_ref(err: &Error) -> PyErr {
             None => CheckpointIOError::new_err(msg),
         },
         Error::Timeout(_) => CheckpointTimeoutError::new_err(msg),
+        Error::Stragglers {
+            what,
+            ranks,
+            world,
+            timeout_ms,
+        } => StragglerError::new_err((
+            msg,
+            ranks.clone(),
+            *world,
+            what.clone(),
+            *timeout_ms as f64 / 1000.0,
+        )),
         Error::Skipped { step, .. } => SkippedError::new_err((msg, *step)),
         Error::Internal(_) => InternalError::new_err(msg),
         _ => CheckpointError::new_err(msg),

@@ -11,7 +11,8 @@ use pyo3::types::PyBytes;
 
 use crate::errors::{
     to_py, CheckpointIOError, CheckpointTimeoutError, ConflictError, CorruptError, FencedError,
-    InternalError, InvalidInputError, NotFoundError, SkippedError, StorageError, UnsupportedError,
+    InternalError, InvalidInputError, NotFoundError, SkippedError, StorageError, StragglerError,
+    UnsupportedError,
 };
 
 /// The prefix `Error`'s `Display` puts before a message it wraps: stripped
@@ -57,6 +58,13 @@ pub fn from_py(exc: &Bound<'_, PyAny>) -> Error {
         Error::remote_storage(bare(&strerror(), "storage error: "), errno())
     } else if exc.is_instance_of::<CheckpointIOError>() {
         Error::remote_io(bare(&strerror(), "i/o error: "), errno())
+    } else if exc.is_instance_of::<StragglerError>() {
+        Error::Stragglers {
+            what: attr(exc, "what").unwrap_or_else(|| msg.clone()),
+            ranks: attr(exc, "ranks").unwrap_or_default(),
+            world: attr(exc, "world_size").unwrap_or(0),
+            timeout_ms: attr::<f64>(exc, "timeout").map_or(0, |s| (s * 1000.0).round() as u64),
+        }
     } else if exc.is_instance_of::<CheckpointTimeoutError>() {
         Error::Timeout(bare(&msg, "timed out: ").to_owned())
     } else if exc.is_instance_of::<SkippedError>() {

@@ -122,14 +122,20 @@ def train(args: argparse.Namespace) -> None:
     row: dict = {"rank": rank, "world": world, "saves": {}}
     handles = {}
     for step in range(args.steps):
+        if step in save_at and step == args.busy_at and rank == args.busy_rank:
+            # Busy elsewhere past the collective timeout: never comes to this save.
+            time.sleep(args.busy_s)
+            report(args.out, rank, {"rank": rank, "busy": True})
+            sys.stdout.flush()
+            os._exit(0)
         if step in save_at:
-            if step == args.die_at:
+            if step in (args.die_at, args.busy_at):
                 for h in handles.values():
                     h.wait()  # the earlier checkpoints are durable: only this one is in flight
             row["saves"][step] = {"digest": state_digest(model, opt), "state_bytes": state_bytes(model, opt)}
             handles[step] = cp.save(step, model=model, optimizer=opt, extra={"step": step, "world": world})
-            if step == args.die_at:
-                if rank == args.die_rank:
+            if step in (args.die_at, args.busy_at):
+                if step == args.die_at and rank == args.die_rank:
                     os._exit(3)  # in the middle of the save: its persist is still running
                 # The others go on to wait for the save (a training step would now
                 # fail in DDP's own all-reduce, which is not what is tested here).
@@ -151,6 +157,7 @@ def train(args: argparse.Namespace) -> None:
     except ckpt.CheckpointError as e:
         row["error"] = type(e).__name__
         row["message"] = str(e)
+        row["ranks"] = getattr(e, "ranks", None)
     row["wait_s"] = time.monotonic() - t0
     if row["error"] is not None:
         # What a restarted job would find: read without coordination.
@@ -207,9 +214,22 @@ def load(args: argparse.Namespace) -> None:
     model, opt = model_and_opt()
     seed_all(1000 + rank)
     cp = ckpt.Checkpointer(args.url, collective_timeout=args.timeout)
+    if rank == args.busy_rank:
+        time.sleep(args.busy_s)  # busy elsewhere: never comes to the load
+        report(args.out, rank, {"rank": rank, "busy": True})
+        sys.stdout.flush()
+        os._exit(0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        step = cp.load_latest(model=model, optimizer=opt)
+        t0 = time.monotonic()
+        try:
+            step = cp.load_latest(model=model, optimizer=opt)
+        except ckpt.CheckpointError as e:
+            failed = {"rank": rank, "error": type(e).__name__, "message": str(e)}
+            failed.update(ranks=getattr(e, "ranks", None), wait_s=time.monotonic() - t0)
+            report(args.out, rank, failed)
+            sys.stdout.flush()
+            os._exit(0)  # the job's process group is out of step: leave as a job would
     row = {
         "rank": rank,
         "world": world,
@@ -236,6 +256,9 @@ def main() -> None:
     p.add_argument("--die-rank", type=int, default=-1)
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--busy-rank", type=int, default=-1)
+    p.add_argument("--busy-at", type=int, default=-1)
+    p.add_argument("--busy-s", type=float, default=0.0)
     p.add_argument("--back", type=int, default=2)
     p.add_argument("--shift", type=int, default=0)
     p.add_argument("--mpi", action="store_true")

@@ -196,12 +196,43 @@ def test_a_rank_that_dies_mid_save_leaves_the_previous_checkpoint_and_nobody_han
     for r in (0, 2):
         assert procs[r].returncode == 0, procs[r].stdout
         row = json.loads((out / f"rank{r}.json").read_text())
-        # The typed error, within the deadline (a closed connection may say so sooner).
-        assert row["error"] == "CheckpointTimeoutError", row
+        # The typed error naming the dead rank, within the deadline (a closed
+        # connection may say so sooner).
+        assert row["error"] == "StragglerError", row
+        assert row["ranks"] == [1], row
         assert row["wait_s"] < timeout + 10, row
         assert row["latest_after_failure"] == 2, row
     assert ckpt.Checkpointer(root.as_uri(), coordinate="none").steps() == [2]
     assert elapsed < LIMIT
+
+
+def test_a_rank_busy_elsewhere_at_a_save_is_named_on_every_other_rank_within_the_timeout(tmp_path: Path) -> None:
+    root, out = tmp_path / "ckpts", tmp_path / "out"
+    out.mkdir()
+    timeout = 4.0
+    args = ["train", root.as_uri(), str(out), "--save-at", "2,4", "--timeout", str(timeout)]
+    procs = launch(3, args + ["--busy-rank", "2", "--busy-at", "4", "--busy-s", str(timeout + 6)])
+    ok(procs)
+    for r in (0, 1):
+        row = json.loads((out / f"rank{r}.json").read_text())
+        assert row["error"] == "StragglerError", row
+        assert row["ranks"] == [2], row
+        assert "save of step 4" in row["message"], row
+        assert row["wait_s"] < timeout + 2, row
+        assert row["latest_after_failure"] == 2, row
+
+
+def test_a_rank_that_does_not_come_to_a_load_is_named_on_every_other_rank(trained: Dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    timeout = 4.0
+    procs = launch(3, ["load", trained["url"], str(out), "--timeout", str(timeout), "--busy-rank", "0", "--busy-s", "10"])
+    ok(procs)
+    for r in (1, 2):
+        row = json.loads((out / f"rank{r}.json").read_text())
+        assert row["error"] == "StragglerError", row
+        assert row["ranks"] == [0], row
+        assert row["wait_s"] < timeout + 2, row
 
 
 def have_mpi4py() -> bool:

@@ -141,8 +141,21 @@ fn an_absent_rank_makes_the_others_time_out_instead_of_hanging() {
         &["save", &url, "2", "--absent-rank", "1", "--timeout-s", "3"],
     );
     assert!(!out.status.success());
+    // Both ranks that waited name the absent one, in the same typed error.
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("did not complete within"), "{stderr}");
+    for r in [0, 2] {
+        let named = format!("rank {r}: error: timed out: save of step 2");
+        let line = stderr.lines().find(|l| l.starts_with(&named));
+        assert!(
+            line.is_some_and(|l| l.ends_with("1 of 3 ranks were not taking part: 1")),
+            "{stderr}"
+        );
+    }
+    let failed: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|r| matches!(r, RankReport::SaveFailed { error, .. } if error == "stragglers"))
+        .collect();
+    assert_eq!(failed.len(), 2, "{failed:?}");
     assert!(t.elapsed() < std::time::Duration::from_secs(120));
     let out = mpirun(1, &["load", &url]);
     ok(&out, "load");

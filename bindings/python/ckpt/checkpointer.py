@@ -562,7 +562,7 @@ class Checkpointer:
                 raise
             except Exception as e:  # noqa: BLE001 - every rank must learn of it
                 error = e
-        verdict = _agree(self._coordinator, error)
+        verdict = _agree(self._native, error, f"discard after step {step}")
         if verdict is not None:
             raise verdict
         return report
@@ -606,8 +606,8 @@ class Checkpointer:
         same ones in the same order."""
         self._native.claim()
         ids = self._native.committed()
-        if self._coordinator is not None:
-            agreed = self._coordinator.broadcast(json.dumps(ids).encode(), 0)
+        if self._native.world_size > 1:
+            agreed = self._native.broadcast(json.dumps(ids).encode(), 0, "load, which checkpoints")
             ids = [(int(s), str(a)) for s, a in json.loads(agreed)]
         return ids
 
@@ -639,7 +639,7 @@ class Checkpointer:
         while len(marks) < 3:  # read (or failed before or during it)
             marks.append(time.perf_counter())
         wrote = restore is not None and restore.writes
-        verdict = _agree(self._coordinator, error)
+        verdict = _agree(self._native, error, f"load of step {step}")
         marks.append(time.perf_counter())
         if verdict is not None:
             if restore is not None:

@@ -242,7 +242,7 @@ class StorageWriter(_storage.StorageWriter):
         # rank's engine save starts, the commit needs every rank's, so none
         # starts unless every rank can.
         native.flush(None)
-        verdict = _agree(self._ranks, error)
+        verdict = _agree(native, error, f"dcp.save of step {step}, write_data")
         if verdict is not None:
             raise verdict
         self._meta = meta

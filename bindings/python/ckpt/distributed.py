@@ -399,7 +399,9 @@ def _resolve(
     return None
 
 
-def _agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Optional[BaseException]:
+def _agree(
+    coordinator: Optional[Any], error: Optional[BaseException], phase: str = "a collective"
+) -> Optional[BaseException]:
     """Agree across ranks on the outcome of a step every rank took (a load).
 
     Every rank passes its own failure, or ``None``; every rank gets the same
@@ -411,10 +413,18 @@ def _agree(coordinator: Optional[Any], error: Optional[BaseException]) -> Option
     disagree on whether to fall back to an older checkpoint. The failures cross
     in ckpt-core's wire form, and ckpt-core decides the verdict
     (``_ckpt.verdict``, with its one damage predicate).
+
+    ``coordinator`` is best a native checkpointer (``_ckpt.Checkpointer``):
+    its collective has the checkpointer's timeout and names the ranks that
+    do not take part (:class:`~ckpt.StragglerError`, with ``phase``).
     """
     if coordinator is None or getattr(coordinator, "world_size", 1) <= 1:
         return error
-    everyone = coordinator.all_gather(b"" if error is None else _ckpt.error_to_wire(error))
+    mine = b"" if error is None else _ckpt.error_to_wire(error)
+    if isinstance(coordinator, _ckpt.Checkpointer):
+        everyone = coordinator.all_gather(mine, phase)
+    else:
+        everyone = coordinator.all_gather(mine)
     chosen = _ckpt.verdict(everyone)
     if chosen is None:
         return None

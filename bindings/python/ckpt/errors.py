@@ -8,7 +8,7 @@ they derive from it too, so ``except ValueError`` or ``except OSError`` also wor
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 __all__ = [
     "CheckpointError",
@@ -21,6 +21,7 @@ __all__ = [
     "StorageError",
     "CheckpointIOError",
     "CheckpointTimeoutError",
+    "StragglerError",
     "SkippedError",
     "InternalError",
 ]
@@ -91,6 +92,29 @@ class CheckpointIOError(CheckpointError, OSError):
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
     """A wait did not finish in time."""
+
+
+class StragglerError(CheckpointTimeoutError):
+    """A collective of a save or a load did not complete within
+    ``collective_timeout`` because some ranks were not taking part: they
+    arrived too late, never came (a dead or hung process) or were busy
+    elsewhere. Every rank that waited raises it, naming the same ranks.
+
+    Attributes:
+        ranks: the ranks that were not waiting in a collective when it timed out.
+        world_size: the job's number of ranks.
+        what: the collective, and the step of the save or load it belongs to.
+        timeout: the collective timeout, in seconds.
+    """
+
+    def __init__(
+        self, message: str = "", ranks: Sequence[int] = (), world_size: int = 0, what: str = "", timeout: float = 0.0
+    ) -> None:
+        super().__init__(message)
+        self.ranks = list(ranks)
+        self.world_size = world_size
+        self.what = what
+        self.timeout = timeout
 
 
 class SkippedError(CheckpointError):

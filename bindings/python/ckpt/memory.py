@@ -477,7 +477,7 @@ class MemoryCheckpointer:
                 f"the durable tier holds no checkpoint up to step {step} (it holds {durable}): it "
                 f"cannot go back to it"
             )
-        verdict = _agree(self.durable._coordinator, error)  # the same answer on every rank
+        verdict = _agree(self.durable._native, error, f"discard after step {step}")  # one answer on every rank
         if verdict is not None:
             raise verdict
         report = GcReport() if base is None else self.durable.discard_after(base)

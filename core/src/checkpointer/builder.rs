@@ -7,7 +7,7 @@ use object_store::ObjectStore;
 use super::{
     Checkpointer, CheckpointerOptions, Fencing, InFlight, Known, Shared, SnapshotMode, Turns,
 };
-use crate::coord::{Coordinator, Solo};
+use crate::coord::{Coordinator, RollCall, Solo};
 use crate::error::{Error, Result};
 use crate::format::{Compression, Format, FormatRegistry};
 use crate::layout::chunks::ChunkIndex;
@@ -169,7 +169,13 @@ impl CheckpointerBuilder {
                 .await?;
             String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
         };
-        let claims = !self.opts.read_only && self.opts.fencing && self.coord.rank() == 0;
+        // From here on a collective that times out names who was missing.
+        let coord: Arc<dyn Coordinator> = if self.coord.world_size() > 1 && !self.opts.read_only {
+            Arc::new(RollCall::new(self.coord, store.clone(), &nonce))
+        } else {
+            self.coord
+        };
+        let claims = !self.opts.read_only && self.opts.fencing && coord.rank() == 0;
         let fencing = Fencing::new(
             claims,
             nonce.clone(),
@@ -185,7 +191,7 @@ impl CheckpointerBuilder {
                 registry: self.registry,
                 opts: self.opts,
                 chunks,
-                coord: self.coord,
+                coord,
                 pool: Mutex::new(pool),
                 in_flight: InFlight::default(),
                 known: Known::default(),

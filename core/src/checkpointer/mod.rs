@@ -91,6 +91,30 @@ impl Checkpointer {
         self.inner.coord.world_size()
     }
 
+    /// Every rank's `data`, in rank order: a collective of the job on the
+    /// checkpointer's coordinator, with its `collective_timeout` (ranks that
+    /// are not taking part are named, [`Error::Stragglers`], with `phase`).
+    /// For steps every rank takes outside the engine (the Python layer's
+    /// restore agrees on its outcome with it).
+    pub async fn all_gather(&self, data: Vec<u8>, phase: &str) -> Result<Vec<Vec<u8>>> {
+        let timeout = self.inner.opts.collective_timeout;
+        self.inner
+            .coord
+            .all_gather(data, timeout)
+            .await
+            .map_err(|e| e.during(phase))
+    }
+
+    /// `root`'s `data` on every rank; as [`Self::all_gather`].
+    pub async fn broadcast(&self, data: Vec<u8>, root: usize, phase: &str) -> Result<Vec<u8>> {
+        let timeout = self.inner.opts.collective_timeout;
+        self.inner
+            .coord
+            .broadcast(data, root, timeout)
+            .await
+            .map_err(|e| e.during(phase))
+    }
+
     /// The URL this checkpointer was opened on.
     pub fn url(&self) -> &str {
         &self.inner.url

@@ -7,7 +7,9 @@
 //! the single-process one, and [`MpiCoordinator`] the one over MPI (feature `mpi`).
 //!
 //! Every call has a deadline: a rank that died or never arrives makes the others
-//! fail with [`Error::Timeout`] instead of hanging.
+//! fail with [`Error::Timeout`] instead of hanging; a checkpointer's
+//! collectives go through [`RollCall`], which names those ranks
+//! ([`Error::Stragglers`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -18,10 +20,12 @@ use crate::error::{Error, Result};
 
 #[cfg(feature = "mpi")]
 mod mpi;
+mod roll_call;
 mod thread;
 
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCoordinator;
+pub use roll_call::RollCall;
 pub use thread::{BlockingCollectives, CollectiveThread};
 
 /// The collective operations the engine uses. Every rank must call them in the same

@@ -1,5 +1,7 @@
 //! The one error type of `ckpt-core`.
 
+use std::fmt;
+
 mod verdict;
 pub(crate) mod wire;
 
@@ -66,6 +68,23 @@ pub enum Error {
     #[error("timed out: {0}")]
     Timeout(String),
 
+    /// A collective did not complete within `collective_timeout` because
+    /// some ranks were not taking part in it: they arrived too late, never
+    /// came (a dead or hung process), or were busy elsewhere. `ranks` names
+    /// them (a roll call through the checkpoint store, [`crate::coord::RollCall`]);
+    /// every rank that waited reports the same kind of error.
+    #[error("timed out: {what} did not complete within {timeout_ms} ms: {} of {world} ranks were not taking part: {}", ranks.len(), list_ranks(ranks))]
+    Stragglers {
+        /// The collective and where in a save or load it was.
+        what: String,
+        /// The ranks that were not waiting in a collective when it timed out, ascending.
+        ranks: Vec<usize>,
+        /// The job's number of ranks.
+        world: usize,
+        /// The collective timeout, in milliseconds.
+        timeout_ms: u64,
+    },
+
     /// A save was refused because the staging budget was spent and the
     /// busy policy says to skip.
     #[error("checkpoint for step {step} skipped: {reason}")]
@@ -81,6 +100,21 @@ pub enum Error {
     Internal(String),
 }
 
+/// Ranks for a message: all of them up to 16, then how many more.
+fn list_ranks(ranks: &[usize]) -> String {
+    const SHOWN: usize = 16;
+    let mut s = ranks
+        .iter()
+        .take(SHOWN)
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ranks.len() > SHOWN {
+        s.push_str(&format!(" and {} more", ranks.len() - SHOWN));
+    }
+    s
+}
+
 impl Error {
     /// Shorthand for a [`Error::Corrupt`] error.
     pub fn corrupt(
@@ -92,6 +126,25 @@ impl Error {
             object: object.into(),
             tensor: tensor.map(str::to_owned),
             reason: reason.into(),
+        }
+    }
+
+    /// The error with `phase` (say, `save of step 40, plan`) named in
+    /// front of the collective a [`Error::Stragglers`] names; others unchanged.
+    pub fn during(self, phase: impl fmt::Display) -> Error {
+        match self {
+            Error::Stragglers {
+                what,
+                ranks,
+                world,
+                timeout_ms,
+            } => Error::Stragglers {
+                what: format!("{phase}, {what}"),
+                ranks,
+                world,
+                timeout_ms,
+            },
+            e => e,
         }
     }
 

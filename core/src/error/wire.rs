@@ -46,6 +46,12 @@ pub(crate) enum WireError {
     Timeout {
         message: String,
     },
+    Stragglers {
+        what: String,
+        ranks: Vec<usize>,
+        world: usize,
+        timeout_ms: u64,
+    },
     Skipped {
         step: u64,
         reason: String,
@@ -112,6 +118,17 @@ impl From<&Error> for WireError {
                 errno: e.os_errno(),
             },
             Error::Timeout(m) => WireError::Timeout { message: m.clone() },
+            Error::Stragglers {
+                what,
+                ranks,
+                world,
+                timeout_ms,
+            } => WireError::Stragglers {
+                what: what.clone(),
+                ranks: ranks.clone(),
+                world: *world,
+                timeout_ms: *timeout_ms,
+            },
             Error::Skipped { step, reason } => WireError::Skipped {
                 step: *step,
                 reason: reason.clone(),
@@ -175,6 +192,17 @@ impl WireError {
                 ))
             }
             WireError::Timeout { message } => Error::Timeout(c(message)),
+            WireError::Stragglers {
+                what,
+                ranks,
+                world,
+                timeout_ms,
+            } => Error::Stragglers {
+                what: c(what),
+                ranks,
+                world,
+                timeout_ms,
+            },
             WireError::Skipped { step, reason } => Error::Skipped {
                 step,
                 reason: c(reason),
@@ -227,6 +255,12 @@ mod tests {
             }),
             io,
             Error::Timeout("t".into()),
+            Error::Stragglers {
+                what: "gather".into(),
+                ranks: vec![3, 17],
+                world: 64,
+                timeout_ms: 1000,
+            },
             Error::Skipped {
                 step: 4,
                 reason: "busy".into(),
@@ -257,6 +291,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match across(&cases[8]) {
+            Error::Stragglers { ranks, world, .. } => assert_eq!((ranks, world), (vec![3, 17], 64)),
+            other => panic!("{other:?}"),
+        }
+        match across(&cases[9]) {
             Error::Skipped { step, .. } => assert_eq!(step, 4),
             other => panic!("{other:?}"),
         }

@@ -4,6 +4,7 @@
 //! chunks/<blake3 hex>                  content-addressed chunks, shared by all checkpoints
 //! data/<step:020>-<attempt>/...        per-checkpoint objects (non-chunked formats, rank files)
 //! manifests/<step:020>-<attempt>.manifest   the commit record: a checkpoint exists iff this does
+//! attendance/<job nonce>/<rank>        a rank waiting long in a collective (coord::RollCall)
 //! ```
 
 use object_store::path::Path;
@@ -17,6 +18,30 @@ pub const DATA: &str = "data";
 /// Folder of manifests (commit records).
 pub const MANIFESTS: &str = "manifests";
 const MANIFEST_EXT: &str = ".manifest";
+
+/// Folder of collective attendance marks ([`crate::coord::RollCall`]).
+pub const ATTENDANCE: &str = "attendance";
+
+/// Prefix of the attendance marks of the job that agreed on `nonce`.
+pub fn attendance_prefix(nonce: &str) -> Path {
+    Path::from(format!("{ATTENDANCE}/{nonce}"))
+}
+
+/// Key of `rank`'s attendance mark in the job that agreed on `nonce`.
+pub fn attendance_key(nonce: &str, rank: usize) -> Path {
+    Path::from(format!("{ATTENDANCE}/{nonce}/{rank}"))
+}
+
+/// The rank an attendance mark is for.
+pub fn parse_attendance_key(key: &Path) -> Option<usize> {
+    let mut parts = key.parts();
+    if parts.next()?.as_ref() != ATTENDANCE {
+        return None;
+    }
+    parts.next()?;
+    let rank = parts.next()?.as_ref().parse().ok()?;
+    parts.next().is_none().then_some(rank)
+}
 
 /// Key of a chunk named by its blake3 hash (hex).
 pub fn chunk_key(hash_hex: &str) -> Path {
@@ -106,5 +131,8 @@ mod tests {
         assert_eq!(parse_checkpoint_name("12-ab"), None);
         assert_eq!(parse_checkpoint_name("00000000000000000012-a/b"), None);
         assert_ne!(new_attempt_id(), new_attempt_id());
+        assert_eq!(parse_attendance_key(&attendance_key("n0", 17)), Some(17));
+        assert_eq!(parse_attendance_key(&Path::from("attendance/n0/x")), None);
+        assert_eq!(parse_attendance_key(&Path::from("chunks/n0/1")), None);
     }
 }

@@ -206,6 +206,7 @@ pub async fn collect(
 
     if !sweep.incremental {
         remove_incomplete(store, &kept, protected, sweep, &young, &mut report).await?;
+        remove_attendance(store, &young).await?;
     }
 
     let mut live = HashSet::new();
@@ -260,6 +261,31 @@ pub async fn collect(
         report.deleted_chunks.extend(batch.iter().cloned());
     }
     Ok(report)
+}
+
+/// A full sweep's part: attendance marks ([`crate::coord::RollCall`]) older
+/// than the grace period; a failed collective leaves one per rank that waited.
+async fn remove_attendance(
+    store: &dyn ObjectStore,
+    young: &(dyn Fn(&ObjectMeta) -> bool + Sync),
+) -> Result<()> {
+    let marks: Vec<ObjectMeta> = store
+        .list(Some(&Path::from(paths::ATTENDANCE)))
+        .try_collect()
+        .await?;
+    let old: Vec<_> = marks
+        .into_iter()
+        .filter(|m| !young(m))
+        .map(|m| Ok(m.location))
+        .collect();
+    let mut results = store.delete_stream(futures::stream::iter(old).boxed());
+    while let Some(r) = results.next().await {
+        match r {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// A full sweep's part: incomplete saves older than the newest commit can

@@ -238,9 +238,11 @@ impl Checkpointer {
             meta,
             same: same.map(|f| f.all.clone()),
         };
+        let phase = || format!("save of step {}, its plan", id.step);
         let offers = coord
             .gather(encode(&offer, "plan")?, 0, timeout)
-            .await?
+            .await
+            .map_err(|e| e.during(phase()))?
             .iter()
             .map(|b| decode::<Offer>(b, "plan"))
             .collect::<Result<Vec<_>>>()?;
@@ -252,18 +254,27 @@ impl Checkpointer {
                 reply = self.plan_from(&offers, &[], &[], own, fence_in_ms);
             }
         }
-        reply = self.tell(coord, &reply, timeout).await?;
+        reply = self
+            .tell(coord, &reply, timeout)
+            .await
+            .map_err(|e| e.during(phase()))?;
         if let Reply::Explain { ranks } = &reply {
             let me = coord.rank() as u32;
             let mine = match (ranks.contains(&me), same) {
                 (true, Some(f)) => encode(&f.each, "fingerprints")?,
                 _ => Vec::new(),
             };
-            let each = coord.gather(mine, 0, timeout).await?;
+            let each = coord
+                .gather(mine, 0, timeout)
+                .await
+                .map_err(|e| e.during(phase()))?;
             if coord.rank() == 0 {
                 reply = explain(id, ranks, &each);
             }
-            reply = self.tell(coord, &reply, timeout).await?;
+            reply = self
+                .tell(coord, &reply, timeout)
+                .await
+                .map_err(|e| e.during(phase()))?;
         }
         if let Reply::Need { ranks } = &reply {
             let me = coord.rank() as u32;
@@ -271,11 +282,17 @@ impl Checkpointer {
                 (Ok(_), Some(t)) => encode(t, "table")?,
                 _ => Vec::new(),
             };
-            let tables = coord.gather(mine, 0, timeout).await?;
+            let tables = coord
+                .gather(mine, 0, timeout)
+                .await
+                .map_err(|e| e.during(phase()))?;
             if coord.rank() == 0 {
                 reply = self.plan_from(&offers, ranks, &tables, own, fence_in_ms);
             }
-            reply = self.tell(coord, &reply, timeout).await?;
+            reply = self
+                .tell(coord, &reply, timeout)
+                .await
+                .map_err(|e| e.during(phase()))?;
         }
         match reply {
             Reply::Fail { error, context, .. } => Err(error.into_error(&context)),

@@ -231,7 +231,8 @@ impl Checkpointer {
         let share = serde_json::to_vec(&share).map_err(|e| Error::Internal(e.to_string()))?;
         let shares = coord
             .gather(share, 0, timeout)
-            .await?
+            .await
+            .map_err(|e| e.during(format_args!("save of step {}, its commit", id.step)))?
             .iter()
             .map(|b| {
                 serde_json::from_slice::<std::result::Result<Share, WireError>>(b)
@@ -263,9 +264,13 @@ impl Checkpointer {
         };
         let outcome_bytes =
             serde_json::to_vec(&outcome).map_err(|e| Error::Internal(e.to_string()))?;
-        let outcome: CommitOutcome =
-            serde_json::from_slice(&coord.broadcast(outcome_bytes, 0, timeout).await?)
-                .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
+        let outcome: CommitOutcome = serde_json::from_slice(
+            &coord
+                .broadcast(outcome_bytes, 0, timeout)
+                .await
+                .map_err(|e| e.during(format_args!("save of step {}, its outcome", id.step)))?,
+        )
+        .map_err(|e| Error::Internal(format!("outcome: bad message: {e}")))?;
         if let Some((step, attempt)) = outcome.committed_by_other {
             self.known().insert(CheckpointId { step, attempt });
         }

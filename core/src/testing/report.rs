@@ -27,7 +27,7 @@ pub enum RankReport {
     SaveFailed {
         /// This rank.
         rank: usize,
-        /// The error's variant: `storage`, `timeout`, `internal` or `other`.
+        /// The error's variant: `storage`, `timeout`, `stragglers`, `internal` or `other`.
         error: String,
         /// The OS error number under it, if there is one.
         errno: Option<i32>,

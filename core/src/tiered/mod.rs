@@ -364,6 +364,14 @@ fn under_epochs(key: &Path) -> bool {
         .is_some_and(|p| p.as_ref() == crate::layout::epoch::EPOCHS)
 }
 
+/// Attendance marks ([`crate::coord::RollCall`]) live on the durable tier
+/// only: it is the one the job's nodes share.
+fn under_attendance(key: &Path) -> bool {
+    key.parts()
+        .next()
+        .is_some_and(|p| p.as_ref() == paths::ATTENDANCE)
+}
+
 fn under_chunks(key: &Path) -> bool {
     key.parts().next().is_some_and(|p| p.as_ref() == CHUNKS)
 }
@@ -410,6 +418,9 @@ impl ObjectStore for TieredCheckpointStore {
                     self.tiers.fast.put_opts(location, payload, opts).await
                 }
             };
+        }
+        if under_attendance(location) {
+            return self.tiers.durable.put_opts(location, payload, opts).await;
         }
         let manifest_id = paths::parse_manifest_key(location);
         let bytes: Option<Bytes> = manifest_id
@@ -472,6 +483,9 @@ impl ObjectStore for TieredCheckpointStore {
                 let tiers = tiers.clone();
                 async move {
                     let loc = loc?;
+                    if under_attendance(&loc) {
+                        return tiers.durable.delete(&loc).await.map(|()| loc);
+                    }
                     {
                         let mut st = tiers.lock();
                         if st.needed(&loc) {

@@ -226,6 +226,7 @@ async fn save(
             let kind = match &e {
                 ckpt_core::Error::Storage(_) => "storage",
                 ckpt_core::Error::Timeout(_) => "timeout",
+                ckpt_core::Error::Stragglers { .. } => "stragglers",
                 ckpt_core::Error::Internal(_) => "internal",
                 ckpt_core::Error::InvalidInput(_) => "invalid",
                 _ => "other",

@@ -1,0 +1,154 @@
+//! A rank that does not take part in a save is named, on every rank that
+//! waited, in `Error::Stragglers`, within `collective_timeout`: at the first
+//! save and at a later one, whether it never comes or is busy elsewhere; a
+//! rank that is only late but arrives in time lets the save succeed. The
+//! ranks are tasks of this process over ckpt-core's `InProcessGroup` (the
+//! `mpi` tests run the same under `mpirun`); the store is a local directory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ckpt_core::testing::InProcessGroup;
+use ckpt_core::{Checkpointer, CheckpointerOptions, Coordinator, Error, State};
+use ckpt_tests::*;
+
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+fn state(step: u64, rank: usize) -> State {
+    // The same on every rank: replicas, stored once.
+    let _ = rank;
+    f32_state(3, 64, step * 100)
+}
+
+async fn open(url: &str, n: usize) -> Vec<Checkpointer> {
+    let opens = InProcessGroup::new(n).into_iter().map(|g| {
+        let url = url.to_owned();
+        tokio::spawn(async move {
+            let opts = CheckpointerOptions {
+                collective_timeout: TIMEOUT,
+                ..Default::default()
+            };
+            let g: Arc<dyn Coordinator> = g;
+            ckpt_formats::builder(&url)
+                .coordinator(g)
+                .options(opts)
+                .build()
+                .await
+                .unwrap()
+        })
+    });
+    let mut out = Vec::new();
+    for o in futures::future::join_all(opens).await {
+        out.push(o.unwrap());
+    }
+    out
+}
+
+/// Every rank but `absent` saves `step` (`absent` saves after `late`, or
+/// never); each rank's result and how long the ranks that failed took.
+async fn save_without(
+    cps: &[Checkpointer],
+    step: u64,
+    absent: usize,
+    late: Option<Duration>,
+) -> (Vec<Result<(), Error>>, Duration) {
+    let t = Instant::now();
+    let saves = cps.iter().enumerate().map(|(r, cp)| {
+        let cp = cp.clone();
+        tokio::spawn(async move {
+            if r == absent {
+                match late {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => return Ok(()),
+                }
+            }
+            cp.save(step, &state(step, r))
+                .await?
+                .wait()
+                .await
+                .map(|_| ())
+        })
+    });
+    let mut out = Vec::new();
+    for s in futures::future::join_all(saves).await {
+        out.push(s.unwrap());
+    }
+    (out, t.elapsed())
+}
+
+fn assert_named(results: &[Result<(), Error>], absent: usize, step: u64) {
+    for (r, res) in results.iter().enumerate() {
+        if r == absent {
+            continue;
+        }
+        match res {
+            Err(Error::Stragglers {
+                ranks, world, what, ..
+            }) => {
+                assert_eq!(ranks, &vec![absent], "rank {r}");
+                assert_eq!(*world, results.len());
+                assert!(what.contains(&format!("save of step {step}")), "{what}");
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_never_comes_to_the_first_save_is_named_on_every_other_rank() {
+    let (_dir, url) = temp_root();
+    let cps = open(&url, 4).await;
+    let (results, took) = save_without(&cps, 1, 2, None).await;
+    assert_named(&results, 2, 1);
+    // Within the timeout (the roll call runs in its reserve), with a margin for a loaded machine.
+    assert!(took < TIMEOUT + Duration::from_secs(2), "{took:?}");
+    let msg = results[0].as_ref().unwrap_err().to_string();
+    assert!(
+        msg.contains("1 of 4 ranks were not taking part: 2"),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_busy_elsewhere_at_a_later_save_is_named_and_nothing_is_committed() {
+    let (_dir, url) = temp_root();
+    let cps = open(&url, 3).await;
+    let (first, _) = save_without(&cps, 1, usize::MAX, None).await;
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+    // Rank 0 is the one missing: the root of every gather.
+    let (results, _) = save_without(&cps, 2, 0, None).await;
+    assert_named(&results, 0, 2);
+    let reader = ckpt_formats::builder(&url)
+        .read_only()
+        .build()
+        .await
+        .unwrap();
+    let steps: Vec<u64> = reader
+        .committed()
+        .await
+        .unwrap()
+        .iter()
+        .map(|id| id.step)
+        .collect();
+    assert_eq!(steps, vec![1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_is_late_but_in_time_lets_the_save_commit() {
+    let (_dir, url) = temp_root();
+    let cps = open(&url, 3).await;
+    // Past the time a waiting rank marks itself present, before the deadline.
+    let (results, _) = save_without(&cps, 1, 1, Some(Duration::from_millis(1500))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    // The marks of the long wait were taken back.
+    let marks = std::fs::read_dir(std::path::Path::new(&_dir.path()).join("attendance"))
+        .map(|d| {
+            d.flat_map(|e| std::fs::read_dir(e.unwrap().path()).unwrap())
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(marks, 0);
+    // And the next save goes as usual.
+    let (results, _) = save_without(&cps, 2, usize::MAX, None).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
