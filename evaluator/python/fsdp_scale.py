@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import time
 import traceback
 
@@ -222,6 +223,13 @@ def run_dcp(work: str, rep: int, model, opt) -> dict:
     return {"save_s": save_s, "load_s": load_s, "metadata_bytes": meta}
 
 
+def progress(what: str, since: float) -> None:
+    """Rank 0 says where the job is, on stderr (a job that runs past its
+    limit then shows which phase it was in)."""
+    if dist.get_rank() == 0:
+        print(f"fsdp_scale: {what} after {time.perf_counter() - since:.1f} s", file=sys.stderr, flush=True)
+
+
 def median_of(rows: list, key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
@@ -243,15 +251,16 @@ def main() -> None:
     train_step(model, opt, a.width, 0)
     tensors = len(local_tensors(model, opt))
     setup_s = max_over_ranks(time.perf_counter() - t0)
+    progress(f"set up {world} ranks", t0)
     ck, dc = [], []
     for rep in range(max(1, a.repeats)):
         train_step(model, opt, a.width, 1 + rep)
-        if rep % 2:
-            dc.append(run_dcp(work, rep, model, opt))
-            ck.append(run_ckpt(a, work, rep, model, opt))
-        else:
-            ck.append(run_ckpt(a, work, rep, model, opt))
-            dc.append(run_dcp(work, rep, model, opt))
+        for method in ("dcp", "ckpt") if rep % 2 else ("ckpt", "dcp"):
+            if method == "ckpt":
+                ck.append(run_ckpt(a, work, rep, model, opt))
+            else:
+                dc.append(run_dcp(work, rep, model, opt))
+            progress(f"repeat {rep}: {method} done", t0)
     if rank == 0:
         last = ck[-1]
         out = {
