@@ -4,6 +4,7 @@ still running when the interpreter finalizes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -171,8 +172,9 @@ def test_a_process_group_destroyed_under_a_save_is_a_typed_error_said_at_exit(tm
         if "ckpt: the save of step 1 failed: InvalidInputError" in err:
             assert "before destroy_process_group()" in err, err
         else:
-            assert "ckpt: the save of step 1 failed: CheckpointTimeoutError" in err, err
-            assert "stopped taking part" in err, err
+            # Named (StragglerError) when the roll call found the peer gone.
+            assert re.search(r"ckpt: the save of step 1 failed: (CheckpointTimeoutError|StragglerError)", err), err
+            assert "taking part" in err, err
 
 
 # A job stopped by its scheduler (SIGTERM, then SIGKILL after a grace period)

@@ -372,7 +372,7 @@ def test_a_peer_that_does_not_answer_is_given_up_and_the_durable_tier_goes_on(tm
     # and replication stops; the others then give up on rank 0 in the next
     # exchange. Every rank but the stuck one says so from wait().
     for r in (0, 1, 3):
-        assert rows[r]["wait_error"]["cls"] == "CheckpointTimeoutError", rows[r]
+        assert rows[r]["wait_error"]["cls"] in ("CheckpointTimeoutError", "StragglerError"), rows[r]
     assert ckpt.Checkpointer(durable.as_uri(), coordinate="none").steps() == [0, 3]
     # No replica was committed from the stuck exchange; nothing of it is loadable.
     assert not (shm / "node1" / "replica0" / "manifests").exists() or not any(

@@ -215,7 +215,8 @@ def test_rank_killed_mid_save_leaves_the_previous_checkpoint(tmp_path: Path) -> 
                  "--die-at", "4", "--timeout", "10", expect_ok=False, monitor_s=12)
     assert p.returncode != 0
     survivor = json.loads((out / "a" / "train-rank0.json").read_text())
-    assert survivor["error"] == "CheckpointTimeoutError", survivor
+    # Typed; named (StragglerError) when the roll call found the dead rank unmarked.
+    assert survivor["error"] in ("CheckpointTimeoutError", "StragglerError"), survivor
     assert ckpt.Checkpointer(url, coordinate="none").steps() == [2]
 
 

@@ -129,7 +129,7 @@ fn error_kind(e: &Error) -> &'static str {
         Error::Storage(_) => "storage",
         Error::Conflict(_) => "conflict",
         Error::Io(_) => "io",
-        Error::Timeout(_) => "timeout",
+        Error::Timeout(_) | Error::Stragglers { .. } => "timeout",
         _ => "other",
     }
 }
