@@ -72,7 +72,9 @@ class Checkpointer:
         process_group: the ``torch.distributed`` ranks that checkpoint
             together (default: the whole job).
         collective_timeout: seconds a rank waits for the others; past it the
-            save fails with :class:`~ckpt.CheckpointTimeoutError`.
+            save or load fails with :class:`~ckpt.StragglerError` naming the
+            ranks that were not taking part (:class:`~ckpt.CheckpointTimeoutError`
+            when none can be named).
         read_only: only read the root, and never fence the job writing it
             (``save`` and ``gc`` raise :class:`~ckpt.InvalidInputError`).
         gc_grace: seconds GC spares unreferenced data a save may be writing.
