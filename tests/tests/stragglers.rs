@@ -1,7 +1,8 @@
 //! A rank that does not take part in a save is named, on every rank that
 //! waited, in `Error::Stragglers`, within `collective_timeout`: at the first
 //! save and at a later one, whether it never comes or is busy elsewhere; a
-//! rank that is only late but arrives in time lets the save succeed. The
+//! rank that is only late but arrives in time lets the save succeed; a
+//! read-only job's agreement on a load names its absent rank too. The
 //! ranks are tasks of this process over ckpt-core's `InProcessGroup` (the
 //! `mpi` tests run the same under `mpirun`); the store is a local directory.
 
@@ -21,11 +22,16 @@ fn state(step: u64, rank: usize) -> State {
 }
 
 async fn open(url: &str, n: usize) -> Vec<Checkpointer> {
+    open_with(url, n, false).await
+}
+
+async fn open_with(url: &str, n: usize, read_only: bool) -> Vec<Checkpointer> {
     let opens = InProcessGroup::new(n).into_iter().map(|g| {
         let url = url.to_owned();
         tokio::spawn(async move {
             let opts = CheckpointerOptions {
                 collective_timeout: TIMEOUT,
+                read_only,
                 ..Default::default()
             };
             let g: Arc<dyn Coordinator> = g;
@@ -151,4 +157,54 @@ async fn a_rank_that_is_late_but_in_time_lets_the_save_commit() {
     // And the next save goes as usual.
     let (results, _) = save_without(&cps, 2, usize::MAX, None).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_job_names_the_rank_absent_from_its_agreement_on_a_load() {
+    let (_dir, url) = temp_root();
+    let writers = open(&url, 2).await;
+    let (saved, _) = save_without(&writers, 1, usize::MAX, None).await;
+    assert!(saved.iter().all(Result::is_ok), "{saved:?}");
+    drop(writers);
+    // An evaluation job of 3 ranks: each loads, then all agree on what they
+    // loaded (as the Python restore does); rank 1 never comes to the agreement.
+    let readers = open_with(&url, 3, true).await;
+    let t = Instant::now();
+    let agreements = readers.iter().enumerate().map(|(r, cp)| {
+        let cp = cp.clone();
+        tokio::spawn(async move {
+            let loaded = cp.load_latest().await?.expect("step 1 is committed");
+            if r == 1 {
+                return Ok(Vec::new());
+            }
+            cp.all_gather(
+                loaded.id.step.to_le_bytes().to_vec(),
+                "agreeing on the load",
+            )
+            .await
+        })
+    });
+    let results: Vec<_> = futures::future::join_all(agreements).await;
+    assert!(
+        t.elapsed() < TIMEOUT + Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
+    for (r, res) in results.into_iter().enumerate() {
+        if r == 1 {
+            continue;
+        }
+        match res.unwrap() {
+            Err(Error::Stragglers { ranks, what, .. }) => {
+                assert_eq!(ranks, vec![1], "rank {r}");
+                assert!(what.contains("agreeing on the load"), "{what}");
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+    // The readers' marks are all they wrote: no epoch was claimed.
+    let epochs = std::fs::read_dir(_dir.path().join("epochs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(epochs, 1, "only the writers' claim");
 }

@@ -169,8 +169,11 @@ impl CheckpointerBuilder {
                 .await?;
             String::from_utf8(agreed).map_err(|_| Error::Internal("bad job nonce".into()))?
         };
-        // From here on a collective that times out names who was missing.
-        let coord: Arc<dyn Coordinator> = if self.coord.world_size() > 1 && !self.opts.read_only {
+        // From here on a collective that times out names who was missing. A
+        // read-only checkpointer too: its only writes are these marks, made
+        // only in a long wait; where the store refuses them (a read-only
+        // bucket) the timeout stays unnamed.
+        let coord: Arc<dyn Coordinator> = if self.coord.world_size() > 1 {
             Arc::new(RollCall::new(self.coord, store.clone(), &nonce))
         } else {
             self.coord

@@ -43,6 +43,8 @@ pub struct CheckpointerOptions {
     /// epoch (so a process that only reads, an evaluation job next to the
     /// training, never fences the job that writes), and `save` and `gc` are
     /// refused with [`Error::InvalidInput`](crate::Error::InvalidInput).
+    /// In a job of several ranks its one write is a rank's attendance mark
+    /// ([`crate::coord::RollCall`]) in a collective that waits long.
     pub read_only: bool,
     /// Claim a writer epoch and fence older incarnations
     /// ([`crate::layout::epoch`]). On by default; off only for a process that
