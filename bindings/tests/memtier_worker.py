@@ -78,6 +78,7 @@ def main() -> None:
     if rank == args.stuck_rank:
         # A peer that stops answering: its replication thread never sends nor receives.
         cp._link.sendrecv = cp._link.sendrecv_into = lambda *_: time.sleep(3600)
+    held = cp.memory_steps()  # what this node's memory held before the restore
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # A tensor that never changes: its chunk is the same at every save.
@@ -92,6 +93,7 @@ def main() -> None:
         "node": cp.topology.node(),
         "start": start,
         "source": cp.last_source,
+        "held": held,
         "warnings": [str(w.message) for w in caught],
         # What was restored: the state, and the next values of every generator.
         "loaded": {"digest": state_digest(model, opt), "draws": draws()},

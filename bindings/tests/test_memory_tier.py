@@ -208,6 +208,9 @@ def test_a_lost_node_resumes_bitwise_from_memory_and_the_peers_replica(
     rows = launch(durable, shm, tmp_path / "b", ["--steps", "6"])
     assert [r["start"] for r in rows] == [4] * WORLD
     assert [r["source"] for r in rows] == ["memory", "memory", "peer", "peer"]
+    # Before the restore, node 0 held its ranks' steps and node 1's replicas; node 1 nothing.
+    assert [4 in r["held"]["own"] and 4 in r["held"]["replica"] for r in rows[:2]] == [True, True]
+    assert [r["held"] for r in rows[2:]] == [{"own": [], "replica": []}] * 2
     resumed_bitwise(first, rows, 4)
     assert all(r["warnings"] == [] for r in rows)
     # The replacement node's memory tier holds its ranks' state again, and the

@@ -1,13 +1,13 @@
 """Fault campaign of the memory tier: node failures and rank kills at random
 moments of a real multi-rank job, every restart checked bitwise.
 
-    python memtier_campaign.py --dir D [--episodes 6] [--ranks 4] [--ranks-per-node 2] [--steps 40] [--seed 1] [--json OUT]
+    python memtier_campaign.py --dir D [--episodes 6] [--ranks 4] [--ranks-per-node 2] [--steps 80] [--save-every 4] [--seed 1] [--json OUT]
 
 Each episode starts a job of ``--ranks`` processes (torch.distributed over
 gloo, nodes of ``--ranks-per-node`` ranks simulated on this machine, each
 node with its own memory-tier directory under /dev/shm) training a small DDP
-MLP with dropout through ``MemoryCheckpointer``: a save at every step, the
-durable tier (local disk) every 4th. Each rank appends what it saved (step,
+MLP with dropout through ``MemoryCheckpointer``: a save every ``--save-every``
+steps, the durable tier (local disk) every 4th save. Each rank appends what it saved (step,
 digest of model and Adam state, next draws of every random generator) to a
 log, flushed as it goes. Once rank 0 has logged a random number of saves,
 the fault strikes, alternately:
@@ -23,7 +23,10 @@ and from where. The oracle: the resumed step is one every rank logged, and
 every rank's restored state and generators equal what it logged for that
 step (bitwise: a mismatch would be an undetected corruption or a torn
 checkpoint); the steps lost are the newest step any rank logged minus the
-resumed one. Restart time is from the kill to the first step after the
+resumed one. A node failure resumes from peer replicas when every rank of the
+lost node restored a peer's replica; when it did not, the episode says what
+each rank held in memory (its own steps and the replicas it kept) at the
+restart, so a replica that lagged behind shows as such. Restart time is from the kill to the first step after the
 restore, reported beside its parts (the slowest rank's): until the new
 processes run, until they are ready to load (imports, rendezvous, the
 checkpointer's groups), and the restore.
@@ -92,12 +95,13 @@ def worker(args: argparse.Namespace) -> None:
                             durable_every=4, collective_timeout=30.0)
     t0 = time.time()
     ready_s = t0 - STARTED  # imports, rendezvous, the checkpointer's groups
+    held = cp.memory_steps() if args.resume else None  # before the restore prunes anything
     start = cp.load_latest(model=model, optimizer=opt)
     restore_s = time.time() - t0
     out = Path(args.out)
     if args.resume:
         row = {"rank": rank, "start": start, "source": cp.last_source, "digest": digest(), "draws": draws(),
-               "restore_s": restore_s, "started_at": STARTED, "ready_s": ready_s}
+               "restore_s": restore_s, "started_at": STARTED, "ready_s": ready_s, "held": held}
         # The first training step after the restart.
         g = torch.Generator().manual_seed(10**6 + rank)
         F.cross_entropy(net(torch.randn(16, 32, generator=g)), torch.randint(0, 4, (16,), generator=g)).backward()
@@ -109,10 +113,11 @@ def worker(args: argparse.Namespace) -> None:
         return
     log = open(out / f"log-rank{rank}.jsonl", "a")
     for step in range(args.steps):
-        d = digest()
-        cp.save(step, model=model, optimizer=opt)
-        log.write(json.dumps({"step": step, "digest": d, "draws": draws()}) + "\n")
-        log.flush()
+        if step % args.save_every == 0:
+            d = digest()
+            cp.save(step, model=model, optimizer=opt)
+            log.write(json.dumps({"step": step, "digest": d, "draws": draws()}) + "\n")
+            log.flush()
         g = torch.Generator().manual_seed(step * 1000 + rank)
         loss = F.cross_entropy(net(torch.randn(16, 32, generator=g)), torch.randint(0, 4, (16,), generator=g))
         opt.zero_grad(set_to_none=True)
@@ -129,7 +134,8 @@ def worker(args: argparse.Namespace) -> None:
 def start_job(args: argparse.Namespace, durable: Path, shm: Path, out: Path, resume: bool) -> list:
     return start_ranks(__file__, ["--worker", "--url", durable.as_uri(), "--memory-dir", str(shm / "node{node}"),
                                   "--out", str(out), "--ranks-per-node", str(args.ranks_per_node),
-                                  "--steps", str(args.steps), "--step-ms", str(args.step_ms)]
+                                  "--steps", str(args.steps), "--step-ms", str(args.step_ms),
+                                  "--save-every", str(args.save_every)]
                        + (["--resume"] if resume else []), args.ranks, args.ranks_per_node)
 
 
@@ -156,7 +162,8 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
     shm = Path(args.shm) / f"ckpt-campaign-{uuid.uuid4().hex[:12]}"
     try:
         procs = start_job(args, durable, shm, out, resume=False)
-        after = rng.randint(3, args.steps - 3)
+        saves = len(range(0, args.steps, args.save_every))
+        after = rng.randint(min(3, saves - 1), max(3, saves - 2))  # saves logged by rank 0
         deadline = time.monotonic() + 180
         while len(logged(out, 0)) < after:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -183,6 +190,7 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
             for r in range(args.ranks)
         )
         newest = max(max(lg, default=-1) for lg in logs)
+        from_peer = node is not None and all(rows[r]["source"] == "peer" for r in victims)
         return {
             "episode": i,
             "fault": kind,
@@ -193,6 +201,8 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
             "resumed_step": start,
             "steps_lost": None if start is None else newest - start,
             "sources": [row["source"] for row in rows],
+            "from_peer": from_peer,
+            "held": [row["held"] for row in rows],
             "bitwise": bitwise,
             "restore_s": max(row["restore_s"] for row in rows),
             "start_s": max(row["started_at"] for row in rows) - killed_at,
@@ -209,7 +219,8 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=6)
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--step-ms", type=float, default=50.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
@@ -236,6 +247,8 @@ def main() -> None:
         "resumed_bitwise": sum(e["bitwise"] for e in episodes),
         "torn_or_undetected": sum(not e["bitwise"] for e in episodes),
         "from_peer_replicas": sum("peer" in e["sources"] for e in episodes),
+        "node_failures_from_peer": sum(e["from_peer"] for e in episodes),
+        "save_every": args.save_every,
         "episodes_detail": episodes,
     }
     print(json.dumps({k: v for k, v in summary.items() if k != "episodes_detail"}))

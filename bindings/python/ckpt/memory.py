@@ -224,6 +224,15 @@ class MemoryCheckpointer:
     def world_size(self) -> int:
         return self.topology.world_size
 
+    def memory_steps(self) -> Dict[str, List[int]]:
+        """What this rank's node holds in memory, without asking the other
+        ranks: ``"own"``, the steps of this rank's own memory checkpoints, and
+        ``"replica"``, the steps of the replica it keeps for its peer on the
+        previous node (empty with a single node). Replications in flight are
+        not counted until their manifest is written."""
+        held = self._holdings([])
+        return {"own": list(held["own"]), "replica": list(held["held"])}
+
     def save(self, step: int, state: Optional[Mapping[str, object]] = None, /, **named: object) -> Optional[SaveHandle]:
         """Save ``step`` to the memory tier (and replicate it in the
         background), and every ``durable_every``-th time to the durable tier.

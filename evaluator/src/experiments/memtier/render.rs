@@ -335,14 +335,15 @@ pub fn render(res: &MemtierResults) -> Output {
         let mut t = Table::new(
             "memtier-campaign",
             format!(
-                "Memory tier fault campaign: {} episodes of a DDP job on simulated nodes ({} node failures, {} rank kills), every restart checked bitwise against what each rank logged; restart s from the kill to the slowest rank's first step, median [min-max]",
-                c.episodes, c.node_failures, c.rank_kills
+                "Memory tier fault campaign: {} episodes of a DDP job on simulated nodes ({} node failures, {} rank kills), a save every {} steps, every restart checked bitwise against what each rank logged; a node failure resumes from peer replicas when every rank of the lost node restored one; restart s from the kill to the slowest rank's first step, median [min-max]",
+                c.episodes, c.node_failures, c.rank_kills, c.save_every
             ),
             &[
                 "episodes",
                 "resumed bitwise",
                 "torn or undetected",
                 "from a peer's replica",
+                "node failures from peer replicas",
                 "steps lost, median [max]",
                 "restart s",
                 "restore s",
@@ -365,6 +366,7 @@ pub fn render(res: &MemtierResults) -> Output {
             c.resumed_bitwise.to_string(),
             c.torn_or_undetected.to_string(),
             c.from_peer_replicas.to_string(),
+            format!("{} of {}", c.node_failures_from_peer, c.node_failures),
             summary(&lost).map_or_else(String::new, |s| format!("{:.0} [{:.0}]", s.median, s.max)),
             restart.as_ref().map_or_else(String::new, secs),
             restore.as_ref().map_or_else(String::new, secs),
@@ -375,6 +377,16 @@ pub fn render(res: &MemtierResults) -> Output {
             c.torn_or_undetected as f64,
             0.0,
         ));
+        if c.node_failures > 0 {
+            out.targets.push(Target::new(
+                format!(
+                    "memory tier campaign: share of node failures not resumed from peer replicas (a save every {} steps)",
+                    c.save_every
+                ),
+                1.0 - c.node_failures_from_peer as f64 / c.node_failures as f64,
+                0.25,
+            ));
+        }
     }
     if let Some(why) = &res.s3_not_run {
         out.notes

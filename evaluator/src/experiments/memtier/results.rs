@@ -31,6 +31,9 @@ pub struct RestartRun {
     pub ready_s: f64,
     /// Where each rank restored from.
     pub sources: Vec<String>,
+    /// A node failure that every rank of the lost node resumed from a peer's replica.
+    #[serde(default)]
+    pub from_peer: bool,
     /// Every rank's state after the first step equal to the saved one's.
     pub bitwise: bool,
 }
@@ -96,6 +99,9 @@ pub struct Episode {
     pub steps_lost: Option<i64>,
     /// Where each rank restored from.
     pub sources: Vec<String>,
+    /// A node failure that every rank of the lost node resumed from a peer's replica.
+    #[serde(default)]
+    pub from_peer: bool,
     /// Every rank resumed a step it logged, state and generators equal.
     pub bitwise: bool,
     /// From the kill to the slowest rank's first step, s.
@@ -119,6 +125,12 @@ pub struct CampaignResults {
     pub torn_or_undetected: usize,
     /// Episodes where a rank restored a peer's replica.
     pub from_peer_replicas: usize,
+    /// Node failures that every rank of the lost node resumed from a peer's replica.
+    #[serde(default)]
+    pub node_failures_from_peer: usize,
+    /// A save every this many steps.
+    #[serde(default)]
+    pub save_every: usize,
     /// Each episode.
     pub episodes_detail: Vec<Episode>,
 }
