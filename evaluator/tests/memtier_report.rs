@@ -1,7 +1,8 @@
 //! The memory-tier experiment's rendering of what its scripts wrote, from
 //! fixtures of their JSON, written by `memtier_bench.py` (a 2-rank job of
 //! 128 MiB per rank, 2 restarts per source, S3 on a Garage node on loopback)
-//! and `memtier_campaign.py` (2 episodes) on a busy 2-core machine, and by
+//! on a busy 2-core machine, `memtier_campaign.py` (8 episodes, a save every 4
+//! steps, seed 4242) on a quiet one, and by
 //! `memtier_bench.py --loop` (3 rounds of 40 steps of 100 ms, 2 ranks).
 
 use ckpt_eval::experiments::memtier::render;
@@ -88,10 +89,30 @@ fn the_campaign_and_a_missing_s3_source() {
     );
     let c = out.tables.last().unwrap();
     assert_eq!(c.id, "memtier-campaign");
-    // 2 episodes, both bitwise, none torn, one from a peer's replica, 1 step lost.
-    assert_eq!(c.rows[0][..5], ["2", "2", "0", "1", "1 [1]"]);
-    let t = out.targets.last().unwrap();
-    assert!(t.what.contains("campaign") && t.met && t.ratio == 0.0);
+    // 8 episodes, all bitwise, none torn; 4 with a rank restoring a peer's
+    // replica: the 4 node failures, each wholly from peer replicas; one save
+    // (4 steps) lost each time.
+    assert_eq!(c.rows[0][..6], ["8", "8", "0", "4", "4 of 4", "4 [4]"]);
+    let n = out.targets.len();
+    let (torn, peer) = (&out.targets[n - 2], &out.targets[n - 1]);
+    assert!(torn.what.contains("torn") && torn.met && torn.ratio == 0.0);
+    assert!(
+        peer.what.contains("not resumed from peer replicas") && peer.what.contains("every 4 steps")
+    );
+    assert!(peer.met && peer.ratio == 0.0 && peer.bound == 0.25);
+}
+
+#[test]
+fn node_failures_that_went_back_to_the_durable_tier_miss_the_peer_share() {
+    let mut res = results(true);
+    let c = res.campaign.as_mut().unwrap();
+    // Two of the four node failures resumed from the durable tier instead.
+    c.node_failures_from_peer = 2;
+    let out = render(&res);
+    let row = &out.tables.last().unwrap().rows[0];
+    assert_eq!(row[4], "2 of 4");
+    let peer = out.targets.last().unwrap();
+    assert!((peer.ratio - 0.5).abs() < 1e-9 && !peer.met, "{peer:?}");
 }
 
 #[test]
