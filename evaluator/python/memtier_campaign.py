@@ -7,9 +7,9 @@ Each episode starts a job of ``--ranks`` processes (torch.distributed over
 gloo, nodes of ``--ranks-per-node`` ranks simulated on this machine, each
 node with its own memory-tier directory under /dev/shm) training a small DDP
 MLP with dropout through ``MemoryCheckpointer``: a save every ``--save-every``
-steps, the durable tier (local disk) every 4th save. Each rank appends what it saved (step,
-digest of model and Adam state, next draws of every random generator) to a
-log, flushed as it goes. Once rank 0 has logged a random number of saves,
+steps, the durable tier (local disk) every 4th save. Each rank appends what it
+saved (step, digest of model and Adam state, next draws of every random
+generator) to a log, flushed as it goes. Once rank 0 has logged a random number of saves,
 the fault strikes, alternately:
 
 - **node**: the ranks of a random node are killed (SIGKILL) and its memory
@@ -26,8 +26,9 @@ checkpoint); the steps lost are the newest step any rank logged minus the
 resumed one. A node failure resumes from peer replicas when every rank of the
 lost node restored a peer's replica; when it did not, the episode says what
 each rank held in memory (its own steps and the replicas it kept) at the
-restart, so a replica that lagged behind shows as such. Restart time is from the kill to the first step after the
-restore, reported beside its parts (the slowest rank's): until the new
+restart, so a replica that lagged behind shows as such. Restart time is from
+the kill to the first step after the restore, reported beside its parts (the
+slowest rank's): until the new
 processes run, until they are ready to load (imports, rendezvous, the
 checkpointer's groups), and the restore.
 """
@@ -163,7 +164,7 @@ def episode(args: argparse.Namespace, i: int, rng: random.Random) -> dict:
     try:
         procs = start_job(args, durable, shm, out, resume=False)
         saves = len(range(0, args.steps, args.save_every))
-        after = rng.randint(min(3, saves - 1), max(3, saves - 2))  # saves logged by rank 0
+        after = rng.randint(3, max(3, saves - 2))  # saves logged by rank 0
         deadline = time.monotonic() + 180
         while len(logged(out, 0)) < after:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):

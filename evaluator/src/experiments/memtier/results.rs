@@ -31,9 +31,6 @@ pub struct RestartRun {
     pub ready_s: f64,
     /// Where each rank restored from.
     pub sources: Vec<String>,
-    /// A node failure that every rank of the lost node resumed from a peer's replica.
-    #[serde(default)]
-    pub from_peer: bool,
     /// Every rank's state after the first step equal to the saved one's.
     pub bitwise: bool,
 }
@@ -99,9 +96,6 @@ pub struct Episode {
     pub steps_lost: Option<i64>,
     /// Where each rank restored from.
     pub sources: Vec<String>,
-    /// A node failure that every rank of the lost node resumed from a peer's replica.
-    #[serde(default)]
-    pub from_peer: bool,
     /// Every rank resumed a step it logged, state and generators equal.
     pub bitwise: bool,
     /// From the kill to the slowest rank's first step, s.
